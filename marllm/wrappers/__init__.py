@@ -1,0 +1,6 @@
+"""PettingZoo wrappers that turn any AEC env into a CORY-style cooperative game."""
+
+from marllm.wrappers.role_permutation import RolePermutation
+from marllm.wrappers.shared_reward import SharedReward, check_coefficients, cooperation_matrix
+
+__all__ = ["RolePermutation", "SharedReward", "check_coefficients", "cooperation_matrix"]

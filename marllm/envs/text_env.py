@@ -1,0 +1,295 @@
+"""Sequential text environment: N roles answer a batch of queries in turn (PettingZoo AEC).
+
+Agents
+    One agent per role, in the order given (``["pioneer", "observer"]`` for CORY). Each role acts exactly once per
+    episode; the episode ends when the last role has acted.
+Episode
+    ``reset`` draws a batch of ``batch_size`` samples from the dataset (shuffled, without replacement within a pass
+    over the data). One episode is ``batch_size`` parallel dialogues, so one step of a role is one batched generation.
+Observation
+    ``{"prompt": (p_1, ..., p_B)}``: the role's prompts, rendered by its template from the sample and the responses
+    of the roles before it. Text is the only channel between agents, so agents need not share a tokenizer. Before a
+    role's turn its prompts are not known yet and are observed as empty strings.
+Action
+    ``(a_1, ..., a_B)``: one response string per dialogue.
+Reward
+    When the last role has acted, every role gets its task reward ``r(sample, its response)`` from the reward
+    function. PettingZoo rewards are scalars, so ``rewards[role]`` is the batch mean and the per-dialogue vector is
+    given explicitly in ``infos[role]["task_rewards"]`` (the role's own reward, never changed by wrappers) and
+    ``infos[role]["batch_rewards"]`` (the reward the role is trained on; reward wrappers rewrite it).
+Termination
+    All roles terminate together after the last role's step; nothing truncates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.spaces import Dict as DictSpace
+from pettingzoo import AECEnv
+from pettingzoo.utils import wrappers
+
+from marllm.envs.spaces import TextBatch
+from marllm.envs.templates import PromptFn, PromptTemplate, as_prompt_fn
+
+RewardFn = Callable[[list[dict[str, Any]], list[str]], Sequence[float]]
+"""A task reward: ``reward_fn(samples, responses) -> one float per sample``."""
+
+MAX_TEXT_LENGTH = 1_000_000
+
+
+class RewardFunctionError(RuntimeError):
+    """The task reward function raised or returned something that is not one finite float per sample."""
+
+
+class SequentialTextEnv(AECEnv):
+    """N roles answer a batch of queries in turn; each role is rewarded for its own response.
+
+    Args:
+        dataset: a ``datasets.Dataset`` or a list of dicts; each row must have ``query_column``.
+        roles: the agent names, in speaking order.
+        templates: one prompt template per role: a ``str.format`` string over sample columns and earlier roles'
+            names, or a callable ``(sample, responses) -> str``. A mapping role -> template or a list in role order.
+        reward_fn: ``reward_fn(samples, responses) -> one float per sample``, applied to every role's responses.
+        batch_size: dialogues per episode.
+        query_column: the column holding the query.
+        render_mode: ``None`` or ``"ansi"`` (``render()`` returns the first dialogue as text).
+    """
+
+    metadata = {"name": "sequential_text_v0", "render_modes": ["ansi"], "is_parallelizable": False}
+
+    def __init__(
+        self,
+        dataset: Any,
+        roles: Sequence[str],
+        templates: Mapping[str, str | PromptFn] | Sequence[str | PromptFn],
+        reward_fn: RewardFn,
+        batch_size: int,
+        query_column: str = "query",
+        render_mode: str | None = None,
+    ):
+        super().__init__()
+        self.roles = _check_roles(roles)
+        self.dataset = dataset
+        self.query_column = query_column
+        self._num_rows, columns = _check_dataset(dataset, query_column)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.templates = _check_templates(templates, self.roles, columns)
+        if not callable(reward_fn):
+            raise TypeError(f"reward_fn must be callable (samples, responses) -> floats, got {reward_fn!r}")
+        self.reward_fn = reward_fn
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.render_mode = render_mode
+
+        self.possible_agents = list(self.roles)
+        self.agents: list[str] = []
+        self.observation_spaces = {
+            role: DictSpace({"prompt": TextBatch(batch_size, MAX_TEXT_LENGTH)}) for role in self.roles
+        }
+        self.action_spaces = {role: TextBatch(batch_size, MAX_TEXT_LENGTH) for role in self.roles}
+        self._rng = np.random.default_rng()
+        self._order = np.empty(0, dtype=np.int64)
+        self._cursor = 0
+        self.samples: list[dict[str, Any]] = []
+        self.prompts: dict[str, tuple[str, ...]] = {}
+        self.responses: dict[str, tuple[str, ...]] = {}
+
+    def observation_space(self, agent: str) -> DictSpace:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> TextBatch:
+        return self.action_spaces[agent]
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+            self._order = np.empty(0, dtype=np.int64)
+            self._cursor = 0
+        self.samples = [dict(self.dataset[int(i)]) for i in self._draw_indices()]
+        self.agents = list(self.possible_agents)
+        self.rewards = {role: 0.0 for role in self.agents}
+        self._cumulative_rewards = {role: 0.0 for role in self.agents}
+        self.terminations = {role: False for role in self.agents}
+        self.truncations = {role: False for role in self.agents}
+        self.infos = {role: {"role": role} for role in self.agents}
+        self.responses = {}
+        self.prompts = {self.roles[0]: self._render(self.roles[0])}
+        self._turn = 0
+        self.agent_selection = self.roles[0]
+
+    def _draw_indices(self) -> np.ndarray:
+        """The next ``batch_size`` rows of a shuffled pass over the data (a new pass is shuffled when one ends)."""
+        picked = []
+        needed = self.batch_size
+        while needed:
+            if self._cursor >= len(self._order):
+                self._order = self._rng.permutation(self._num_rows)
+                self._cursor = 0
+            take = self._order[self._cursor : self._cursor + needed]
+            self._cursor += len(take)
+            needed -= len(take)
+            picked.append(take)
+        return np.concatenate(picked)
+
+    def _render(self, role: str) -> tuple[str, ...]:
+        template = self.templates[role]
+        prompts = []
+        for i, sample in enumerate(self.samples):
+            earlier = {r: texts[i] for r, texts in self.responses.items()}
+            try:
+                prompt = template(sample, earlier)
+            except Exception as error:
+                raise ValueError(f"rendering the prompt of role {role!r} for sample {i} failed: {error}") from error
+            if not isinstance(prompt, str):
+                raise TypeError(f"the template of role {role!r} returned {type(prompt).__name__}, not str")
+            prompts.append(prompt)
+        return tuple(prompts)
+
+    def observe(self, agent: str) -> dict[str, tuple[str, ...]]:
+        return {"prompt": self.prompts.get(agent, ("",) * self.batch_size)}
+
+    def step(self, action: Sequence[str] | None) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        if not self.action_spaces[agent].contains(action):
+            raise ValueError(
+                f"action of role {agent!r} must be a sequence of {self.batch_size} strings (one response per "
+                f"dialogue), got {_describe(action)}"
+            )
+        self._cumulative_rewards[agent] = 0.0
+        self.responses[agent] = tuple(action)
+        self._turn += 1
+        if self._turn < len(self.roles):
+            next_role = self.roles[self._turn]
+            self.prompts[next_role] = self._render(next_role)
+            self.agent_selection = next_role
+            self._clear_rewards()
+        else:
+            for role in self.roles:
+                task_rewards = self._task_rewards(role)
+                self.rewards[role] = float(task_rewards.mean())
+                self.infos[role] = {
+                    "role": role,
+                    "task_rewards": task_rewards,
+                    "batch_rewards": task_rewards.copy(),
+                }
+                self.terminations[role] = True
+            self.agent_selection = self.roles[0]
+        self._accumulate_rewards()
+
+    def _task_rewards(self, role: str) -> np.ndarray:
+        name = getattr(self.reward_fn, "__name__", type(self.reward_fn).__name__)
+        try:
+            values = self.reward_fn(self.samples, list(self.responses[role]))
+        except Exception as error:
+            raise RewardFunctionError(
+                f"reward function {name} raised on the responses of role {role!r}: {error!r}"
+            ) from error
+        try:
+            rewards = np.asarray(values, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError) as error:
+            raise RewardFunctionError(
+                f"reward function {name} returned {type(values).__name__} for role {role!r}, not one float per "
+                f"sample"
+            ) from error
+        if rewards.shape != (self.batch_size,):
+            raise RewardFunctionError(
+                f"reward function {name} returned {rewards.size} values for role {role!r}; expected "
+                f"{self.batch_size} (one per sample)"
+            )
+        bad = np.flatnonzero(~np.isfinite(rewards))
+        if bad.size:
+            raise RewardFunctionError(
+                f"reward function {name} returned non-finite values for role {role!r} at sample(s) "
+                f"{bad.tolist()[:10]}: {rewards[bad][:10].tolist()} (queries: "
+                f"{[self.samples[i][self.query_column] for i in bad[:3]]})"
+            )
+        return rewards
+
+    def render(self) -> str | None:
+        if self.render_mode is None or not self.samples:
+            return None
+        lines = [f"query: {self.samples[0][self.query_column]!r}"]
+        for role in self.roles:
+            if role in self.responses:
+                lines.append(f"{role}: {self.prompts[role]!r} -> {self.responses[role][0]!r}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        pass
+
+
+def env(**kwargs: Any) -> AECEnv:
+    """``SequentialTextEnv(**kwargs)`` behind PettingZoo's order-enforcing wrapper."""
+    return wrappers.OrderEnforcingWrapper(SequentialTextEnv(**kwargs))
+
+
+def _check_roles(roles: Sequence[str]) -> list[str]:
+    roles = list(roles)
+    if not roles:
+        raise ValueError("roles must name at least one role")
+    if not all(isinstance(r, str) and r for r in roles):
+        raise ValueError(f"roles must be non-empty strings, got {roles!r}")
+    if len(set(roles)) != len(roles):
+        raise ValueError(f"roles must be unique, got {roles!r}")
+    return roles
+
+
+def _check_dataset(dataset: Any, query_column: str) -> tuple[int, list[str]]:
+    try:
+        num_rows = len(dataset)
+    except TypeError as error:
+        raise TypeError(f"dataset must be a datasets.Dataset or a list of dicts, got {type(dataset).__name__}") from error
+    if num_rows == 0:
+        raise ValueError("dataset is empty: it needs at least one row with a query")
+    columns = getattr(dataset, "column_names", None)
+    if columns is None:
+        first = dataset[0]
+        if not isinstance(first, Mapping):
+            raise TypeError(f"dataset rows must be dicts, row 0 is {type(first).__name__}")
+        columns = list(first)
+        missing_rows = [i for i, row in enumerate(dataset) if query_column not in row]
+        if missing_rows:
+            raise ValueError(
+                f"dataset rows {missing_rows[:10]} have no {query_column!r} field (row 0 has {columns})"
+            )
+    if query_column not in columns:
+        raise ValueError(f"dataset has no query column {query_column!r}; its columns are {list(columns)}")
+    return num_rows, list(columns)
+
+
+def _check_templates(
+    templates: Mapping[str, str | PromptFn] | Sequence[str | PromptFn], roles: list[str], columns: list[str]
+) -> dict[str, PromptTemplate | PromptFn]:
+    if isinstance(templates, Mapping):
+        unknown = sorted(set(templates) - set(roles))
+        missing = [r for r in roles if r not in templates]
+        if unknown or missing:
+            raise ValueError(f"templates must have one entry per role {roles}; missing {missing}, unknown {unknown}")
+        ordered = [templates[r] for r in roles]
+    else:
+        ordered = list(templates)
+        if len(ordered) != len(roles):
+            raise ValueError(f"got {len(ordered)} templates for {len(roles)} roles {roles}; give one per role")
+    checked = {}
+    for k, (role, template) in enumerate(zip(roles, ordered, strict=True)):
+        fn = as_prompt_fn(template)
+        if isinstance(fn, PromptTemplate):
+            fn.check(role, columns, roles[:k])
+        checked[role] = fn
+    return checked
+
+
+def _describe(action: Any) -> str:
+    if isinstance(action, str):
+        return "a single str"
+    if isinstance(action, Sequence):
+        return f"a {type(action).__name__} of {len(action)} items"
+    return repr(type(action).__name__)
