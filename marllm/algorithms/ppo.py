@@ -37,15 +37,12 @@ from marllm.algorithms.core import (
 )
 from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLController
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.models.generation import GeneratedBatch, generate_responses
 from marllm.models.policy import ValueHead, context_length, response_forward
 
 
 class NonFiniteLossError(FloatingPointError):
     """A PPO loss or gradient was NaN/inf; the optimiser step it belonged to was not applied."""
-
-
-class PromptTooLongError(ValueError):
-    """A prompt plus the response budget does not fit in the model's context."""
 
 
 @dataclass
@@ -132,72 +129,24 @@ class PPOLearner:
 
     def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
         """Sample responses without recording anything (evaluation; deploying the agent alone)."""
-        texts, _, _, _ = self._generate(tuple(prompts), max_new_tokens)
-        return texts
+        return self._generate(tuple(prompts), max_new_tokens).texts
 
     def sample_length(self) -> int:
         """The per-batch response budget, uniform over [min_new_tokens, max_new_tokens]."""
         return int(self._rng.integers(self.generation.min_new_tokens, self.generation.max_new_tokens + 1))
 
-    @torch.no_grad()
-    def _generate(
-        self, prompts: tuple[str, ...], max_new_tokens: int | None = None
-    ) -> tuple[tuple[str, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _generate(self, prompts: tuple[str, ...], max_new_tokens: int | None = None) -> GeneratedBatch:
         budget = max_new_tokens or self.sample_length()
-        encoded = self.tokenizer(list(prompts), return_tensors="pt", padding=True)
-        prompt_ids = encoded["input_ids"].to(self.device)  # (B, P), left-padded
-        prompt_mask = encoded["attention_mask"].to(self.device)
-        self._check_prompts(prompts, prompt_mask, budget)
-        g = self.generation
-        eos = self.tokenizer.eos_token_id
-        output = self.model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            do_sample=True,
-            max_new_tokens=budget,
-            min_new_tokens=None if g.stop_at_eos else budget,
-            top_k=g.top_k,
-            top_p=g.top_p,
-            temperature=g.temperature,
-            repetition_penalty=g.repetition_penalty,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=eos,
+        return generate_responses(
+            self.model, self.tokenizer, prompts, budget, self.generation, self.context_length, f"learner {self.name!r}"
         )
-        response = output[:, prompt_ids.shape[1] :]  # (B, L), L <= budget
-        if g.stop_at_eos and eos is not None:
-            is_eos = (response == eos).long()
-            # Keep tokens up to and including the first EOS; what generate appends after it is padding.
-            mask = ((is_eos.cumsum(1) - is_eos) == 0).long()
-        else:
-            mask = torch.ones_like(response)
-        lengths = mask.sum(1).tolist()
-        texts = tuple(
-            self.tokenizer.batch_decode(
-                [row[:n].tolist() for row, n in zip(response, lengths, strict=True)], skip_special_tokens=True
-            )
-        )
-        return texts, prompt_ids, prompt_mask, torch.cat([response, mask], 0).view(2, *response.shape)
-
-    def _check_prompts(self, prompts: tuple[str, ...], prompt_mask: torch.Tensor, budget: int) -> None:
-        lengths = prompt_mask.sum(1)
-        empty = torch.nonzero(lengths == 0).flatten().tolist()
-        if empty:
-            raise ValueError(f"learner {self.name!r}: prompt(s) {empty[:10]} tokenize to nothing; every prompt needs a token")
-        if self.context_length is not None:
-            too_long = torch.nonzero(lengths + budget > self.context_length).flatten().tolist()
-            if too_long:
-                i = too_long[0]
-                raise PromptTooLongError(
-                    f"learner {self.name!r}: prompt {i} has {int(lengths[i])} tokens, plus up to {budget} new tokens "
-                    f"exceeds the model context of {self.context_length} ({len(too_long)} prompt(s) too long; first: "
-                    f"{prompts[i][:80]!r}...). Shorten the prompt template or the query, or lower max_new_tokens."
-                )
 
     @torch.no_grad()
     def _rollout(self, prompts: tuple[str, ...], role: str | None) -> Rollout:
         started = time.perf_counter()
-        texts, prompt_ids, prompt_mask, response_and_mask = self._generate(prompts)
-        response, mask = response_and_mask[0], response_and_mask[1]
+        generated_batch = self._generate(prompts)
+        prompt_ids, prompt_mask = generated_batch.prompt_ids, generated_batch.prompt_mask
+        response, mask = generated_batch.response, generated_batch.mask
         generated = time.perf_counter()
         input_ids = torch.cat([prompt_ids, response], 1)  # (B, P+L)
         attention_mask = torch.cat([prompt_mask, torch.ones_like(response)], 1)
@@ -223,7 +172,7 @@ class PPOLearner:
             tensors.kl_full if self.config.kl_penalty == "full" else sampled_kl(tensors.logprobs, tensors.ref_logprobs)
         ) * tensors.mask
         timings = {"generation_s": generated - started, "forward_s": time.perf_counter() - generated}
-        return Rollout(prompts, texts, prompt_length, tensors, role=role, timings=timings)
+        return Rollout(prompts, generated_batch.texts, prompt_length, tensors, role=role, timings=timings)
 
     def _chunks(self, batch_size: int) -> list[slice]:
         size = self.config.forward_batch_size or batch_size
@@ -245,7 +194,8 @@ class PPOLearner:
         if received.shape != (batch,):
             raise ValueError(f"learner {self.name!r} got {received.size} rewards for a rollout of {batch} responses")
         if not np.all(np.isfinite(received)):
-            raise ValueError(f"learner {self.name!r} got non-finite rewards at {np.flatnonzero(~np.isfinite(received))}")
+            bad = np.flatnonzero(~np.isfinite(received)).tolist()
+            raise ValueError(f"learner {self.name!r} got non-finite rewards at {bad}")
         rollout.received_rewards = received
         rollout.task_rewards = received if task_rewards is None else np.asarray(task_rewards, dtype=np.float64)
 
@@ -344,7 +294,9 @@ class PPOLearner:
         cfg = self.config
         logits, values = response_forward(self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head)
         logprobs = logprobs_of(logits, mb.response)
-        pg_loss, clipfrac, approx_kl = clipped_policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, cfg.clip_range)
+        pg_loss, clipfrac, approx_kl = clipped_policy_loss(
+            logprobs, mb.logprobs, mb.advantages, mb.mask, cfg.clip_range
+        )
         v_loss, v_clipfrac = clipped_value_loss(values.float(), mb.values, mb.returns, mb.mask, cfg.clip_range_value)
         loss = pg_loss + cfg.vf_coef * v_loss
         with torch.no_grad():

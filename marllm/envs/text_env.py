@@ -246,7 +246,8 @@ def _check_dataset(dataset: Any, query_column: str) -> tuple[int, list[str]]:
     try:
         num_rows = len(dataset)
     except TypeError as error:
-        raise TypeError(f"dataset must be a datasets.Dataset or a list of dicts, got {type(dataset).__name__}") from error
+        kind = type(dataset).__name__
+        raise TypeError(f"dataset must be a datasets.Dataset or a list of dicts, got {kind}") from error
     if num_rows == 0:
         raise ValueError("dataset is empty: it needs at least one row with a query")
     columns = getattr(dataset, "column_names", None)

@@ -19,15 +19,18 @@ class RolePermutation(BaseWrapper):
 
     Args:
         env: the environment whose ``possible_agents`` are the roles.
-        period: resets between two permutations (CORY's T_REx); must be >= 1.
+        period: resets between two permutations (CORY's T_REx), an int >= 1; None keeps the first assignment for
+            good (learner ids still stand in for the roles, e.g. for an ablation without role exchange).
         learners: the learner ids, one per role; default ``llm1 … llmN``. Learner i starts in role i.
     """
 
-    def __init__(self, env: AECEnv, period: int, learners: Sequence[str] | None = None):
+    def __init__(self, env: AECEnv, period: int | None, learners: Sequence[str] | None = None):
         super().__init__(env)
         self.roles = list(env.possible_agents)
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            raise ValueError(f"role permutation period must be an int >= 1 (resets between swaps), got {period!r}")
+        if period is not None and (isinstance(period, bool) or not isinstance(period, int) or period < 1):
+            raise ValueError(
+                f"role permutation period must be an int >= 1 (resets between swaps) or None, got {period!r}"
+            )
         self.period = period
         learners = [f"llm{i + 1}" for i in range(len(self.roles))] if learners is None else list(learners)
         if len(learners) != len(self.roles):
@@ -51,7 +54,8 @@ class RolePermutation(BaseWrapper):
         self.learner_of = {role: learner for learner, role in self.role_of.items()}
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
-        self._set_shift((self.num_resets // self.period) % len(self.roles))
+        if self.period is not None:
+            self._set_shift((self.num_resets // self.period) % len(self.roles))
         self.num_resets += 1
         self.env.reset(seed=seed, options=options)
 

@@ -23,7 +23,9 @@ def cooperation_matrix(num_agents: int, weight: float) -> np.ndarray:
     return matrix
 
 
-def check_coefficients(coefficients: Sequence[Sequence[float]] | np.ndarray | None, agents: Sequence[Any]) -> np.ndarray:
+def check_coefficients(
+    coefficients: Sequence[Sequence[float]] | np.ndarray | None, agents: Sequence[Any]
+) -> np.ndarray:
     """Validate an N×N coefficient matrix for ``agents`` (None = all ones)."""
     n = len(agents)
     if coefficients is None:

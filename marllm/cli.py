@@ -1,0 +1,85 @@
+"""``marllm`` command line: train, report, prepare, main (the offline CORY-vs-PPO job)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from marllm.config_loading import ConfigError
+
+
+def _train(args: argparse.Namespace) -> int:
+    from marllm.config import load_config
+    from marllm.train import train
+
+    config = load_config(args.config, args.overrides)
+    result = train(config, args.run_dir)
+    print(f"run written to {result.run_dir}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from marllm.reporting import build_report
+
+    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
+    path = build_report([Path(d) for d in args.run_dirs], out)
+    print(f"report written to {path}")
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from marllm.offline import prepare
+
+    assets = prepare(home=args.home, force=args.force, progress=True)
+    print(f"offline assets ready in {assets.home}")
+    return 0
+
+
+def _main_job(args: argparse.Namespace) -> int:
+    from marllm.main_job import run_main_job
+
+    report = run_main_job(Path(args.out), iterations=args.iterations)
+    print(f"report written to {report}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="marllm", description="Multi-agent RL fine-tuning of LLMs (CORY and beyond).")
+    commands = root.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train from a YAML config")
+    train.add_argument("config", help="YAML config file, e.g. examples/cory_imdb.yaml")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. ppo.learning_rate=1e-5 iterations=3")
+    train.add_argument("--run-dir", default=None, help="where to write the run (default: config run_dir or runs/NAME)")
+    train.set_defaults(handler=_train)
+
+    report = commands.add_parser("report", help="rebuild the report of one or more runs from their logs")
+    report.add_argument("run_dirs", nargs="+")
+    report.add_argument("--out", default=None, help="output directory (default: FIRST_RUN_DIR/report)")
+    report.set_defaults(handler=_report)
+
+    prepare = commands.add_parser("prepare", help="build the offline corpus, base model and reward model")
+    prepare.add_argument("--home", default=None, help="data directory (default: $MARLLM_HOME or the user cache)")
+    prepare.add_argument("--force", action="store_true", help="rebuild even if the assets are up to date")
+    prepare.set_defaults(handler=_prepare)
+
+    main = commands.add_parser("main", help="the offline main job: prepare, PPO run, CORY run, report")
+    main.add_argument("--out", default="runs/main", help="directory for the two runs and the report")
+    main.add_argument("--iterations", type=int, default=None, help="override the iteration count of both runs")
+    main.set_defaults(handler=_main_job)
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as error:
+        print(f"marllm: config error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The training configuration: typed sections read from YAML, with dotted overrides and up-front checks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.config_loading import ConfigError, apply_overrides, build, read_yaml, to_dict
+from marllm.envs.tasks import TASKS, TaskConfig
+from marllm.wrappers.shared_reward import check_coefficients, cooperation_matrix
+
+
+@dataclass
+class ModelConfig:
+    """The base model every learner starts from (and the frozen reference).
+
+    Attributes:
+        name_or_path: any ``AutoModelForCausalLM`` hub id or local directory, or ``marllm:offline-base``.
+        dtype: ``float32``, ``bfloat16`` or ``float16``.
+        device: ``auto`` (CUDA if available), ``cpu`` or ``cuda``.
+    """
+
+    name_or_path: str = "gpt2-large"
+    dtype: str = "float32"
+    device: str = "auto"
+
+
+@dataclass
+class EnvConfig:
+    """The sequential text environment.
+
+    Attributes:
+        roles: speaking order; ``[pioneer, observer]`` for CORY, ``[pioneer]`` for single-agent PPO.
+        templates: prompt template per role (``str.format`` over sample fields and earlier roles); null takes the
+            task's defaults.
+        batch_size: dialogues per episode (= samples per PPO batch).
+    """
+
+    roles: list[str] = field(default_factory=lambda: ["pioneer", "observer"])
+    templates: dict[str, str] | None = None
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        if not self.roles or len(set(self.roles)) != len(self.roles):
+            raise ValueError(f"env.roles must be a non-empty list of distinct names, got {self.roles}")
+        if self.batch_size < 1:
+            raise ValueError(f"env.batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class AgentsConfig:
+    """Who plays, on which reward, and how roles rotate.
+
+    Attributes:
+        learners: learner ids, one per role (default ``llm1 … llmN``); learner i starts in role i.
+        reward_coefficients: the SharedReward matrix C (agent i gets Σ_j C[i][j] r_j), or a number λ for
+            ``C = [[1, λ], [λ, 1]]`` (generalised to N), or null for no sharing (each agent its own reward).
+            CORY: 1.0 (r1 + r2).
+        role_period: resets between role permutations (CORY's T_REx = 5); null never permutes.
+    """
+
+    learners: list[str] | None = None
+    reward_coefficients: list[list[float]] | float | None = None
+    role_period: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.role_period is not None and self.role_period < 1:
+            raise ValueError(f"agents.role_period must be an int >= 1 or null, got {self.role_period}")
+
+
+@dataclass
+class LoggingConfig:
+    """What the run writes besides ``metrics.jsonl``.
+
+    Attributes:
+        tensorboard: also write TensorBoard scalars under ``RUN_DIR/tensorboard``.
+        samples_per_iteration: dialogues per iteration written to ``samples.jsonl``.
+        eval_queries: held-out queries answered by the base model and each trained agent deployed alone at the
+            end (``eval_samples.jsonl``); 0 skips it.
+        save_checkpoint: save each learner (policy, value head, optimiser) at the end of the run.
+        progress: show a progress bar.
+    """
+
+    tensorboard: bool = True
+    samples_per_iteration: int = 4
+    eval_queries: int = 16
+    save_checkpoint: bool = True
+    progress: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """A whole run. ``name`` labels the run in reports (``ppo``, ``cory``)."""
+
+    name: str = "run"
+    seed: int = 0
+    iterations: int = 100
+    run_dir: str | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=lambda: TASKS["sentiment"]())
+    env: EnvConfig = field(default_factory=EnvConfig)
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        try:
+            self.ppo.check_batch_size(self.env.batch_size)
+        except ValueError as error:
+            raise ValueError(f"env.batch_size: {error}") from error
+        n = len(self.env.roles)
+        if self.agents.learners is not None and len(self.agents.learners) != n:
+            raise ValueError(
+                f"agents.learners has {len(self.agents.learners)} ids for {n} roles {self.env.roles}; give one per role"
+            )
+        if self.agents.learners is not None and len(set(self.agents.learners)) != n:
+            raise ValueError(f"agents.learners must be distinct, got {self.agents.learners}")
+        try:
+            self.coefficient_matrix()
+        except ValueError as error:
+            raise ValueError(f"agents.reward_coefficients: {error}") from error
+        if self.env.templates is not None:
+            unknown = sorted(set(self.env.templates) - set(self.env.roles))
+            missing = [r for r in self.env.roles if r not in self.env.templates]
+            if unknown or missing:
+                raise ValueError(
+                    f"env.templates must give one template per role {self.env.roles}; missing {missing}, "
+                    f"unknown {unknown}"
+                )
+
+    @property
+    def learner_ids(self) -> list[str]:
+        return self.agents.learners or [f"llm{i + 1}" for i in range(len(self.env.roles))]
+
+    def coefficient_matrix(self) -> Any:
+        """The SharedReward matrix, or None when rewards are not shared."""
+        c = self.agents.reward_coefficients
+        if c is None:
+            return None
+        if isinstance(c, float):
+            return cooperation_matrix(len(self.env.roles), c)
+        return check_coefficients(c, self.env.roles)
+
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Build and check a :class:`TrainConfig` from plain data; errors name the offending key."""
+    data = dict(data)
+    task = data.get("task", {})
+    if isinstance(task, dict):
+        kind = task.get("name", "sentiment")
+        if kind not in TASKS:
+            raise ConfigError(f"task.name must be one of {sorted(TASKS)}, got {kind!r}")
+        data["task"] = build(TASKS[kind], task, "task")
+    return build(TrainConfig, data)
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML config and apply ``section.key=value`` overrides."""
+    return config_from_dict(apply_overrides(read_yaml(path), overrides))

@@ -1,0 +1,111 @@
+"""The CORY paper's sentiment task: continue the opening of a movie review so that it reads positive.
+
+Query: the first 2–8 tokens (policy tokenizer) of a review. Pioneer prompt: the query. Observer prompt:
+``I can make this sentence "<query + pioneer response>" more positive: <query>``. Reward: the positive-class logit
+of a sentiment classifier on query + response.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import datasets
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from marllm.assets import offline_assets, resolve_dataset
+from marllm.envs.tasks.base import TaskParts, load_text_dataset, require_columns
+from marllm.rewards.sentiment import ClassifierReward, TextScoreReward
+
+PIONEER_TEMPLATE = "{query}"
+OBSERVER_TEMPLATE = 'I can make this sentence "{query}{pioneer}" more positive: {query}'
+
+
+@dataclass
+class SentimentTask:
+    """Configuration of the sentiment task.
+
+    Attributes:
+        dataset: hub id (``imdb``), local file, or ``marllm:offline-reviews`` (the embedded offline corpus).
+        split: training split; for the offline corpus ``heldout`` (reviews neither the base model nor the reward
+            model trained on) or ``train``.
+        eval_split: split whose queries evaluate agents deployed alone (None: the training split).
+        text_column: column holding the review.
+        min_text_chars: reviews shorter than this are dropped (as in the paper's setup, 200).
+        max_samples: keep at most this many reviews (None: all).
+        query_min_tokens, query_max_tokens: query length range in policy tokens, drawn per review.
+        reward_model: hub id or directory of a sequence classifier, or ``marllm:offline-sentiment``.
+        positive_label: the classifier label whose logit is the reward.
+        reward_batch_size: texts per classifier forward pass.
+    """
+
+    name: Literal["sentiment"] = "sentiment"
+    dataset: str = "imdb"
+    split: str = "train"
+    eval_split: str | None = "test"
+    text_column: str = "text"
+    min_text_chars: int = 200
+    max_samples: int | None = None
+    query_min_tokens: int = 2
+    query_max_tokens: int = 8
+    reward_model: str = "lvwerra/distilbert-imdb"
+    positive_label: str = "POSITIVE"
+    reward_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.query_min_tokens <= self.query_max_tokens:
+            raise ValueError(
+                f"task.query_min_tokens ({self.query_min_tokens}) and task.query_max_tokens "
+                f"({self.query_max_tokens}) must satisfy 1 <= min <= max"
+            )
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ValueError(f"task.max_samples must be >= 1 or null, got {self.max_samples}")
+        if self.reward_batch_size < 1:
+            raise ValueError(f"task.reward_batch_size must be >= 1, got {self.reward_batch_size}")
+
+    def build(self, tokenizer: PreTrainedTokenizerBase, seed: int, device: str = "auto") -> TaskParts:
+        """Load reviews, cut them into queries with ``tokenizer``, and load the reward model."""
+        train = self.queries(self.load_split(self.split), tokenizer, seed)
+        evaluation = None
+        if self.eval_split is not None and self.eval_split != self.split:
+            evaluation = self.queries(self.load_split(self.eval_split), tokenizer, seed + 1)
+        return TaskParts(
+            dataset=train,
+            templates={"pioneer": PIONEER_TEMPLATE, "observer": OBSERVER_TEMPLATE},
+            reward_fn=self.reward(device),
+            eval_dataset=evaluation,
+        )
+
+    def load_split(self, split: str) -> datasets.Dataset:
+        return load_text_dataset(resolve_dataset(self.dataset, split), split)
+
+    def queries(self, reviews: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, seed: int) -> datasets.Dataset:
+        """Keep reviews of at least ``min_text_chars`` and add a ``query`` column: their first k tokens."""
+        source = f"{self.dataset}:{self.split}"
+        require_columns(reviews, [self.text_column], source)
+        column = self.text_column
+        reviews = reviews.filter(lambda batch: [len(t) >= self.min_text_chars for t in batch[column]], batched=True)
+        if len(reviews) == 0:
+            raise ValueError(f"dataset {source!r} has no review of at least {self.min_text_chars} characters")
+        if self.max_samples is not None:
+            reviews = reviews.select(range(min(self.max_samples, len(reviews))))
+        lengths = np.random.default_rng(seed).integers(
+            self.query_min_tokens, self.query_max_tokens + 1, size=len(reviews)
+        )
+
+        def cut(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+            ids = tokenizer(batch[column], add_special_tokens=False)["input_ids"]
+            heads = [row[: lengths[i]] for row, i in zip(ids, indices, strict=True)]
+            return {"query": tokenizer.batch_decode(heads)}
+
+        return reviews.map(cut, batched=True, with_indices=True)
+
+    def reward(self, device: str = "auto") -> TextScoreReward:
+        assets = offline_assets(self.reward_model)
+        if assets is not None:
+            from marllm.offline import SentimentClassifier
+
+            classifier = SentimentClassifier.load(assets.reward_model_dir)
+            return TextScoreReward(classifier.positive_logits)
+        return ClassifierReward(self.reward_model, self.positive_label, self.reward_batch_size, device)

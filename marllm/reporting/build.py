@@ -1,0 +1,252 @@
+"""``build_report``: run directories in, ``report.md`` + PNG figures + ``summary.json`` out."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from marllm.reporting.evaluation import EvalModel, eval_collapse, eval_models, sample_queries, sample_table
+from marllm.reporting.indicators import final_means, final_window, phase_times
+from marllm.reporting.plots import curve_colors, plot_collapse, plot_metric, plot_reward_vs_kl
+from marllm.reporting.runs import EVAL_FILE, SAMPLES_FILE, Run, curves, load_runs
+from marllm.reporting.tables import fmt, markdown_table
+
+REPORT_FILE = "report.md"
+SUMMARY_FILE = "summary.json"
+
+# (metric suffix, figure title); one PNG each, named <metric>.png.
+CURVE_METRICS = (
+    ("task_reward", "Task reward r(q, a)"),
+    ("kl", "KL to the reference"),
+    ("combined_reward", "Combined reward: task reward − η·KL"),
+)
+# Metrics of the final table, as (metric suffix, column header).
+FINAL_METRICS = (
+    ("task_reward", "task reward"),
+    ("kl", "KL"),
+    ("combined_reward", "combined reward"),
+    ("received_reward", "trained-on reward"),
+    ("response_length", "response length"),
+)
+SCATTER_FILE = "reward_vs_kl.png"
+COLLAPSE_FILE = "collapse_per_iteration.png"
+
+
+def build_report(
+    run_dirs: Sequence[Path | str],
+    out_dir: Path | str,
+    *,
+    smoothing: int = 5,
+    final_k: int = 5,
+    n_sample_queries: int = 8,
+) -> Path:
+    """Write ``report.md``, its PNG figures and ``summary.json`` comparing the given training runs.
+
+    Args:
+        run_dirs: run directories written by the training loop (see ``marllm.reporting.runs``). Runs sharing a
+            name are told apart by their directory name.
+        out_dir: where the report goes; created if missing, earlier report files in it are overwritten.
+        smoothing: moving-average window of the curves; 1 draws the raw values only, more draws them faint
+            under the smoothed line. Smoothing hides noise but also delays and flattens peaks such as a
+            reward collapse.
+        final_k: the final table averages the last ``final_k`` iterations of each run (fewer for a shorter
+            run). A wider window is less noisy but mixes in earlier, less trained iterations.
+        n_sample_queries: how many held-out queries the sample table shows (0 for none).
+
+    Returns:
+        The path of ``report.md``.
+    """
+    if isinstance(smoothing, bool) or not isinstance(smoothing, int) or smoothing < 1:
+        raise ValueError(f"smoothing must be an integer >= 1 (1 = no smoothing), got {smoothing!r}")
+    if isinstance(final_k, bool) or not isinstance(final_k, int) or final_k < 1:
+        raise ValueError(f"final_k must be an integer >= 1, got {final_k!r}")
+    if isinstance(n_sample_queries, bool) or not isinstance(n_sample_queries, int) or n_sample_queries < 0:
+        raise ValueError(f"n_sample_queries must be an integer >= 0, got {n_sample_queries!r}")
+    runs = load_runs(run_dirs)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    all_curves = curves(runs)
+    colors = curve_colors(len(all_curves))
+    figures: dict[str, str | None] = {}
+    for metric, title in CURVE_METRICS:
+        name = f"{metric}.png"
+        drawn = plot_metric(all_curves, colors, metric, title, out_dir / name, smoothing)
+        figures[metric] = name if drawn else None
+    figures["reward_vs_kl"] = (
+        SCATTER_FILE if plot_reward_vs_kl(all_curves, colors, out_dir / SCATTER_FILE) else None
+    )
+    figures["collapse"] = (
+        COLLAPSE_FILE if plot_collapse(all_curves, colors, out_dir / COLLAPSE_FILE) else None
+    )
+
+    finals = [
+        {
+            "label": curve.label,
+            "run": curve.run.display,
+            "learner": curve.learner,
+            "k": len(final_window(curve.run, final_k)),
+            "window": [int(i) for i in final_window(curve.run, final_k)[[0, -1]]],
+            **final_means(curve.run, curve.learner, [m for m, _ in FINAL_METRICS], final_k),
+        }
+        for curve in all_curves
+    ]
+    times = {run.display: phase_times(run) for run in runs}
+    models = eval_models(runs)
+    queries = sample_queries(models, n_sample_queries)
+    collapse = eval_collapse(models)
+
+    summary = {
+        "runs": [
+            {
+                "label": run.display,
+                "name": run.name,
+                "dir": str(run.path),
+                "learners": list(run.learners),
+                "iterations": len(run.metrics),
+                "kl_metric": run.kl_metric,
+            }
+            for run in runs
+        ],
+        "final_k": final_k,
+        "smoothing": smoothing,
+        "final": finals,
+        "wall_time_s": times,
+        "eval": collapse,
+        "figures": figures,
+    }
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(_json_safe(summary), indent=2) + "\n", encoding="utf-8")
+
+    sections = [
+        _runs_section(runs),
+        _figures_section(runs, figures, smoothing),
+        _final_section(finals, final_k),
+        _time_section(times),
+        _samples_section(runs, models, queries),
+        _collapse_section(collapse),
+    ]
+    report = out_dir / REPORT_FILE
+    report.write_text("\n\n".join(["# marllm run report", *sections]) + "\n", encoding="utf-8")
+    return report
+
+
+def _runs_section(runs: Sequence[Run]) -> str:
+    rows = [
+        [run.display, run.name, str(run.path), ", ".join(run.learners), str(len(run.metrics))] for run in runs
+    ]
+    lines = ["## Runs", "", markdown_table(["run", "name", "directory", "learners", "iterations"], rows)]
+    kl_metrics = {run.kl_metric for run in runs if run.kl_metric}
+    if kl_metrics:
+        lines += ["", "KL as logged: " + "; ".join(sorted(kl_metrics)) + "."]
+    return "\n".join(lines)
+
+
+def _figures_section(runs: Sequence[Run], figures: dict[str, str | None], smoothing: int) -> str:
+    lines = ["## Curves", ""]
+    if smoothing > 1:
+        lines += [f"Bold lines: moving average over {smoothing} iterations; faint lines: raw values.", ""]
+    for metric, title in CURVE_METRICS:
+        lines += [_figure(figures[metric], title, f"no run logged `<learner>/{metric}`"), ""]
+    lines += [
+        "## Reward vs KL",
+        "",
+        "Each point is an iteration, the star the final one; up and left is better.",
+        "",
+    ]
+    lines.append(
+        _figure(figures["reward_vs_kl"], "Task reward vs KL", "no iteration logs both task reward and KL")
+    )
+    lines += ["", "## Collapse during training", ""]
+    without = [run.display for run in runs if not run.samples]
+    if without:
+        lines += [f"No {SAMPLES_FILE} (or an empty one) in: {', '.join(without)}.", ""]
+    lines.append(_figure(figures["collapse"], "Collapse indicators", "no run has training samples"))
+    return "\n".join(lines)
+
+
+def _figure(name: str | None, title: str, why_missing: str) -> str:
+    return f"![{title}]({name})" if name else f"*{title}: no figure, {why_missing}.*"
+
+
+def _final_section(finals: Sequence[dict[str, Any]], final_k: int) -> str:
+    header = ["model", "iterations averaged", *(title for _, title in FINAL_METRICS)]
+    rows = [
+        [
+            f["label"],
+            f"{f['window'][0]}–{f['window'][1]} (k={f['k']})",
+            *(fmt(f[m]) for m, _ in FINAL_METRICS),
+        ]
+        for f in finals
+    ]
+    intro = (
+        f"Mean over the last k = {final_k} iterations of each run (fewer when a run is shorter). "
+        "Task reward is the model's own r(q, a); combined reward is task reward − η·KL (the paper's "
+        "objective); the trained-on reward is the shared reward under CORY."
+    )
+    return "\n".join(["## Final numbers", "", intro, "", markdown_table(header, rows)])
+
+
+def _time_section(times: dict[str, dict[str, float]]) -> str:
+    phases = list(dict.fromkeys(phase for run_times in times.values() for phase in run_times))
+    if not phases:
+        return "## Wall time\n\n*No run logged `time/*` keys.*"
+    header = ["run", *(p.removesuffix("_s") + " (s)" for p in phases)]
+    rows = [[label, *(fmt(run_times.get(p)) for p in phases)] for label, run_times in times.items()]
+    return "\n".join(
+        ["## Wall time", "", "Seconds summed over all iterations.", "", markdown_table(header, rows)]
+    )
+
+
+def _samples_section(runs: Sequence[Run], models: Sequence[EvalModel], queries: Sequence[str]) -> str:
+    lines = ["## Held-out samples", ""]
+    without = [run.display for run in runs if not run.eval_samples]
+    if without:
+        lines += [f"No {EVAL_FILE} (or an empty one) in: {', '.join(without)}.", ""]
+    if not models:
+        return "\n".join(lines).rstrip()
+    if queries:
+        lines += [
+            f"The first {len(queries)} held-out queries; each model answers from the query alone "
+            "(r = task reward).",
+            "",
+            sample_table(models, queries),
+        ]
+    return "\n".join(lines)
+
+
+def _collapse_section(collapse: Sequence[dict[str, Any]]) -> str:
+    if not collapse:
+        return "## Collapse indicators\n\n*No held-out samples to measure.*"
+    header = ["model", "answers", "task reward", "distinct-1", "distinct-2", "repeated tokens", "mean words"]
+    rows = [
+        [
+            c["label"],
+            str(c["n_responses"]),
+            fmt(c["task_reward"]),
+            fmt(c["distinct_1"], 3),
+            fmt(c["distinct_2"], 3),
+            fmt(c["repeated_fraction"], 3),
+            fmt(c["mean_length"], 3),
+        ]
+        for c in collapse
+    ]
+    intro = (
+        "Over all held-out answers of each model (lower-cased whitespace tokens). Distinct-n: unique n-grams "
+        "/ all n-grams; repeated tokens: fraction of tokens already seen in the same answer. Low distinct-n "
+        "and many repeats point to mode collapse."
+    )
+    return "\n".join(["## Collapse indicators", "", intro, "", markdown_table(header, rows)])
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities become null: ``summary.json`` stays standard JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
