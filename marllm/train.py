@@ -20,6 +20,7 @@ from pettingzoo import AECEnv
 from tqdm.auto import tqdm
 
 from marllm.algorithms.ppo import PPOLearner
+from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.envs.tasks.base import TaskParts
@@ -82,15 +83,41 @@ def build(config: TrainConfig) -> Setup:
     tokenizer = load_tokenizer(model_path)
     task = config.task.build(tokenizer, config.seed, config.model.device)
     env = build_env(config, task)
-    reference = ReferencePool().get(model_path, config.model.dtype, config.model.device)
-    learners = {}
-    for i, learner_id in enumerate(config.learner_ids):
-        torch.manual_seed(config.seed + i)
-        model = load_causal_lm(model_path, config.model.dtype, config.model.device)
-        learners[learner_id] = PPOLearner(
-            learner_id, model, tokenizer, reference, config.ppo, config.generation, seed=config.seed + i
-        )
+    learners, reference = make_learners(
+        model_path,
+        config.learner_ids,
+        config.ppo,
+        config.generation,
+        config.seed,
+        config.model.dtype,
+        config.model.device,
+        tokenizer,
+    )
     return Setup(config, env, learners, task, reference, tokenizer)
+
+
+def make_learners(
+    model_path: str,
+    learner_ids: list[str],
+    ppo: PPOConfig | None = None,
+    generation: GenerationConfig | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    device: str = "auto",
+    tokenizer: Any = None,
+) -> tuple[dict[str, PPOLearner], Any]:
+    """One PPO learner per id, each a full copy of ``model_path``, all sharing one frozen reference.
+
+    Returns the learners (keyed by id) and the reference model.
+    """
+    tokenizer = tokenizer or load_tokenizer(model_path)
+    reference = ReferencePool().get(model_path, dtype, device)
+    learners = {}
+    for i, learner_id in enumerate(learner_ids):
+        torch.manual_seed(seed + i)
+        model = load_causal_lm(model_path, dtype, device)
+        learners[learner_id] = PPOLearner(learner_id, model, tokenizer, reference, ppo, generation, seed=seed + i)
+    return learners, reference
 
 
 def run_iteration(

@@ -1,0 +1,185 @@
+"""PPOLearner on a tiny GPT-2: learning, guards against bad input, persistence."""
+
+import numpy as np
+import pytest
+import torch
+
+from marllm.algorithms import GenerationConfig, NonFiniteLossError, PPOConfig, PPOLearner
+from marllm.models.generation import PromptTooLongError
+from marllm.models.policy import ReferencePool
+from tests.conftest import make_tiny_gpt2
+
+
+def make_learner(tokenizer, seed=0, **ppo):
+    settings = {"mini_batch_size": 8, "learning_rate": 3e-3, "init_kl_coef": 0.01, "kl_control": "fixed"}
+    settings.update(ppo)
+    model = make_tiny_gpt2(tokenizer, seed=seed)
+    reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
+    return PPOLearner("llm1", model, tokenizer, reference, PPOConfig(**settings), GenerationConfig(4, 8), seed=seed)
+
+
+def test_rollout_records_what_ppo_needs(tokenizer):
+    learner = make_learner(tokenizer)
+    responses = learner.act({"prompt": ["this movie was"] * 8})
+    assert len(responses) == 8 and all(isinstance(r, str) for r in responses)
+    rollout = learner.rollouts[0]
+    batch = rollout.tensors
+    length = batch.response.shape[1]
+    assert 1 <= length <= 8
+    for key in ("logprobs", "ref_logprobs", "values", "kl", "kl_full", "mask"):
+        assert batch[key].shape == (8, length), key
+    # policy and reference are identical copies: the KL starts at exactly zero
+    assert torch.allclose(batch.logprobs, batch.ref_logprobs, atol=1e-5)
+    assert batch.kl_full.abs().max().item() < 1e-5
+    # the decoded text is exactly the masked response tokens
+    for i in range(8):
+        n = int(batch.mask[i].sum())
+        assert responses[i] == tokenizer.decode(batch.response[i, :n], skip_special_tokens=True)
+
+
+def test_learner_learns_to_say_a_token(tokenizer):
+    """Reward = share of response tokens equal to ' good'; it must rise well above its start within 40 updates."""
+    torch.manual_seed(0)
+    learner = make_learner(tokenizer, mini_batch_size=8, ppo_epochs=4, score_transform="none")
+    target = tokenizer.encode(" good")[0]
+
+    def reward(responses):
+        ids = [tokenizer.encode(r) for r in responses]
+        return [sum(t == target for t in row) / max(len(row), 1) for row in ids]
+
+    history = []
+    for _ in range(40):
+        responses = learner.act({"prompt": ["this movie was"] * 16})
+        learner.finish(reward(responses))
+        history.append(learner.update()["task_reward"])
+    start, end = np.mean(history[:5]), np.mean(history[-5:])
+    assert end > start + 0.2, f"reward did not rise: first 5 {history[:5]}, last 5 {history[-5:]}"
+
+
+def test_kl_grows_as_the_policy_moves_and_updates_kl_coef(tokenizer):
+    learner = make_learner(
+        tokenizer, kl_control="adaptive", kl_penalty="full", init_kl_coef=0.2, target_kl=0.001, kl_horizon=16
+    )
+    stats = []
+    for _ in range(3):
+        learner.act({"prompt": ["the film"] * 8})
+        learner.finish(np.linspace(-1, 1, 8))
+        stats.append(learner.update())
+    assert stats[0]["kl"] == pytest.approx(0.0, abs=1e-5)  # first batch: policy == reference
+    assert stats[-1]["kl"] > 0.0
+    # the first batch (KL 0 < target) lowered η by the clipped 20% · n/horizon; the last (KL > target) raised it
+    assert stats[1]["kl_coef"] == pytest.approx(0.2 * (1 - 0.2 * 8 / 16))
+    assert stats[-1]["kl_penalty"] > 0.001
+    assert learner.kl_controller.value > stats[-1]["kl_coef"]
+    assert stats[-1]["combined_reward"] == pytest.approx(
+        stats[-1]["task_reward"] - stats[-1]["kl_coef"] * stats[-1]["kl"]
+    )
+
+
+def test_task_reward_and_received_reward_are_kept_apart(tokenizer):
+    learner = make_learner(tokenizer)
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish(rewards=[3.0] * 8, task_rewards=[1.0] * 8)
+    stats = learner.update()
+    assert stats["received_reward"] == pytest.approx(3.0)
+    assert stats["task_reward"] == pytest.approx(1.0)
+
+
+def test_score_normalisation_uses_running_statistics(tokenizer):
+    learner = make_learner(tokenizer, score_transform="normalize")
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish([0.0, 2.0] * 4)
+    stats = learner.update()
+    assert stats["score"] == pytest.approx(0.0, abs=1e-6)  # mean removed
+    assert learner.score_statistics.mean == pytest.approx(1.0)
+
+
+def test_prompt_longer_than_context_is_an_error(tokenizer):
+    model = make_tiny_gpt2(tokenizer, n_positions=16)
+    learner = PPOLearner("llm1", model, tokenizer, model, PPOConfig(mini_batch_size=2), GenerationConfig(4, 8))
+    with pytest.raises(PromptTooLongError, match=r"prompt 1 has \d+ tokens.*context of 16"):
+        learner.act({"prompt": ["short", "this movie was good and the acting was great " * 3]})
+
+
+def test_empty_prompt_is_an_error(tokenizer):
+    learner = make_learner(tokenizer)
+    with pytest.raises(ValueError, match=r"prompt\(s\) \[1\] tokenize to nothing"):
+        learner.act({"prompt": ["fine", ""]})
+
+
+def test_batch_not_divisible_by_mini_batch_is_an_error(tokenizer):
+    learner = make_learner(tokenizer, mini_batch_size=4)
+    learner.act({"prompt": ["a"] * 6})
+    learner.finish([1.0] * 6)
+    with pytest.raises(ValueError, match="batch size 6 is not divisible by .* 4 × 1 = 4"):
+        learner.update()
+
+
+def test_reward_count_and_order_errors(tokenizer):
+    learner = make_learner(tokenizer)
+    with pytest.raises(RuntimeError, match="no rollout"):
+        learner.update()
+    with pytest.raises(RuntimeError, match="no rollout waiting"):
+        learner.finish([1.0])
+    learner.act({"prompt": ["a"] * 8})
+    with pytest.raises(ValueError, match="got 3 rewards for a rollout of 8"):
+        learner.finish([1.0] * 3)
+    with pytest.raises(ValueError, match="non-finite rewards at \\[2\\]"):
+        learner.finish([1.0, 1.0, float("nan")] + [1.0] * 5)
+    with pytest.raises(RuntimeError, match="never got their reward"):
+        learner.update()
+
+
+def test_nan_loss_applies_no_update(tokenizer):
+    learner = make_learner(tokenizer)
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish([1.0] * 8)
+    with torch.no_grad():
+        learner.value_head.summary.bias.fill_(float("nan"))
+    policy_before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    with pytest.raises(NonFiniteLossError, match="optimiser step was not applied"):
+        learner.update()
+    for key, value in learner.model.state_dict().items():
+        assert torch.equal(value, policy_before[key]), key
+    assert all(p.grad is None for p in learner.model.parameters())
+
+
+def test_gradient_accumulation_matches_one_big_mini_batch(tokenizer):
+    """2 mini-batches of 4 with accumulation 2 take the same optimiser step as 1 mini-batch of 8."""
+    results = []
+    settings_pair = (
+        {"mini_batch_size": 8, "gradient_accumulation_steps": 1},
+        {"mini_batch_size": 4, "gradient_accumulation_steps": 2},
+    )
+    for settings in settings_pair:
+        torch.manual_seed(1)
+        learner = make_learner(tokenizer, seed=1, ppo_epochs=1, **settings)
+        learner.act({"prompt": ["the story"] * 8})
+        learner.finish(np.arange(8.0))
+        learner.update()
+        results.append(torch.cat([p.detach().flatten() for p in learner.model.parameters()]))
+    assert torch.allclose(results[0], results[1], atol=1e-6)
+
+
+def test_save_and_load_state_round_trip(tokenizer, tmp_path):
+    learner = make_learner(tokenizer, kl_control="adaptive")
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish(np.linspace(0, 1, 8))
+    learner.update()
+    learner.save(tmp_path / "llm1")
+    assert (tmp_path / "llm1" / "policy" / "config.json").is_file()
+    restored = make_learner(tokenizer, kl_control="adaptive")
+    restored.load_state(tmp_path / "llm1")
+    assert restored.kl_controller.value == pytest.approx(learner.kl_controller.value)
+    assert restored.num_updates == 1
+    assert restored.score_statistics.mean == pytest.approx(learner.score_statistics.mean)
+    for a, b in zip(restored.value_head.parameters(), learner.value_head.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_reference_pool_shares_one_frozen_model(tiny_lm_dir):
+    pool = ReferencePool()
+    first = pool.get(str(tiny_lm_dir), device="cpu")
+    second = pool.get(str(tiny_lm_dir), device="cpu")
+    assert first is second and len(pool) == 1
+    assert not any(p.requires_grad for p in first.parameters())
