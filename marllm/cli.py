@@ -37,6 +37,28 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    import json
+
+    from marllm.config import load_config
+    from marllm.evaluation.deployed import evaluate_pass_at_k
+
+    config = load_config(args.config, args.overrides)
+    try:
+        ks = [int(k) for k in args.pass_k.split(",")]
+    except ValueError as error:
+        raise ConfigError(f"--pass-k must be comma-separated integers like 1,5,10, got {args.pass_k!r}") from error
+    results = []
+    for checkpoint in args.checkpoint or ["base"]:
+        result = evaluate_pass_at_k(config, checkpoint, ks, args.samples, args.limit, args.batch_size, config.seed)
+        results.append(result.to_dict())
+        print(json.dumps(result.to_dict()))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
 def _main_job(args: argparse.Namespace) -> int:
     from marllm.main_job import run_main_job
 
@@ -65,6 +87,19 @@ def parser() -> argparse.ArgumentParser:
     prepare.add_argument("--force", action="store_true", help="rebuild even if the assets are up to date")
     prepare.set_defaults(handler=_prepare)
 
+    evaluate = commands.add_parser("eval", help="pass@k of the base model or trained agents deployed alone")
+    evaluate.add_argument("config", help="the run's YAML config (task, model, generation settings)")
+    evaluate.add_argument("overrides", nargs="*", help="dotted overrides")
+    evaluate.add_argument(
+        "--checkpoint", action="append", help="RUN_DIR/checkpoints/LEARNER, or 'base' (repeatable; default: base)"
+    )
+    evaluate.add_argument("--pass-k", default="1", help="comma-separated k values, e.g. 1,5,10")
+    evaluate.add_argument("--samples", type=int, default=1, help="samples per problem (n >= max k)")
+    evaluate.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
+    evaluate.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
+    evaluate.add_argument("--out", default=None, help="also write the results as JSON here")
+    evaluate.set_defaults(handler=_eval)
+
     main = commands.add_parser("main", help="the offline main job: prepare, PPO run, CORY run, report")
     main.add_argument("--out", default="runs/main", help="directory for the two runs and the report")
     main.add_argument("--iterations", type=int, default=None, help="override the iteration count of both runs")
@@ -79,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"marllm: config error: {error}", file=sys.stderr)
         return 2
+    except (ValueError, FileNotFoundError, RuntimeError) as error:
+        print(f"marllm: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

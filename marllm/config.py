@@ -10,6 +10,7 @@ from typing import Any
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.config_loading import ConfigError, apply_overrides, build, read_yaml, to_dict
 from marllm.envs.tasks import TASKS, TaskConfig
+from marllm.models.lora import LoraSettings
 from marllm.wrappers.shared_reward import check_coefficients, cooperation_matrix
 
 
@@ -21,11 +22,20 @@ class ModelConfig:
         name_or_path: any ``AutoModelForCausalLM`` hub id or local directory, or ``marllm:offline-base``.
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         device: ``auto`` (CUDA if available), ``cpu`` or ``cuda``.
+        lora: make every learner a LoRA adapter on one shared base (the reference is the base with adapters
+            disabled); null gives each learner a full copy of the model and one shared frozen reference.
+        load_in_4bit: load the base in 4 bits (needs CUDA, bitsandbytes and ``lora``).
     """
 
     name_or_path: str = "gpt2-large"
     dtype: str = "float32"
     device: str = "auto"
+    lora: LoraSettings | None = None
+    load_in_4bit: bool = False
+
+    def __post_init__(self) -> None:
+        if self.load_in_4bit and self.lora is None:
+            raise ValueError("model.load_in_4bit needs model.lora: 4-bit base weights are not trained directly")
 
 
 @dataclass
@@ -121,6 +131,9 @@ class TrainConfig:
             )
         if self.agents.learners is not None and len(set(self.agents.learners)) != n:
             raise ValueError(f"agents.learners must be distinct, got {self.agents.learners}")
+        clash = set(self.learner_ids) & set(self.env.roles)
+        if clash and self.learner_ids != self.env.roles:
+            raise ValueError(f"agents.learners {sorted(clash)} are also role names in env.roles; use distinct ids")
         try:
             self.coefficient_matrix()
         except ValueError as error:
@@ -162,7 +175,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         kind = task.get("name", "sentiment")
         if kind not in TASKS:
             raise ConfigError(f"task.name must be one of {sorted(TASKS)}, got {kind!r}")
-        data["task"] = build(TASKS[kind], task, "task")
+        data["task"] = build(TASKS[kind], {**task, "name": kind}, "task")
     return build(TrainConfig, data)
 
 

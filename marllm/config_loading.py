@@ -103,12 +103,22 @@ def convert(annotation: Any, value: Any, path: str) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
-        for option in (a for a in args if a is not type(None)):
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return convert(options[0], value, path)
+        errors = {}
+        for option in options:
             try:
                 return convert(option, value, path)
             except ConfigError as error:
-                errors.append(str(error))
+                errors[option] = error
+        # Report the option of the value's own shape (a mapping for a section, a list for a list) when there is one.
+        for option, error in errors.items():
+            container = typing.get_origin(option) or option
+            if (isinstance(value, Mapping) and dataclasses.is_dataclass(option)) or (
+                isinstance(value, list) and container in (list, Sequence, tuple)
+            ):
+                raise error
         raise ConfigError(f"{path}: {value!r} matches none of {_describe(annotation)}")
     if origin is Literal:
         if value not in args:

@@ -27,6 +27,7 @@ from marllm.envs.tasks.base import TaskParts
 from marllm.envs.templates import as_prompt_fn
 from marllm.envs.text_env import env as text_env
 from marllm.models.generation import generate_responses
+from marllm.models.lora import LoraSettings, attach_adapters
 from marllm.models.policy import ReferencePool, context_length, load_causal_lm, load_tokenizer
 from marllm.wrappers import RolePermutation, SharedReward
 
@@ -92,6 +93,8 @@ def build(config: TrainConfig) -> Setup:
         config.model.dtype,
         config.model.device,
         tokenizer,
+        lora=config.model.lora,
+        load_in_4bit=config.model.load_in_4bit,
     )
     return Setup(config, env, learners, task, reference, tokenizer)
 
@@ -105,12 +108,27 @@ def make_learners(
     dtype: str = "float32",
     device: str = "auto",
     tokenizer: Any = None,
+    lora: LoraSettings | None = None,
+    load_in_4bit: bool = False,
 ) -> tuple[dict[str, PPOLearner], Any]:
-    """One PPO learner per id, each a full copy of ``model_path``, all sharing one frozen reference.
+    """One PPO learner per id, all starting from ``model_path``.
 
-    Returns the learners (keyed by id) and the reference model.
+    Full models: each learner owns a copy and all share one frozen reference (N policies + 1 reference).
+    LoRA: one base carries one adapter per learner, and the reference is that base with adapters disabled
+    (one base + N adapters). Returns the learners (keyed by id) and the separate reference model (None for LoRA).
     """
     tokenizer = tokenizer or load_tokenizer(model_path)
+    if lora is not None:
+        torch.manual_seed(seed)
+        base = load_causal_lm(model_path, dtype, device, load_in_4bit=load_in_4bit)
+        shared = attach_adapters(base, list(learner_ids), lora)
+        learners = {
+            learner_id: PPOLearner(
+                learner_id, shared, tokenizer, None, ppo, generation, seed=seed + i, adapter=learner_id
+            )
+            for i, learner_id in enumerate(learner_ids)
+        }
+        return learners, None
     reference = ReferencePool().get(model_path, dtype, device)
     learners = {}
     for i, learner_id in enumerate(learner_ids):
@@ -179,15 +197,19 @@ def evaluate_alone(setup: Setup, num_queries: int, seed: int) -> list[dict[str, 
     template = as_prompt_fn((config.env.templates or setup.task.templates)[first_role])
     prompts = [template(sample, {}) for sample in samples]
     budget = config.generation.max_new_tokens
-    models: dict[str, Any] = {"base": setup.reference, **{lid: lr.model for lid, lr in setup.learners.items()}}
+    any_learner = next(iter(setup.learners.values()))
     rows = []
-    for name, model in models.items():
+    for name in ["base", *setup.learners]:
         torch.manual_seed(seed)
-        generated = generate_responses(
-            model, setup.tokenizer, prompts, budget, config.generation, context_length(model), f"evaluation of {name}"
-        )
-        rewards = setup.task.reward_fn(samples, list(generated.texts))
-        for sample, prompt, response, reward in zip(samples, prompts, generated.texts, rewards, strict=True):
+        if name == "base":
+            with any_learner.reference_model() as base:
+                texts = generate_responses(
+                    base, setup.tokenizer, prompts, budget, config.generation, context_length(base), "base model"
+                ).texts
+        else:
+            texts = setup.learners[name].respond(prompts, budget)
+        rewards = setup.task.reward_fn(samples, list(texts))
+        for sample, prompt, response, reward in zip(samples, prompts, texts, rewards, strict=True):
             rows.append(
                 {
                     "query": sample["query"],

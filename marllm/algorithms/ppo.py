@@ -8,9 +8,10 @@ actions with a per-token KL-penalised reward over a padded batch, so the loss is
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from marllm.algorithms.core import (
 from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLController
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.models.generation import GeneratedBatch, generate_responses
+from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead, context_length, response_forward
 
 
@@ -74,10 +76,13 @@ class PPOLearner:
         name: the learner id (metric prefix).
         model: the trainable causal LM (``AutoModelForCausalLM``).
         tokenizer: its tokenizer (left padding is set here).
-        reference: the frozen π_0, possibly shared with other learners.
+        reference: the frozen π_0, possibly shared with other learners; None when ``adapter`` is set (the reference is
+            then the shared base with adapters disabled).
         config: PPO hyperparameters.
         generation: sampling settings.
         seed: seeds the response-length sampler and the mini-batch shuffling.
+        adapter: the LoRA adapter of ``model`` (a peft model shared by several learners) that this learner trains;
+            None trains all of ``model``'s trainable parameters.
     """
 
     def __init__(
@@ -85,10 +90,11 @@ class PPOLearner:
         name: str,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
-        reference: PreTrainedModel,
+        reference: PreTrainedModel | None,
         config: PPOConfig | None = None,
         generation: GenerationConfig | None = None,
         seed: int = 0,
+        adapter: str | None = None,
     ):
         self.name = name
         self.model = model
@@ -96,15 +102,22 @@ class PPOLearner:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        if reference is None and adapter is None:
+            raise ValueError(f"learner {name!r} needs a reference model (or a LoRA adapter on a shared base)")
         self.reference = reference
+        self.adapter = adapter
         self.config = config or PPOConfig()
         self.generation = generation or GenerationConfig()
         self.device = next(model.parameters()).device
         self.value_head = ValueHead(model.config.hidden_size).to(self.device)
         # Dropout stays off in rollout and update alike, so the first PPO ratio of a batch is exactly 1.
         self.model.eval()
+        if adapter is not None:
+            trainable = adapter_parameters(model, adapter)
+        else:
+            trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.Adam(
-            [p for p in model.parameters() if p.requires_grad] + list(self.value_head.parameters()),
+            trainable + list(self.value_head.parameters()),
             lr=self.config.learning_rate,
             eps=self.config.adam_eps,
         )
@@ -135,8 +148,23 @@ class PPOLearner:
         """The per-batch response budget, uniform over [min_new_tokens, max_new_tokens]."""
         return int(self._rng.integers(self.generation.min_new_tokens, self.generation.max_new_tokens + 1))
 
+    def activate(self) -> None:
+        """Make this learner's adapter the active one of a shared LoRA model (no-op for a full model)."""
+        if self.adapter is not None:
+            self.model.set_adapter(self.adapter)
+
+    @contextlib.contextmanager
+    def reference_model(self) -> Iterator[PreTrainedModel]:
+        """π_0: the separate frozen reference, or the shared base with every adapter disabled."""
+        if self.reference is not None:
+            yield self.reference
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
     def _generate(self, prompts: tuple[str, ...], max_new_tokens: int | None = None) -> GeneratedBatch:
         budget = max_new_tokens or self.sample_length()
+        self.activate()
         return generate_responses(
             self.model, self.tokenizer, prompts, budget, self.generation, self.context_length, f"learner {self.name!r}"
         )
@@ -156,7 +184,8 @@ class PPOLearner:
             logits, values = response_forward(
                 self.model, input_ids[rows], attention_mask[rows], prompt_length, self.value_head
             )
-            ref_logits, _ = response_forward(self.reference, input_ids[rows], attention_mask[rows], prompt_length)
+            with self.reference_model() as reference:
+                ref_logits, _ = response_forward(reference, input_ids[rows], attention_mask[rows], prompt_length)
             columns["logprobs"].append(logprobs_of(logits, response[rows]))
             columns["ref_logprobs"].append(logprobs_of(ref_logits, response[rows]))
             columns["values"].append(values.float())
@@ -232,6 +261,7 @@ class PPOLearner:
 
     def _update_with(self, rollout: Rollout) -> dict[str, float]:
         started = time.perf_counter()
+        self.activate()
         b = rollout.tensors
         cfg = self.config
         kl_coef = float(self.kl_controller.value)
@@ -332,7 +362,10 @@ class PPOLearner:
         """Save the policy (HF format), its value head (safetensors) and the learner state."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory / "policy")
+        if self.adapter is not None:
+            self.model.save_pretrained(directory / "policy", selected_adapters=[self.adapter])
+        else:
+            self.model.save_pretrained(directory / "policy")
         self.tokenizer.save_pretrained(directory / "policy")
         save_file(self.value_head.state_dict(), str(directory / "value_head.safetensors"))
         torch.save(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -122,15 +123,15 @@ class GenerationConfig:
 def _positive(obj: object, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        if not value > 0:
-            raise ValueError(f"{_section(obj)}.{name} must be > 0, got {value}")
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{_section(obj)}.{name} must be a finite number > 0, got {value}")
 
 
 def _non_negative(obj: object, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        if not value >= 0:
-            raise ValueError(f"{_section(obj)}.{name} must be >= 0, got {value}")
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{_section(obj)}.{name} must be a finite number >= 0, got {value}")
 
 
 def _in_unit_interval(obj: object, *names: str) -> None:

@@ -43,7 +43,13 @@ class PromptTemplate:
 
 def _field_names(template: str) -> list[str]:
     names = []
-    for _, field, _, _ in string.Formatter().parse(template):
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as error:
+        raise ValueError(
+            f"prompt template {template!r} is malformed: {error} (write literal braces as {{{{ and }}}})"
+        ) from error
+    for _, field, _, _ in parsed:
         if field is None:
             continue
         if not field.isidentifier():

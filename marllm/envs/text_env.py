@@ -75,7 +75,7 @@ class SequentialTextEnv(AECEnv):
         self.dataset = dataset
         self.query_column = query_column
         self._num_rows, columns = _check_dataset(dataset, query_column)
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.batch_size = batch_size
         self.templates = _check_templates(templates, self.roles, columns)
@@ -193,11 +193,14 @@ class SequentialTextEnv(AECEnv):
                 f"reward function {name} raised on the responses of role {role!r}: {error!r}"
             ) from error
         try:
-            rewards = np.asarray(values, dtype=np.float64).reshape(-1)
+            raw = np.asarray(values)
+            if raw.dtype.kind not in "biuf":
+                raise TypeError(f"dtype {raw.dtype}")
+            rewards = raw.astype(np.float64).reshape(-1)
         except (TypeError, ValueError) as error:
             raise RewardFunctionError(
-                f"reward function {name} returned {type(values).__name__} for role {role!r}, not one float per "
-                f"sample"
+                f"reward function {name} returned {type(values).__name__} ({error}) for role {role!r}, not one "
+                f"number per sample"
             ) from error
         if rewards.shape != (self.batch_size,):
             raise RewardFunctionError(
@@ -219,7 +222,7 @@ class SequentialTextEnv(AECEnv):
         lines = [f"query: {self.samples[0][self.query_column]!r}"]
         for role in self.roles:
             if role in self.responses:
-                lines.append(f"{role}: {self.prompts[role]!r} -> {self.responses[role][0]!r}")
+                lines.append(f"{role}: {self.prompts[role][0]!r} -> {self.responses[role][0]!r}")
         return "\n".join(lines)
 
     def close(self) -> None:

@@ -36,8 +36,20 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "auto") -> PreTrainedModel:
-    """Any ``AutoModelForCausalLM`` hub id or local directory."""
+def load_causal_lm(
+    name_or_path: str, dtype: str = "float32", device: str = "auto", load_in_4bit: bool = False
+) -> PreTrainedModel:
+    """Any ``AutoModelForCausalLM`` hub id or local directory (optionally 4-bit, on CUDA with bitsandbytes)."""
+    if load_in_4bit:
+        from transformers import BitsAndBytesConfig
+
+        from marllm.models.lora import check_4bit_available
+
+        check_4bit_available()
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=resolve_dtype(dtype))
+        return AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=resolve_dtype(dtype), quantization_config=quantization, device_map={"": 0}
+        )
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype))
     return model.to(resolve_device(device))
 

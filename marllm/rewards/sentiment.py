@@ -59,6 +59,8 @@ class ClassifierReward(TextScoreReward):
     ):
         self.device = resolve_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+        # Encoder classifiers read absolute positions from the left: pad on the right whatever the saved setting.
+        self.tokenizer.padding_side = "right"
         self.model = AutoModelForSequenceClassification.from_pretrained(model_name_or_path).to(self.device).eval()
         labels = {str(name): int(index) for index, name in self.model.config.id2label.items()}
         if positive_label not in labels:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from marllm.envs.tasks.base import TaskParts, load_text_dataset
+from marllm.envs.tasks.math import MathTask
 from marllm.envs.tasks.sentiment import SentimentTask
 
-TaskConfig = SentimentTask
-"""The union of task configurations (selected by ``task.name``)."""
+TaskConfig = SentimentTask | MathTask
+"""The task configurations, selected by ``task.name``."""
 
-TASKS: dict[str, type] = {"sentiment": SentimentTask}
+TASKS: dict[str, type] = {"sentiment": SentimentTask, "gsm8k": MathTask, "arithmetic": MathTask}
 
-__all__ = ["TASKS", "SentimentTask", "TaskConfig", "TaskParts", "load_text_dataset"]
+__all__ = ["TASKS", "MathTask", "SentimentTask", "TaskConfig", "TaskParts", "load_text_dataset"]

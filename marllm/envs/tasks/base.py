@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,6 @@ class TaskParts:
     templates: dict[str, str]
     reward_fn: RewardFn
     eval_dataset: Any = None
-    info: dict[str, Any] = field(default_factory=dict)
 
 
 def load_text_dataset(source: str, split: str) -> datasets.Dataset:

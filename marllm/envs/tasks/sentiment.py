@@ -72,10 +72,13 @@ class SentimentTask:
             evaluation = self.queries(self.load_split(self.eval_split), tokenizer, seed + 1)
         return TaskParts(
             dataset=train,
-            templates={"pioneer": PIONEER_TEMPLATE, "observer": OBSERVER_TEMPLATE},
+            templates=self.default_templates(),
             reward_fn=self.reward(device),
             eval_dataset=evaluation,
         )
+
+    def default_templates(self) -> dict[str, str]:
+        return {"pioneer": PIONEER_TEMPLATE, "observer": OBSERVER_TEMPLATE}
 
     def load_split(self, split: str) -> datasets.Dataset:
         return load_text_dataset(resolve_dataset(self.dataset, split), split)
@@ -102,6 +105,7 @@ class SentimentTask:
         return reviews.map(cut, batched=True, with_indices=True)
 
     def reward(self, device: str = "auto") -> TextScoreReward:
+        """The classifier's positive logit on query + response."""
         assets = offline_assets(self.reward_model)
         if assets is not None:
             from marllm.offline import SentimentClassifier

@@ -1,0 +1,120 @@
+"""pass@k of a model deployed alone: the base model or one trained agent answering from the query only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from marllm.assets import resolve_model
+from marllm.config import TrainConfig
+from marllm.envs.templates import as_prompt_fn
+from marllm.evaluation.pass_at_k import mean_pass_at_k
+from marllm.models.generation import generate_responses
+from marllm.models.lora import load_adapter_checkpoint
+from marllm.models.policy import context_length, load_causal_lm, load_tokenizer
+
+
+@dataclass
+class PassAtKResult:
+    """pass@k per k, with what produced it."""
+
+    model: str
+    pass_at_k: dict[int, float]
+    num_problems: int
+    samples_per_problem: int
+    mean_reward: float
+    correct_counts: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            **{f"pass@{k}": v for k, v in self.pass_at_k.items()},
+            "num_problems": self.num_problems,
+            "samples_per_problem": self.samples_per_problem,
+            "mean_reward": self.mean_reward,
+        }
+
+
+def load_deployed_model(config: TrainConfig, checkpoint: str | Path | None) -> tuple[PreTrainedModel, str]:
+    """The base model (``checkpoint`` None or ``"base"``) or a trained learner from ``checkpoints/<learner>``.
+
+    A learner directory holds ``policy/`` as a full model (config.json) or as a LoRA adapter on the config's base.
+    """
+    base_path = resolve_model(config.model.name_or_path)
+    if checkpoint is None or str(checkpoint) == "base":
+        return load_causal_lm(base_path, config.model.dtype, config.model.device), "base"
+    directory = Path(checkpoint)
+    policy = directory / "policy" if (directory / "policy").is_dir() else directory
+    if not policy.is_dir():
+        raise FileNotFoundError(f"checkpoint {str(checkpoint)!r} does not exist (expected RUN_DIR/checkpoints/LEARNER)")
+    if (policy / "config.json").is_file():
+        return load_causal_lm(str(policy), config.model.dtype, config.model.device), str(checkpoint)
+    base = load_causal_lm(base_path, config.model.dtype, config.model.device)
+    return load_adapter_checkpoint(base, policy), str(checkpoint)
+
+
+@torch.no_grad()
+def evaluate_pass_at_k(
+    config: TrainConfig,
+    checkpoint: str | Path | None,
+    ks: list[int],
+    samples: int,
+    limit: int | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = True,
+) -> PassAtKResult:
+    """Sample ``samples`` answers per problem of the task's eval split and compute the unbiased pass@k.
+
+    The prompt is the first role's template (the pioneer's: query only), as a CORY agent is used at inference.
+    """
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1, got {samples}")
+    bad = [k for k in ks if not 1 <= k <= samples]
+    if bad:
+        raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}); got k = {bad}")
+    split = getattr(config.task, "eval_split", None) or config.task.split
+    problems = config.task.load_split(split)
+    if limit is not None:
+        problems = problems.select(range(min(limit, len(problems))))
+    model, label = load_deployed_model(config, checkpoint)
+    model.eval()
+    tokenizer = load_tokenizer(resolve_model(config.model.name_or_path))
+    template = as_prompt_fn((config.env.templates or config.task.default_templates())[config.env.roles[0]])
+    if config.task.name not in ("gsm8k", "arithmetic"):
+        raise ValueError(f"pass@k needs a task with a 0/1 reward (gsm8k, arithmetic), not {config.task.name!r}")
+    reward_fn = config.task.reward()
+    rows = [dict(problems[i]) for i in range(len(problems))]
+    prompts = [template(row, {}) for row in rows]
+    # Every problem is asked `samples` times; batches mix problems so that each generate call is full.
+    order = [(i, s) for i in range(len(rows)) for s in range(samples)]
+    correct = np.zeros(len(rows), dtype=np.int64)
+    rewards = []
+    torch.manual_seed(seed)
+    budget = config.generation.max_new_tokens
+    for start in tqdm(range(0, len(order), batch_size), desc=f"pass@k {label}", disable=not progress):
+        chunk = order[start : start + batch_size]
+        texts = generate_responses(
+            model, tokenizer, [prompts[i] for i, _ in chunk], budget, config.generation, context_length(model), label
+        ).texts
+        scores = np.asarray(reward_fn([rows[i] for i, _ in chunk], list(texts)), dtype=np.float64)
+        if not np.all(np.isin(scores, (0.0, 1.0))):
+            raise ValueError(f"pass@k needs a 0/1 task reward; task {config.task.name!r} returned {scores[:5]}")
+        for (i, _), score in zip(chunk, scores, strict=True):
+            correct[i] += int(score)
+        rewards.extend(scores.tolist())
+    return PassAtKResult(
+        model=label,
+        pass_at_k=mean_pass_at_k(correct.tolist(), samples, ks),
+        num_problems=len(rows),
+        samples_per_problem=samples,
+        mean_reward=float(np.mean(rewards)),
+        correct_counts=correct.tolist(),
+    )
+

@@ -1,0 +1,98 @@
+"""LoRA learners on one shared base: N adapters, and the base with adapters disabled as the reference."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import PreTrainedModel
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapters (Hu et al., 2021) that make every learner a low-rank delta on one frozen base.
+
+    Attributes:
+        r: adapter rank; higher fits more but costs memory and drifts more easily.
+        alpha: scaling numerator (the update is scaled by alpha / r).
+        dropout: dropout on the adapter input (inactive here: PPO runs with dropout off).
+        target_modules: module names to adapt (e.g. ``[c_attn]`` for GPT-2, ``[q_proj, v_proj]`` for Llama);
+            null uses peft's default for the architecture.
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"model.lora.r must be >= 1, got {self.r}")
+        if self.alpha <= 0:
+            raise ValueError(f"model.lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+
+
+def adaptable_module_names(model: torch.nn.Module) -> list[str]:
+    """Leaf names of the linear-like modules LoRA can adapt (what ``target_modules`` may name)."""
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear | torch.nn.Embedding) or type(module).__name__ == "Conv1D":
+            names.add(name.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def attach_adapters(base: PreTrainedModel, adapter_names: list[str], settings: LoraSettings) -> PeftModel:
+    """One LoRA adapter per name on ``base``; the base weights are frozen and shared."""
+    if settings.target_modules is not None:
+        available = adaptable_module_names(base)
+        missing = [m for m in settings.target_modules if m not in available]
+        if missing:
+            raise ValueError(
+                f"model.lora.target_modules {missing} are not modules of {type(base).__name__}; adaptable modules: "
+                f"{available}"
+            )
+    config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=settings.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(base, config, adapter_name=adapter_names[0])
+    for name in adapter_names[1:]:
+        model.add_adapter(name, config)
+    return model
+
+
+def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Parameter]:
+    """The parameters that belong to one adapter."""
+    params = [p for name, p in model.named_parameters() if f".{adapter}." in name]
+    if not params:
+        raise ValueError(f"the model has no adapter {adapter!r}; adapters: {sorted(model.peft_config)}")
+    return params
+
+
+def check_4bit_available() -> None:
+    """4-bit loading needs CUDA and bitsandbytes."""
+    missing = []
+    if not torch.cuda.is_available():
+        missing.append("a CUDA GPU")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        missing.append("the bitsandbytes package (pip install bitsandbytes)")
+    if missing:
+        raise RuntimeError(f"model.load_in_4bit needs {' and '.join(missing)}; set model.load_in_4bit=false")
+
+
+def load_adapter_checkpoint(base: PreTrainedModel, directory: str | Path) -> PeftModel:
+    """A saved learner adapter (``checkpoints/<learner>/policy``) on its base, for deployment or evaluation."""
+    directory = Path(directory)
+    candidates = [directory] + [d for d in directory.iterdir() if d.is_dir()] if directory.is_dir() else []
+    for candidate in candidates:
+        if (candidate / "adapter_config.json").is_file():
+            return PeftModel.from_pretrained(base, candidate)
+    raise FileNotFoundError(f"no adapter_config.json in {str(directory)!r} or its sub-directories")
