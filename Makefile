@@ -12,4 +12,4 @@ test: setup
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m pytest -q
 
 lint: setup
-	.venv/bin/ruff check marllm tests examples benchmarks
+	.venv/bin/ruff check .
