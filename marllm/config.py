@@ -92,6 +92,10 @@ class LoggingConfig:
             end (``eval_samples.jsonl``); 0 skips it.
         save_checkpoint: save each learner (policy, value head, optimiser) at the end of the run.
         progress: show a progress bar.
+        pass_at_k: for tasks with a 0/1 reward, the k values of pass@k measured for the base model and each agent
+            deployed alone at the end of the run (``pass_at_k.json``); null skips it.
+        pass_at_k_samples: samples per problem (n of the unbiased estimator, >= every k).
+        pass_at_k_problems: how many eval-split problems (null: all).
     """
 
     tensorboard: bool = True
@@ -99,6 +103,18 @@ class LoggingConfig:
     eval_queries: int = 16
     save_checkpoint: bool = True
     progress: bool = True
+    pass_at_k: list[int] | None = None
+    pass_at_k_samples: int = 1
+    pass_at_k_problems: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pass_at_k is not None:
+            bad = [k for k in self.pass_at_k if not 1 <= k <= self.pass_at_k_samples]
+            if not self.pass_at_k or bad:
+                raise ValueError(
+                    f"logging.pass_at_k needs 1 <= k <= logging.pass_at_k_samples ({self.pass_at_k_samples}), "
+                    f"got {self.pass_at_k}"
+                )
 
 
 @dataclass
@@ -138,6 +154,8 @@ class TrainConfig:
             self.coefficient_matrix()
         except ValueError as error:
             raise ValueError(f"agents.reward_coefficients: {error}") from error
+        if self.logging.pass_at_k is not None and self.task.name not in ("gsm8k", "arithmetic"):
+            raise ValueError(f"logging.pass_at_k needs a task with a 0/1 reward, not {self.task.name!r}")
         if self.env.templates is not None:
             unknown = sorted(set(self.env.templates) - set(self.env.roles))
             missing = [r for r in self.env.roles if r not in self.env.templates]

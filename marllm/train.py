@@ -31,6 +31,7 @@ from marllm.models.lora import LoraSettings, attach_adapters
 from marllm.models.policy import ReferencePool, context_length, load_causal_lm, load_tokenizer
 from marllm.wrappers import RolePermutation, SharedReward
 
+PASS_AT_K_FILE = "pass_at_k.json"
 KL_METRIC = "full-vocabulary KL(policy || reference) summed over response tokens, batch mean"
 
 
@@ -270,10 +271,54 @@ def train(config: TrainConfig, run_dir: str | Path | None = None) -> TrainResult
         with (run_dir / "eval_samples.jsonl").open("w") as handle:
             for row in result.eval_rows:
                 handle.write(json.dumps(row) + "\n")
+    if config.logging.pass_at_k is not None:
+        results = evaluate_pass_at_k_alone(setup)
+        (run_dir / PASS_AT_K_FILE).write_text(json.dumps(results, indent=2))
     if config.logging.save_checkpoint:
         for learner_id, learner in setup.learners.items():
             learner.save(run_dir / "checkpoints" / learner_id)
     return result
+
+
+def evaluate_pass_at_k_alone(setup: Setup) -> list[dict[str, Any]]:
+    """pass@k of the base model and of each learner deployed alone, on the task's eval split."""
+    from marllm.evaluation.deployed import eval_problems, pass_at_k_of_model
+
+    config = setup.config
+    log = config.logging
+    problems = eval_problems(config, log.pass_at_k_problems)
+    any_learner = next(iter(setup.learners.values()))
+    results = []
+    for name in ["base", *setup.learners]:
+        if name == "base":
+            with any_learner.reference_model() as base:
+                result = pass_at_k_of_model(
+                    base,
+                    setup.tokenizer,
+                    config,
+                    problems,
+                    name,
+                    log.pass_at_k,
+                    log.pass_at_k_samples,
+                    seed=config.seed,
+                    progress=log.progress,
+                )
+        else:
+            learner = setup.learners[name]
+            learner.activate()
+            result = pass_at_k_of_model(
+                learner.model,
+                setup.tokenizer,
+                config,
+                problems,
+                name,
+                log.pass_at_k,
+                log.pass_at_k_samples,
+                seed=config.seed,
+                progress=log.progress,
+            )
+        results.append(result.to_dict())
+    return results
 
 
 def _sample_rows(env: AECEnv, dialogues: dict[str, dict[str, Any]], iteration: int, count: int) -> list[dict]:

@@ -178,3 +178,37 @@ def test_gsm8k_example_configs_are_the_papers_table_2():
         assert config.iterations == 100
     assert cory.ppo.learning_rate == pytest.approx(1e-4) and ppo.ppo.learning_rate == pytest.approx(1e-5)
     assert cory.agents.role_period == 5 and len(cory.learner_ids) == 2 and len(ppo.learner_ids) == 1
+
+
+def test_training_measures_pass_at_k_before_and_after_and_reports_it(tmp_path, long_context_lm_dir, gsm8k_dir):
+    from marllm.reporting import build_report
+
+    config = math_config(
+        long_context_lm_dir,
+        gsm8k_dir,
+        logging={
+            "pass_at_k": [1, 2],
+            "pass_at_k_samples": 2,
+            "pass_at_k_problems": 3,
+            "progress": False,
+            "tensorboard": False,
+            "save_checkpoint": False,
+            "eval_queries": 2,
+        },
+    )
+    train(config, tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "pass_at_k.json").read_text())
+    assert [r["model"] for r in results] == ["base", "llm1", "llm2"]
+    assert all(r["num_problems"] == 3 and r["samples_per_problem"] == 2 for r in results)
+    assert all(0.0 <= r["pass@1"] <= r["pass@2"] <= 1.0 for r in results)
+    report = build_report([tmp_path / "run"], tmp_path / "report").read_text()
+    section = report.split("## pass@k", 1)[1]
+    for row in results:
+        assert f"| {row['model']} | {row['pass@1']:.3g}" in section
+
+
+def test_pass_at_k_logging_settings_are_checked(long_context_lm_dir, gsm8k_dir, tiny_lm_dir, reviews_file):
+    with pytest.raises(ConfigError, match=r"1 <= k <= logging.pass_at_k_samples \(2\)"):
+        math_config(long_context_lm_dir, gsm8k_dir, logging={"pass_at_k": [5], "pass_at_k_samples": 2})
+    with pytest.raises(ConfigError, match="needs a task with a 0/1 reward, not 'sentiment'"):
+        config_from_dict({"model": {"name_or_path": str(tiny_lm_dir)}, "logging": {"pass_at_k": [1]}})

@@ -59,7 +59,6 @@ def load_deployed_model(config: TrainConfig, checkpoint: str | Path | None) -> t
     return load_adapter_checkpoint(base, policy), str(checkpoint)
 
 
-@torch.no_grad()
 def evaluate_pass_at_k(
     config: TrainConfig,
     checkpoint: str | Path | None,
@@ -70,31 +69,58 @@ def evaluate_pass_at_k(
     seed: int = 0,
     progress: bool = True,
 ) -> PassAtKResult:
-    """Sample ``samples`` answers per problem of the task's eval split and compute the unbiased pass@k.
-
-    The prompt is the first role's template (the pioneer's: query only), as a CORY agent is used at inference.
-    """
-    if samples < 1:
-        raise ValueError(f"--samples must be >= 1, got {samples}")
-    bad = [k for k in ks if not 1 <= k <= samples]
-    if bad:
-        raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}); got k = {bad}")
-    split = getattr(config.task, "eval_split", None) or config.task.split
-    problems = config.task.load_split(split)
-    if limit is not None:
-        problems = problems.select(range(min(limit, len(problems))))
+    """pass@k of the base model or a saved learner on the task's eval split (see :func:`pass_at_k_of_model`)."""
+    check_pass_at_k_request(config, ks, samples)
     model, label = load_deployed_model(config, checkpoint)
-    model.eval()
     tokenizer = load_tokenizer(resolve_model(config.model.name_or_path))
-    template = as_prompt_fn((config.env.templates or config.task.default_templates())[config.env.roles[0]])
+    problems = eval_problems(config, limit)
+    return pass_at_k_of_model(model, tokenizer, config, problems, label, ks, samples, batch_size, seed, progress)
+
+
+def check_pass_at_k_request(config: TrainConfig, ks: list[int], samples: int) -> None:
+    """The task must have a 0/1 reward and every k must satisfy 1 <= k <= samples."""
     if config.task.name not in ("gsm8k", "arithmetic"):
         raise ValueError(f"pass@k needs a task with a 0/1 reward (gsm8k, arithmetic), not {config.task.name!r}")
+    if samples < 1:
+        raise ValueError(f"pass@k samples per problem must be >= 1, got {samples}")
+    bad = [k for k in ks if not 1 <= k <= samples]
+    if not ks or bad:
+        raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}); got k = {bad or ks}")
+
+
+def eval_problems(config: TrainConfig, limit: int | None = None) -> list[dict[str, Any]]:
+    """The first ``limit`` problems of the task's eval split."""
+    problems = config.task.load_split(config.task.eval_split)
+    count = len(problems) if limit is None else min(limit, len(problems))
+    return [dict(problems[i]) for i in range(count)]
+
+
+@torch.no_grad()
+def pass_at_k_of_model(
+    model: PreTrainedModel,
+    tokenizer: Any,
+    config: TrainConfig,
+    problems: list[dict[str, Any]],
+    label: str,
+    ks: list[int],
+    samples: int,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = True,
+) -> PassAtKResult:
+    """Sample ``samples`` answers per problem and compute the unbiased pass@k estimator.
+
+    The prompt is the first role's template (the pioneer's: the query alone), as a CORY agent is used at
+    inference. Sampling uses the config's generation settings with the full ``max_new_tokens`` budget.
+    """
+    check_pass_at_k_request(config, ks, samples)
+    model.eval()
+    template = as_prompt_fn((config.env.templates or config.task.default_templates())[config.env.roles[0]])
     reward_fn = config.task.reward()
-    rows = [dict(problems[i]) for i in range(len(problems))]
-    prompts = [template(row, {}) for row in rows]
+    prompts = [template(row, {}) for row in problems]
     # Every problem is asked `samples` times; batches mix problems so that each generate call is full.
-    order = [(i, s) for i in range(len(rows)) for s in range(samples)]
-    correct = np.zeros(len(rows), dtype=np.int64)
+    order = [(i, s) for i in range(len(problems)) for s in range(samples)]
+    correct = np.zeros(len(problems), dtype=np.int64)
     rewards = []
     torch.manual_seed(seed)
     budget = config.generation.max_new_tokens
@@ -103,7 +129,7 @@ def evaluate_pass_at_k(
         texts = generate_responses(
             model, tokenizer, [prompts[i] for i, _ in chunk], budget, config.generation, context_length(model), label
         ).texts
-        scores = np.asarray(reward_fn([rows[i] for i, _ in chunk], list(texts)), dtype=np.float64)
+        scores = np.asarray(reward_fn([problems[i] for i, _ in chunk], list(texts)), dtype=np.float64)
         if not np.all(np.isin(scores, (0.0, 1.0))):
             raise ValueError(f"pass@k needs a 0/1 task reward; task {config.task.name!r} returned {scores[:5]}")
         for (i, _), score in zip(chunk, scores, strict=True):
@@ -112,9 +138,8 @@ def evaluate_pass_at_k(
     return PassAtKResult(
         model=label,
         pass_at_k=mean_pass_at_k(correct.tolist(), samples, ks),
-        num_problems=len(rows),
+        num_problems=len(problems),
         samples_per_problem=samples,
         mean_reward=float(np.mean(rewards)),
         correct_counts=correct.tolist(),
     )
-

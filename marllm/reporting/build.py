@@ -15,6 +15,7 @@ from marllm.reporting.runs import EVAL_FILE, SAMPLES_FILE, Run, curves, load_run
 from marllm.reporting.tables import fmt, markdown_table
 
 REPORT_FILE = "report.md"
+PASS_AT_K_FILE = "pass_at_k.json"
 SUMMARY_FILE = "summary.json"
 
 # (metric suffix, figure title); one PNG each, named <metric>.png.
@@ -76,12 +77,8 @@ def build_report(
         name = f"{metric}.png"
         drawn = plot_metric(all_curves, colors, metric, title, out_dir / name, smoothing)
         figures[metric] = name if drawn else None
-    figures["reward_vs_kl"] = (
-        SCATTER_FILE if plot_reward_vs_kl(all_curves, colors, out_dir / SCATTER_FILE) else None
-    )
-    figures["collapse"] = (
-        COLLAPSE_FILE if plot_collapse(all_curves, colors, out_dir / COLLAPSE_FILE) else None
-    )
+    figures["reward_vs_kl"] = SCATTER_FILE if plot_reward_vs_kl(all_curves, colors, out_dir / SCATTER_FILE) else None
+    figures["collapse"] = COLLAPSE_FILE if plot_collapse(all_curves, colors, out_dir / COLLAPSE_FILE) else None
 
     finals = [
         {
@@ -98,6 +95,7 @@ def build_report(
     models = eval_models(runs)
     queries = sample_queries(models, n_sample_queries)
     collapse = eval_collapse(models)
+    pass_at_k = {run.display: read_pass_at_k(run.path) for run in runs if read_pass_at_k(run.path)}
 
     summary = {
         "runs": [
@@ -116,6 +114,7 @@ def build_report(
         "final": finals,
         "wall_time_s": times,
         "eval": collapse,
+        "pass_at_k": pass_at_k,
         "figures": figures,
     }
     (out_dir / SUMMARY_FILE).write_text(json.dumps(_json_safe(summary), indent=2) + "\n", encoding="utf-8")
@@ -127,16 +126,52 @@ def build_report(
         _time_section(times),
         _samples_section(runs, models, queries),
         _collapse_section(collapse),
+        *([_pass_at_k_section(pass_at_k)] if pass_at_k else []),
     ]
     report = out_dir / REPORT_FILE
     report.write_text("\n\n".join(["# marllm run report", *sections]) + "\n", encoding="utf-8")
     return report
 
 
-def _runs_section(runs: Sequence[Run]) -> str:
+def read_pass_at_k(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's ``pass_at_k.json`` (written for 0/1-reward tasks), or an empty list."""
+    path = Path(run_dir) / PASS_AT_K_FILE
+    if not path.is_file():
+        return []
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from error
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "model" in r for r in rows):
+        raise ValueError(f"{path}: expected a list of objects with a 'model' key")
+    return rows
+
+
+def _pass_at_k_section(results: dict[str, list[dict[str, Any]]]) -> str:
+    ks = sorted(
+        {int(key.split("@")[1]) for rows in results.values() for row in rows for key in row if key.startswith("pass@")}
+    )
+    header = ["run", "model", *(f"pass@{k}" for k in ks), "mean reward", "problems × samples"]
     rows = [
-        [run.display, run.name, str(run.path), ", ".join(run.learners), str(len(run.metrics))] for run in runs
+        [
+            run,
+            row["model"],
+            *(fmt(row.get(f"pass@{k}")) for k in ks),
+            fmt(row.get("mean_reward")),
+            f"{row.get('num_problems')} × {row.get('samples_per_problem')}",
+        ]
+        for run, run_rows in results.items()
+        for row in run_rows
     ]
+    intro = (
+        "Each model deployed alone (answering from the question only) on the task's evaluation split; pass@k is "
+        "the unbiased estimator from n samples per problem. `base` is the model before training."
+    )
+    return "\n".join(["## pass@k", "", intro, "", markdown_table(header, rows)])
+
+
+def _runs_section(runs: Sequence[Run]) -> str:
+    rows = [[run.display, run.name, str(run.path), ", ".join(run.learners), str(len(run.metrics))] for run in runs]
     lines = ["## Runs", "", markdown_table(["run", "name", "directory", "learners", "iterations"], rows)]
     kl_metrics = {run.kl_metric for run in runs if run.kl_metric}
     if kl_metrics:
@@ -156,9 +191,7 @@ def _figures_section(runs: Sequence[Run], figures: dict[str, str | None], smooth
         "Each point is an iteration, the star the final one; up and left is better.",
         "",
     ]
-    lines.append(
-        _figure(figures["reward_vs_kl"], "Task reward vs KL", "no iteration logs both task reward and KL")
-    )
+    lines.append(_figure(figures["reward_vs_kl"], "Task reward vs KL", "no iteration logs both task reward and KL"))
     lines += ["", "## Collapse during training", ""]
     without = [run.display for run in runs if not run.samples]
     if without:
@@ -195,9 +228,7 @@ def _time_section(times: dict[str, dict[str, float]]) -> str:
         return "## Wall time\n\n*No run logged `time/*` keys.*"
     header = ["run", *(p.removesuffix("_s") + " (s)" for p in phases)]
     rows = [[label, *(fmt(run_times.get(p)) for p in phases)] for label, run_times in times.items()]
-    return "\n".join(
-        ["## Wall time", "", "Seconds summed over all iterations.", "", markdown_table(header, rows)]
-    )
+    return "\n".join(["## Wall time", "", "Seconds summed over all iterations.", "", markdown_table(header, rows)])
 
 
 def _samples_section(runs: Sequence[Run], models: Sequence[EvalModel], queries: Sequence[str]) -> str:
@@ -209,8 +240,7 @@ def _samples_section(runs: Sequence[Run], models: Sequence[EvalModel], queries: 
         return "\n".join(lines).rstrip()
     if queries:
         lines += [
-            f"The first {len(queries)} held-out queries; each model answers from the query alone "
-            "(r = task reward).",
+            f"The first {len(queries)} held-out queries; each model answers from the query alone (r = task reward).",
             "",
             sample_table(models, queries),
         ]
