@@ -182,6 +182,7 @@ def test_gsm8k_example_configs_are_the_papers_table_2():
 
 def test_training_measures_pass_at_k_before_and_after_and_reports_it(tmp_path, long_context_lm_dir, gsm8k_dir):
     from marllm.reporting import build_report
+    from marllm.reporting.tables import fmt
 
     config = math_config(
         long_context_lm_dir,
@@ -204,7 +205,7 @@ def test_training_measures_pass_at_k_before_and_after_and_reports_it(tmp_path, l
     report = build_report([tmp_path / "run"], tmp_path / "report").read_text()
     section = report.split("## pass@k", 1)[1]
     for row in results:
-        assert f"| {row['model']} | {row['pass@1']:.3g}" in section
+        assert f"| {row['model']} | {fmt(row['pass@1'])} | {fmt(row['pass@2'])} |" in section
 
 
 def test_pass_at_k_logging_settings_are_checked(long_context_lm_dir, gsm8k_dir, tiny_lm_dir, reviews_file):
