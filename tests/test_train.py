@@ -206,3 +206,17 @@ def test_custom_env_example_runs(tiny_lm_dir):
     assert [m["ann/role"] for m in history] == ["drafter", "drafter", "reviewer"]
     assert {"ann/kl", "bob/kl", "cid/kl"} <= set(history[0])
     assert all(m["ann/received_reward"] == m["bob/received_reward"] == m["cid/received_reward"] for m in history)
+
+
+def test_offline_main_job_configs_differ_only_in_the_agents():
+    cory = load_config(ROOT / "examples/cory_offline.yaml").to_dict()
+    ppo = load_config(ROOT / "examples/ppo_offline.yaml").to_dict()
+    assert cory["model"]["name_or_path"] == "marllm:offline-base"
+    assert cory["task"]["reward_model"] == "marllm:offline-sentiment"
+    assert cory["agents"] == {"learners": ["llm1", "llm2"], "reward_coefficients": 1.0, "role_period": 5}
+    assert ppo["agents"] == {"learners": ["llm1"], "reward_coefficients": None, "role_period": None}
+    assert ppo["env"]["roles"] == ["pioneer"] and cory["env"]["roles"] == ["pioneer", "observer"]
+    for config in (cory, ppo):
+        for key in ("name", "agents", "env"):
+            config.pop(key)
+    assert cory == ppo
