@@ -11,6 +11,7 @@ from marllm.algorithms.core import (
     explained_variance,
     full_kl,
     gae,
+    logprobs_and_full_kl,
     logprobs_of,
     masked_mean,
     masked_var,
@@ -141,3 +142,13 @@ def test_fixed_kl_controller_and_bad_adaptive_settings():
         AdaptiveKLController(0.1, target=0.0, horizon=10)
     with pytest.raises(ValueError, match="horizon"):
         AdaptiveKLController(0.1, target=1.0, horizon=0)
+
+
+def test_logprobs_and_full_kl_agree_with_the_separate_functions():
+    torch.manual_seed(0)
+    policy, reference = torch.randn(2, 3, 7), torch.randn(2, 3, 7)
+    tokens = torch.randint(0, 7, (2, 3))
+    logprobs, ref_logprobs, kl = logprobs_and_full_kl(policy, reference, tokens)
+    assert torch.allclose(logprobs, logprobs_of(policy, tokens))
+    assert torch.allclose(ref_logprobs, logprobs_of(reference, tokens))
+    assert torch.allclose(kl, full_kl(policy, reference))

@@ -63,6 +63,20 @@ def full_kl(policy_logits: torch.Tensor, reference_logits: torch.Tensor) -> torc
     return (logp.exp() * (logp - logq)).sum(-1)
 
 
+def logprobs_and_full_kl(
+    policy_logits: torch.Tensor, reference_logits: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """log π(token), log π_0(token) and the full-vocabulary KL at each position, with one log-softmax per model.
+
+    Same values as :func:`logprobs_of` twice and :func:`full_kl`, at half the vocabulary-wide work.
+    """
+    logp = F.log_softmax(policy_logits.float(), dim=-1)  # (B, T, V)
+    logq = F.log_softmax(reference_logits.float(), dim=-1)
+    index = tokens.unsqueeze(-1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    return torch.gather(logp, 2, index).squeeze(-1), torch.gather(logq, 2, index).squeeze(-1), kl
+
+
 def sampled_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:
     """The k1 estimator of KL(π ‖ π_0) from the sampled token: log π(a) − log π_0(a).
 

@@ -28,8 +28,8 @@ from marllm.algorithms.core import (
     clipped_value_loss,
     entropy_of,
     explained_variance,
-    full_kl,
     gae,
+    logprobs_and_full_kl,
     logprobs_of,
     masked_mean,
     masked_whiten,
@@ -186,10 +186,11 @@ class PPOLearner:
             )
             with self.reference_model() as reference:
                 ref_logits, _ = response_forward(reference, input_ids[rows], attention_mask[rows], prompt_length)
-            columns["logprobs"].append(logprobs_of(logits, response[rows]))
-            columns["ref_logprobs"].append(logprobs_of(ref_logits, response[rows]))
+            logprobs, ref_logprobs, kl_full = logprobs_and_full_kl(logits, ref_logits, response[rows])
+            columns["logprobs"].append(logprobs)
+            columns["ref_logprobs"].append(ref_logprobs)
             columns["values"].append(values.float())
-            columns["kl_full"].append(full_kl(logits, ref_logits))
+            columns["kl_full"].append(kl_full)
         tensors = Batch(
             input_ids=input_ids,
             attention_mask=attention_mask,
