@@ -183,3 +183,24 @@ def test_reference_pool_shares_one_frozen_model(tiny_lm_dir):
     second = pool.get(str(tiny_lm_dir), device="cpu")
     assert first is second and len(pool) == 1
     assert not any(p.requires_grad for p in first.parameters())
+
+
+def test_response_forward_matches_the_full_forward_on_left_padded_rows(tokenizer):
+    from marllm.models.policy import ValueHead, response_forward
+
+    model = make_tiny_gpt2(tokenizer).eval()
+    tokenizer.padding_side = "left"
+    prompts = tokenizer(["this movie was good and", "a"], return_tensors="pt", padding=True)
+    response = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    input_ids = torch.cat([prompts["input_ids"], response], 1)
+    attention_mask = torch.cat([prompts["attention_mask"], torch.ones_like(response)], 1)
+    prompt_length = prompts["input_ids"].shape[1]
+    head = ValueHead(model.config.hidden_size)
+    with torch.no_grad():
+        logits, values = response_forward(model, input_ids, attention_mask, prompt_length, head)
+        for row in range(2):  # each row alone, without padding, predicts its response the same way
+            real = attention_mask[row].bool()
+            alone = model(input_ids[row, real].unsqueeze(0), output_hidden_states=True)
+            n = int(real.sum()) - 3
+            assert torch.allclose(logits[row], alone.logits[0, n - 1 : -1], atol=1e-4)
+            assert torch.allclose(values[row], head(alone.hidden_states[-1][0, n - 1 : -1]), atol=1e-4)

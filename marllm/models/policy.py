@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass
 
@@ -95,18 +96,30 @@ def response_forward(
     ``input_ids`` is ``[left-padded prompt (P) | response (L)]``; the logits at positions P−1 … P+L−2 predict the L
     response tokens. Returns logits (B, L, V) and values (B, L) or None.
     """
+    response_length = input_ids.shape[1] - prompt_length
+    extra = {}
+    if _accepts_logits_to_keep(model):
+        # Project only the positions that predict response tokens onto the vocabulary: for long prompts (the
+        # observer's) most of the (B, T, V) logits would be thrown away.
+        extra["logits_to_keep"] = response_length + 1
     outputs = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_for(attention_mask),
         output_hidden_states=value_head is not None,
         use_cache=False,
+        **extra,
     )
-    logits = outputs.logits[:, prompt_length - 1 : -1]  # (B, L, V)
+    logits = outputs.logits[:, -(response_length + 1) : -1]  # (B, L, V)
     values = None
     if value_head is not None:
         values = value_head(outputs.hidden_states[-1][:, prompt_length - 1 : -1])  # (B, L)
     return logits, values
+
+
+def _accepts_logits_to_keep(model: PreTrainedModel) -> bool:
+    forward = getattr(model, "get_base_model", lambda: model)().forward
+    return "logits_to_keep" in inspect.signature(forward).parameters
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ of a sentiment classifier on query + response.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import datasets
@@ -16,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from marllm.assets import offline_assets, resolve_dataset
 from marllm.envs.tasks.base import TaskParts, load_text_dataset, require_columns
+from marllm.offline.sentiment_classifier import VOCABULARY_FILE, SentimentClassifier
 from marllm.rewards.sentiment import ClassifierReward, TextScoreReward
 
 PIONEER_TEMPLATE = "{query}"
@@ -35,7 +37,8 @@ class SentimentTask:
         min_text_chars: reviews shorter than this are dropped (as in the paper's setup, 200).
         max_samples: keep at most this many reviews (None: all).
         query_min_tokens, query_max_tokens: query length range in policy tokens, drawn per review.
-        reward_model: hub id or directory of a sequence classifier, or ``marllm:offline-sentiment``.
+        reward_model: hub id or directory of a Hugging Face sequence classifier, a directory of marllm's n-gram
+            classifier, or ``marllm:offline-sentiment``.
         positive_label: the classifier label whose logit is the reward.
         reward_batch_size: texts per classifier forward pass.
     """
@@ -107,9 +110,9 @@ class SentimentTask:
     def reward(self, device: str = "auto") -> TextScoreReward:
         """The classifier's positive logit on query + response."""
         assets = offline_assets(self.reward_model)
-        if assets is not None:
-            from marllm.offline import SentimentClassifier
-
-            classifier = SentimentClassifier.load(assets.reward_model_dir)
+        directory = assets.reward_model_dir if assets is not None else Path(self.reward_model)
+        if (directory / VOCABULARY_FILE).is_file():
+            # marllm's own n-gram classifier (the offline reward model, or one saved elsewhere)
+            classifier = SentimentClassifier.load(directory)
             return TextScoreReward(classifier.positive_logits)
         return ClassifierReward(self.reward_model, self.positive_label, self.reward_batch_size, device)
