@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,19 @@ def run_iteration(
     return metrics, dialogues
 
 
+def deployed_models(setup: Setup) -> Iterator[tuple[str, Any]]:
+    """``("base", π_0)`` then ``(learner id, its policy)``, each ready to generate on its own.
+
+    Consume each model before asking for the next: with LoRA they are one model with different adapters active.
+    """
+    any_learner = next(iter(setup.learners.values()))
+    with any_learner.reference_model() as base:
+        yield "base", base
+    for name, learner in setup.learners.items():
+        learner.activate()
+        yield name, learner.model
+
+
 def evaluate_alone(setup: Setup, num_queries: int, seed: int) -> list[dict[str, Any]]:
     """The base model and each learner deployed alone answer the same held-out queries from the query only.
 
@@ -198,17 +212,12 @@ def evaluate_alone(setup: Setup, num_queries: int, seed: int) -> list[dict[str, 
     template = as_prompt_fn((config.env.templates or setup.task.templates)[first_role])
     prompts = [template(sample, {}) for sample in samples]
     budget = config.generation.max_new_tokens
-    any_learner = next(iter(setup.learners.values()))
     rows = []
-    for name in ["base", *setup.learners]:
+    for name, model in deployed_models(setup):
         torch.manual_seed(seed)
-        if name == "base":
-            with any_learner.reference_model() as base:
-                texts = generate_responses(
-                    base, setup.tokenizer, prompts, budget, config.generation, context_length(base), "base model"
-                ).texts
-        else:
-            texts = setup.learners[name].respond(prompts, budget)
+        texts = generate_responses(
+            model, setup.tokenizer, prompts, budget, config.generation, context_length(model), name
+        ).texts
         rewards = setup.task.reward_fn(samples, list(texts))
         for sample, prompt, response, reward in zip(samples, prompts, texts, rewards, strict=True):
             rows.append(
@@ -287,36 +296,19 @@ def evaluate_pass_at_k_alone(setup: Setup) -> list[dict[str, Any]]:
     config = setup.config
     log = config.logging
     problems = eval_problems(config, log.pass_at_k_problems)
-    any_learner = next(iter(setup.learners.values()))
     results = []
-    for name in ["base", *setup.learners]:
-        if name == "base":
-            with any_learner.reference_model() as base:
-                result = pass_at_k_of_model(
-                    base,
-                    setup.tokenizer,
-                    config,
-                    problems,
-                    name,
-                    log.pass_at_k,
-                    log.pass_at_k_samples,
-                    seed=config.seed,
-                    progress=log.progress,
-                )
-        else:
-            learner = setup.learners[name]
-            learner.activate()
-            result = pass_at_k_of_model(
-                learner.model,
-                setup.tokenizer,
-                config,
-                problems,
-                name,
-                log.pass_at_k,
-                log.pass_at_k_samples,
-                seed=config.seed,
-                progress=log.progress,
-            )
+    for name, model in deployed_models(setup):
+        result = pass_at_k_of_model(
+            model,
+            setup.tokenizer,
+            config,
+            problems,
+            name,
+            log.pass_at_k,
+            log.pass_at_k_samples,
+            seed=config.seed,
+            progress=log.progress,
+        )
         results.append(result.to_dict())
     return results
 
