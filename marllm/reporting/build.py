@@ -95,7 +95,7 @@ def build_report(
     models = eval_models(runs)
     queries = sample_queries(models, n_sample_queries)
     collapse = eval_collapse(models)
-    pass_at_k = {run.display: read_pass_at_k(run.path) for run in runs if read_pass_at_k(run.path)}
+    pass_at_k = {run.display: rows for run in runs if (rows := read_pass_at_k(run.path))}
 
     summary = {
         "runs": [
