@@ -178,6 +178,11 @@ class TrainConfig:
             return cooperation_matrix(len(self.env.roles), c)
         return check_coefficients(c, self.env.roles)
 
+    def deployed_template(self) -> str:
+        """The prompt of an agent deployed alone: the first role's template (CORY's pioneer: the query only)."""
+        templates = self.env.templates or self.task.default_templates()
+        return templates[self.env.roles[0]]
+
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
 

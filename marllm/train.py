@@ -208,8 +208,7 @@ def evaluate_alone(setup: Setup, num_queries: int, seed: int) -> list[dict[str, 
     rows_source = setup.task.eval_dataset if setup.task.eval_dataset is not None else setup.task.dataset
     count = min(num_queries, len(rows_source))
     samples = [dict(rows_source[i]) for i in range(count)]
-    first_role = config.env.roles[0]
-    template = as_prompt_fn((config.env.templates or setup.task.templates)[first_role])
+    template = as_prompt_fn(config.deployed_template())
     prompts = [template(sample, {}) for sample in samples]
     budget = config.generation.max_new_tokens
     rows = []

@@ -40,7 +40,7 @@ from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLControl
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.models.generation import GeneratedBatch, generate_responses
 from marllm.models.lora import adapter_parameters
-from marllm.models.policy import ValueHead, context_length, response_forward
+from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -98,10 +98,7 @@ class PPOLearner:
     ):
         self.name = name
         self.model = model
-        self.tokenizer = tokenizer
-        self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer = ready_for_generation(tokenizer, f"learner {name}")
         if reference is None and adapter is None:
             raise ValueError(f"learner {name!r} needs a reference model (or a LoRA adapter on a shared base)")
         self.reference = reference

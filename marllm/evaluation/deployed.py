@@ -115,7 +115,7 @@ def pass_at_k_of_model(
     """
     check_pass_at_k_request(config, ks, samples)
     model.eval()
-    template = as_prompt_fn((config.env.templates or config.task.default_templates())[config.env.roles[0]])
+    template = as_prompt_fn(config.deployed_template())
     reward_fn = config.task.reward()
     prompts = [template(row, {}) for row in problems]
     # Every problem is asked `samples` times; batches mix problems so that each generate call is full.

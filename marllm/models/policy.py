@@ -27,12 +27,16 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The model's tokenizer, left-padded for batched generation; pad falls back to EOS (GPT-2 has none)."""
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    """The model's tokenizer, set up for batched generation (see :func:`ready_for_generation`)."""
+    return ready_for_generation(AutoTokenizer.from_pretrained(name_or_path), name_or_path)
+
+
+def ready_for_generation(tokenizer: PreTrainedTokenizerBase, owner: str = "the model") -> PreTrainedTokenizerBase:
+    """Left padding for batched generation; pad falls back to EOS (GPT-2 has none). Changes ``tokenizer`` in place."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"tokenizer of {name_or_path!r} has neither a pad nor an EOS token")
+            raise ValueError(f"tokenizer of {owner!r} has neither a pad nor an EOS token")
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
