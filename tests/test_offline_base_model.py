@@ -41,6 +41,21 @@ def test_tokenizer_is_byte_level_gpt2_with_eos_everywhere(tmp_path):
     assert reloaded.pad_token_id == 0 and reloaded.model_max_length == 64
 
 
+def test_split_digits_spells_every_number_digit_by_digit_after_reloading(tmp_path):
+    numbers = [f"Question: {a} + {b} = {a + b} and ${a * b}." for a in range(10, 40) for b in range(10, 40, 7)]
+    merged = train_tokenizer(TEXTS + numbers, vocab_size=400)
+    assert any(len(merged.tokenize(f" {n}")) == 1 for n in range(10, 100))  # the plain BPE merges digits
+
+    tokenizer = train_tokenizer(TEXTS + numbers, vocab_size=400, split_digits=True)
+    assert not [token for token in tokenizer.get_vocab() if len(token) > 1 and any(c.isdigit() for c in token)]
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)  # transformers rebuilds GPT-2's own pre-tokenizer
+    for text, pieces in ((" 45", ["Ġ", "4", "5"]), ("$120.", ["$", "1", "2", "0", "."]), ("b2b", ["b", "2", "b"])):
+        assert reloaded.tokenize(text) == pieces
+        assert reloaded.decode(reloaded(text)["input_ids"]) == text
+    assert reloaded.tokenize("this film is") == tokenizer.tokenize("this film is")
+
+
 def test_pack_blocks_prefixes_documents_with_eos_and_drops_the_tail():
     tokenizer = train_tokenizer(TEXTS, vocab_size=300)
     documents = ["the film", "a dull plot .", "wonderful"]
@@ -79,6 +94,8 @@ def test_recipe_validation_names_the_parameter():
         BaseModelRecipe(arithmetic_fraction=1.0)
     with pytest.raises(ValueError, match="max_steps"):
         BaseModelRecipe(max_steps=0)
+    with pytest.raises(ValueError, match="split_digits"):
+        BaseModelRecipe(split_digits="yes")
 
 
 def test_train_base_model_mixes_arithmetic_learns_and_saves_a_loadable_model(tmp_path, monkeypatch):

