@@ -107,8 +107,20 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``, letting dotted overrides come after options too (``train CONFIG --run-dir D a=1``)."""
+    root = parser()
+    args, extra = root.parse_known_args(argv)
+    # argparse fills a positional list once: words after an option reach `extra` instead of `overrides`
+    if extra and hasattr(args, "overrides") and not any(word.startswith("-") for word in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        root.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = _parse(argv)
     try:
         return args.handler(args)
     except ConfigError as error:

@@ -243,3 +243,12 @@ def test_cli_train_with_an_unknown_key_returns_2(tmp_path, capsys):
 def test_cli_train_with_a_bad_override_returns_2(capsys):
     assert main(["train", str(CORY), "ppo.kl_control=pid"]) == 2
     assert "ppo.kl_control must be one of ['adaptive', 'fixed'], got 'pid'" in capsys.readouterr().err
+
+
+def test_cli_overrides_may_follow_options(tmp_path, capsys):
+    # the override after --run-dir must be applied (and here rejected), not dropped or misparsed
+    assert main(["train", str(CORY), "--run-dir", str(tmp_path / "run"), "ppo.kl_control=pid"]) == 2
+    assert "ppo.kl_control must be one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", str(CORY), "ppo.ppo_epochs=1", "--no-such-option"])
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
