@@ -7,11 +7,8 @@ rotates the three learners through the three roles every 2 iterations.
 
 import sys
 
-from marllm.algorithms import GenerationConfig, PPOConfig
-from marllm.assets import resolve_model
-from marllm.envs.text_env import env as text_env
-from marllm.train import make_learners, run_iteration
-from marllm.wrappers import RolePermutation, SharedReward
+from marllm import GenerationConfig, PPOConfig, RolePermutation, SharedReward, make_learners, run_iteration
+from marllm.envs import env as text_env
 
 UPBEAT = {"good", "great", "fun", "best", "love", "wonderful", "beautiful", "enjoy"}
 TEMPLATES = {
@@ -27,11 +24,13 @@ def upbeat_reward(samples: list[dict], responses: list[str]) -> list[float]:
 
 def main(model: str = "marllm:offline-base", iterations: int = 4) -> list[dict]:
     queries = [{"query": q} for q in ["The film", "This movie is", "I watched it and", "The actors were"]]
-    env = text_env(dataset=queries, roles=list(TEMPLATES), templates=TEMPLATES, reward_fn=upbeat_reward, batch_size=4)
+    env = text_env(
+        dataset=queries, roles=list(TEMPLATES), templates=TEMPLATES, reward_fn=upbeat_reward, batch_size=4, seed=0
+    )
     env = RolePermutation(SharedReward(env), period=2, learners=["ann", "bob", "cid"])
     ppo = PPOConfig(mini_batch_size=4, learning_rate=1e-4, init_kl_coef=0.1)
-    learners, _ = make_learners(resolve_model(model), env.possible_agents, ppo, GenerationConfig(4, 8))
-    return [run_iteration(env, learners, seed=0 if i == 0 else None)[0] for i in range(iterations)]
+    learners, _ = make_learners(model, env.possible_agents, ppo, GenerationConfig(4, 8), seed=0)
+    return [run_iteration(env, learners)[0] for _ in range(iterations)]
 
 
 if __name__ == "__main__":

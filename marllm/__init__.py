@@ -1,3 +1,72 @@
-"""marllm: multi-agent reinforcement learning for LLMs, with PettingZoo text environments."""
+"""marllm: multi-agent reinforcement learning for LLMs, with PettingZoo text environments.
+
+The objects most programs need are importable from here::
+
+    from marllm import SequentialTextEnv, SharedReward, RolePermutation, PPOLearner, make_learners, train
+
+They are loaded on first use, so ``import marllm`` (and the CLI's light commands) do not pay for torch and
+transformers until something needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "SequentialTextEnv": "marllm.envs.text_env",
+    "RewardFunctionError": "marllm.envs.text_env",
+    "SharedReward": "marllm.wrappers.shared_reward",
+    "RolePermutation": "marllm.wrappers.role_permutation",
+    "PPOLearner": "marllm.algorithms.ppo",
+    "PPOConfig": "marllm.algorithms.ppo_config",
+    "GenerationConfig": "marllm.algorithms.ppo_config",
+    "make_learners": "marllm.train",
+    "run_iteration": "marllm.train",
+    "train": "marllm.train",
+    "TrainConfig": "marllm.config",
+    "load_config": "marllm.config",
+    "ConfigError": "marllm.config_loading",
+}
+
+__all__ = [
+    "ConfigError",
+    "GenerationConfig",
+    "PPOConfig",
+    "PPOLearner",
+    "RewardFunctionError",
+    "RolePermutation",
+    "SequentialTextEnv",
+    "SharedReward",
+    "TrainConfig",
+    "__version__",
+    "load_config",
+    "make_learners",
+    "run_iteration",
+    "train",
+]
+
+if TYPE_CHECKING:
+    from marllm.algorithms.ppo import PPOLearner
+    from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+    from marllm.config import TrainConfig, load_config
+    from marllm.config_loading import ConfigError
+    from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
+    from marllm.train import make_learners, run_iteration, train
+    from marllm.wrappers.role_permutation import RolePermutation
+    from marllm.wrappers.shared_reward import SharedReward
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'marllm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

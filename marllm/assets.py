@@ -13,6 +13,18 @@ PREFIX = "marllm:"
 NAMES = ("offline-base", "offline-sentiment", "offline-reviews")
 
 
+KINDS = {"offline-base": "a causal LM", "offline-sentiment": "a sentiment classifier", "offline-reviews": "a dataset"}
+
+
+def check_asset_name(name: str, expected: str, key: str) -> None:
+    """Raise unless ``name`` is ``marllm:<expected>``, the asset config key ``key`` needs; prepares nothing."""
+    asset = name[len(PREFIX) :]
+    if asset not in NAMES:
+        raise ValueError(f"{key}: unknown marllm asset {name!r}; known: {[PREFIX + n for n in NAMES]}")
+    if asset != expected:
+        raise ValueError(f"{key}: {name!r} is {KINDS[asset]}, not {KINDS[expected]}; use {PREFIX}{expected}")
+
+
 def offline_assets(name: str) -> Any | None:
     """The prepared offline assets if ``name`` is a ``marllm:`` name, else None."""
     if not name.startswith(PREFIX):

@@ -48,6 +48,7 @@ def _eval(args: argparse.Namespace) -> int:
         ks = [int(k) for k in args.pass_k.split(",")]
     except ValueError as error:
         raise ConfigError(f"--pass-k must be comma-separated integers like 1,5,10, got {args.pass_k!r}") from error
+    config.check_references()
     results = []
     for checkpoint in args.checkpoint or ["base"]:
         result = evaluate_pass_at_k(config, checkpoint, ks, args.samples, args.limit, args.batch_size, config.seed)
@@ -94,9 +95,11 @@ def parser() -> argparse.ArgumentParser:
         "--checkpoint", action="append", help="RUN_DIR/checkpoints/LEARNER, or 'base' (repeatable; default: base)"
     )
     evaluate.add_argument("--pass-k", default="1", help="comma-separated k values, e.g. 1,5,10")
-    evaluate.add_argument("--samples", type=int, default=1, help="samples per problem (n >= max k)")
-    evaluate.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
-    evaluate.add_argument("--batch-size", type=int, default=64, help="sequences per generate call")
+    evaluate.add_argument("--samples", type=_positive_int, default=1, help="samples per problem (n >= max k)")
+    evaluate.add_argument(
+        "--limit", type=_positive_int, default=None, help="evaluate only the first N problems (default: all)"
+    )
+    evaluate.add_argument("--batch-size", type=_positive_int, default=64, help="sequences per generate call")
     evaluate.add_argument("--out", default=None, help="also write the results as JSON here")
     evaluate.set_defaults(handler=_eval)
 
@@ -105,6 +108,17 @@ def parser() -> argparse.ArgumentParser:
     main.add_argument("--iterations", type=int, default=None, help="override the iteration count of both runs")
     main.set_defaults(handler=_main_job)
     return root
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -120,15 +134,37 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``marllm`` command; a bad config is one ``marllm: config error: …`` line and exit status 2, a
+    failure to load or run (a missing file, an unreachable hub, a bad dataset …) one ``marllm: error: …`` line
+    and status 1."""
     args = _parse(argv)
     try:
         return args.handler(args)
     except ConfigError as error:
-        print(f"marllm: config error: {error}", file=sys.stderr)
+        print(f"marllm: config error: {_one_line(error)}", file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        print(f"marllm: error: {error}", file=sys.stderr)
+    except Exception as error:
+        if not _reportable(error):
+            raise
+        print(f"marllm: error: {_one_line(error)}", file=sys.stderr)
         return 1
+
+
+def _reportable(error: Exception) -> bool:
+    """Errors of input, files, the hub and datasets (not programming errors such as ``KeyError`` or ``TypeError``)."""
+    if isinstance(error, ValueError | OSError | RuntimeError):
+        return True
+    return type(error).__module__.split(".")[0] in ("datasets", "huggingface_hub")
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line; for another library's error, with its type and its cause."""
+    message = str(error)
+    if not type(error).__module__.startswith("marllm") and type(error).__module__ != "builtins":
+        message = f"{type(error).__name__}: {message}"
+        if error.__cause__ is not None:
+            message += f" (caused by {type(error.__cause__).__name__}: {error.__cause__})"
+    return " ".join(line.strip() for line in message.splitlines() if line.strip()) or type(error).__name__
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,8 @@ from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.config_loading import ConfigError, apply_overrides, build, read_yaml, to_dict
 from marllm.envs.tasks import TASKS, TaskConfig
 from marllm.models.lora import LoraSettings
+from marllm.models.policy import resolve_device
+from marllm.references import check_model_reference
 from marllm.wrappers.shared_reward import check_coefficients, cooperation_matrix
 
 
@@ -36,6 +39,18 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.load_in_4bit and self.lora is None:
             raise ValueError("model.load_in_4bit needs model.lora: 4-bit base weights are not trained directly")
+        try:
+            resolve_device(self.device)
+        except ValueError as error:
+            raise ValueError(f"model.device: {error}") from error
+        if self.dtype in ("bfloat16", "float16") and self.lora is None:
+            # Adam would update the half-precision weights in place: at PPO's learning rates most updates are smaller
+            # than half a unit in the last place of the weight and round away. peft keeps LoRA adapters in float32.
+            raise ValueError(
+                f"model.dtype {self.dtype} with model.lora: null would train every weight in {self.dtype}, where most "
+                "small optimiser updates round away; use model.dtype: float32 for full-parameter training, or set "
+                f"model.lora (its adapters are kept in float32 on a {self.dtype} base)"
+            )
 
 
 @dataclass
@@ -79,6 +94,11 @@ class AgentsConfig:
     def __post_init__(self) -> None:
         if self.role_period is not None and self.role_period < 1:
             raise ValueError(f"agents.role_period must be an int >= 1 or null, got {self.role_period}")
+        if isinstance(self.reward_coefficients, float) and not math.isfinite(self.reward_coefficients):
+            raise ValueError(
+                f"agents.reward_coefficients must be a finite number λ, a matrix of finite numbers or null, got "
+                f"{self.reward_coefficients}"
+            )
 
 
 @dataclass
@@ -108,6 +128,15 @@ class LoggingConfig:
     pass_at_k_problems: int | None = None
 
     def __post_init__(self) -> None:
+        for key in ("samples_per_iteration", "eval_queries"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"logging.{key} must be >= 0 (0 writes none), got {getattr(self, key)}")
+        if self.pass_at_k_samples < 1:
+            raise ValueError(f"logging.pass_at_k_samples must be >= 1, got {self.pass_at_k_samples}")
+        if self.pass_at_k_problems is not None and self.pass_at_k_problems < 1:
+            raise ValueError(
+                f"logging.pass_at_k_problems must be >= 1, or null for every problem, got {self.pass_at_k_problems}"
+            )
         if self.pass_at_k is not None:
             bad = [k for k in self.pass_at_k if not 1 <= k <= self.pass_at_k_samples]
             if not self.pass_at_k or bad:
@@ -136,6 +165,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be an integer in [0, 2**32 - 1], got {self.seed}")
         try:
             self.ppo.check_batch_size(self.env.batch_size)
         except ValueError as error:
@@ -177,6 +208,16 @@ class TrainConfig:
         if isinstance(c, float):
             return cooperation_matrix(len(self.env.roles), c)
         return check_coefficients(c, self.env.roles)
+
+    def check_references(self) -> None:
+        """Check that the model, reward model and dataset the config names can be found, before anything loads.
+
+        Raises:
+            ConfigError: naming the key whose path does not exist, or whose hub id is not in the local cache while
+                the hub is offline.
+        """
+        check_model_reference(self.model.name_or_path, "model.name_or_path", asset="offline-base")
+        self.task.check_references()
 
     def deployed_template(self) -> str:
         """The prompt of an agent deployed alone: the first role's template (CORY's pioneer: the query only)."""

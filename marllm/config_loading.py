@@ -23,17 +23,60 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown, of the wrong type or inconsistent."""
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A YAML mapping gives the same key twice (plain PyYAML silently keeps the last value)."""
+
+    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark):
+        super().__init__(None, None, f"duplicate key {key!r}", again)
+        self.key = key
+        self.first_line = first.line + 1
+        self.line = again.line + 1
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping holding the same key twice (merge keys ``<<`` may be overridden)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not key_node.start_mark:
+                raise DuplicateKeyError(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that raises :class:`DuplicateKeyError` on a key given twice in one mapping."""
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML file that holds a mapping."""
+    """A YAML file that holds a non-empty mapping, each key given once."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text(encoding="utf-8"))
+    except DuplicateKeyError as error:
+        raise ConfigError(
+            f"config file {str(path)!r}: key {error.key!r} appears twice in one mapping (lines {error.first_line} "
+            f"and {error.line}); give each key once"
+        ) from error
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text: {error}") from error
     if data is None:
-        return {}
+        raise ConfigError(
+            f"config file {str(path)!r} is empty; it must hold a mapping of config keys such as name, model, task "
+            "(see examples/cory_offline.yaml)"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys, got {type(data).__name__}")
     return data
@@ -46,7 +89,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         if not sep or not key:
             raise ConfigError(f"override {override!r} must look like section.key=value")
         try:
-            value = yaml.safe_load(raw)
+            value = parse_yaml(raw)
         except yaml.YAMLError as error:
             raise ConfigError(f"override {override!r}: value is not valid YAML: {error}") from error
         parts = key.split(".")

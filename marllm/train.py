@@ -7,9 +7,10 @@ CORY is not a code path here: it is ``SequentialTextEnv(roles=[pioneer, observer
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,11 @@ def build_env(config: TrainConfig, task: TaskParts) -> AECEnv:
 
 
 def build(config: TrainConfig) -> Setup:
-    """Load the base model once per learner plus one shared reference, the task, and the wrapped env."""
+    """Load the base model once per learner plus one shared reference, the task, and the wrapped env.
+
+    The model, reward model and dataset references are checked first, before anything loads.
+    """
+    config.check_references()
     torch.manual_seed(config.seed)
     model_path = resolve_model(config.model.name_or_path)
     tokenizer = load_tokenizer(model_path)
@@ -102,8 +107,8 @@ def build(config: TrainConfig) -> Setup:
 
 
 def make_learners(
-    model_path: str,
-    learner_ids: list[str],
+    model: str,
+    learner_ids: Sequence[str],
     ppo: PPOConfig | None = None,
     generation: GenerationConfig | None = None,
     seed: int = 0,
@@ -113,12 +118,15 @@ def make_learners(
     lora: LoraSettings | None = None,
     load_in_4bit: bool = False,
 ) -> tuple[dict[str, PPOLearner], Any]:
-    """One PPO learner per id, all starting from ``model_path``.
+    """One PPO learner per id, all starting from ``model``: a hub id, a local directory or ``marllm:offline-base``.
 
     Full models: each learner owns a copy and all share one frozen reference (N policies + 1 reference).
     LoRA: one base carries one adapter per learner, and the reference is that base with adapters disabled
     (one base + N adapters). Returns the learners (keyed by id) and the separate reference model (None for LoRA).
+    ``seed`` seeds each learner's initial value head, its response lengths and mini-batch order, and leaves torch's
+    global generator (which samples the responses) in a state that depends on ``seed`` alone.
     """
+    model_path = resolve_model(model)
     tokenizer = tokenizer or load_tokenizer(model_path)
     if lora is not None:
         torch.manual_seed(seed)
@@ -232,10 +240,35 @@ def evaluate_alone(setup: Setup, num_queries: int, seed: int) -> list[dict[str, 
 
 
 def train(config: TrainConfig, run_dir: str | Path | None = None) -> TrainResult:
-    """Train for ``config.iterations`` iterations, logging to ``run_dir`` (default ``config.run_dir``)."""
+    """Train for ``config.iterations`` iterations, logging to ``run_dir`` (default ``config.run_dir``).
+
+    ``run_dir`` is created once everything has loaded. If the run fails before its first iteration is logged, the
+    directories this call created are removed again (a directory that existed before is left as it was).
+    """
     run_dir = Path(run_dir) if run_dir is not None else config.resolved_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
     setup = build(config)
+    created = _create_run_dir(run_dir)
+    try:
+        return _train(config, setup, run_dir)
+    except BaseException:
+        if created is not None and not _has_metrics(run_dir):
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _create_run_dir(run_dir: Path) -> Path | None:
+    """Create ``run_dir``; return the outermost directory this created (None if ``run_dir`` already existed)."""
+    missing = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return missing[-1] if missing else None
+
+
+def _has_metrics(run_dir: Path) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return metrics.is_file() and metrics.stat().st_size > 0
+
+
+def _train(config: TrainConfig, setup: Setup, run_dir: Path) -> TrainResult:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     (run_dir / "run.json").write_text(
         json.dumps(

@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# Creates .venv and installs marllm with everything it needs. Idempotent: a second run only
-# re-installs when pyproject.toml changed.
+# Creates .venv and installs marllm with everything it needs, at the versions of requirements.lock (the versions
+# the tests passed on; `make lock` refreshes it). Idempotent: a second run re-installs only when pyproject.toml,
+# the lock or constraints.in changed.
+#
+# PyTorch: the lock's version, installed before anything that depends on it. Where nvidia-smi finds no GPU the CPU
+# build is wanted: on this kind of machine pip finds it in a local wheel directory; elsewhere set
+# MARLLM_TORCH_INDEX=https://download.pytorch.org/whl/cpu, or pip takes PyPI's CUDA build (several GB). Where a GPU
+# is present, PyPI's build of that version (CUDA) is taken.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+LOCK=requirements.lock
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 stamp=.venv/.marllm-installed
-if [ -f "$stamp" ] && cmp -s pyproject.toml "$stamp"; then
+inputs() { cat pyproject.toml "$LOCK" constraints.in; }
+if [ -f "$stamp" ] && inputs | cmp -s - "$stamp"; then
   exit 0
 fi
+pip_install() { .venv/bin/python -m pip install --quiet --constraint "$LOCK" "$@"; }
 .venv/bin/python -m pip install --quiet --upgrade pip
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  # torch is installed on its own, pinned, before anything that depends on it: an unpinned
-  # requirement would resolve to the newest release and its multi-GB CUDA packages. Where no
-  # GPU is present the CPU build of 2.13.0 is taken.
-  .venv/bin/python -m pip install --quiet "torch==${MARLLM_TORCH_VERSION:-2.13.0}"
+locked_torch=$(sed -n 's/^torch==\([^ ]*\).*/\1/p' "$LOCK")
+[ -n "$locked_torch" ] || { echo "setup: $LOCK pins no torch version" >&2; exit 1; }
+installed_torch=$(.venv/bin/python -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)
+if [ "$installed_torch" != "$locked_torch" ]; then
+  torch_index=()
+  [ -n "${MARLLM_TORCH_INDEX:-}" ] && torch_index=(--index-url "$MARLLM_TORCH_INDEX")
+  pip_install "${torch_index[@]}" "torch==$locked_torch"
 fi
 if ! command -v nvidia-smi >/dev/null 2>&1 && .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
   echo "warning: no GPU here but the installed torch is a CUDA build ($(.venv/bin/python -c 'import torch; print(torch.__version__)'))" >&2
 fi
-.venv/bin/python -m pip install --quiet -e ".[dev]"
-cp pyproject.toml "$stamp"
+pip_install -e ".[dev]"
+inputs > "$stamp"

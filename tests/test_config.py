@@ -213,7 +213,9 @@ def test_yaml_that_is_not_a_mapping(tmp_path, text, kind):
 def test_invalid_yaml_and_empty_file(tmp_path):
     with pytest.raises(ConfigError, match="is not valid YAML"):
         load_config(write_yaml(tmp_path, "ppo: [1,\n"))
-    assert load_config(write_yaml(tmp_path, "")) == config_from_dict({})
+    # an empty file is a mistake, not a request for every default (gpt2-large on imdb)
+    with pytest.raises(ConfigError, match=r"config file '.*config\.yaml' is empty; it must hold a mapping"):
+        load_config(write_yaml(tmp_path, ""))
 
 
 def test_unknown_key_in_a_file_names_its_full_path(tmp_path):
@@ -252,3 +254,21 @@ def test_cli_overrides_may_follow_options(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", str(CORY), "ppo.ppo_epochs=1", "--no-such-option"])
     assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_full_parameter_training_in_half_precision_is_a_config_error(dtype):
+    with pytest.raises(ConfigError, match=rf"model.dtype {dtype} with model.lora: null .* float32"):
+        load_config(CORY, [f"model.dtype={dtype}"])
+    # LoRA keeps its adapters in float32 on a half-precision base: allowed
+    config = load_config(CORY, [f"model.dtype={dtype}", "model.lora={r: 4}"])
+    assert config.model.dtype == dtype and config.model.lora.r == 4
+
+
+def test_new_ppo_switches_load_from_yaml_overrides():
+    config = load_config(CORY, ["ppo.ratio_threshold=null", "ppo.loss_reduction=step_token_mean"])
+    assert config.ppo.ratio_threshold is None and config.ppo.loss_reduction == "step_token_mean"
+    config = load_config(CORY, ["ppo.ratio_threshold=5"])
+    assert config.ppo.ratio_threshold == 5.0
+    with pytest.raises(ConfigError, match=r"ppo.loss_reduction must be one of \['minibatch_token_mean', 'step_token"):
+        load_config(CORY, ["ppo.loss_reduction=sum"])

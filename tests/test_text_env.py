@@ -245,6 +245,24 @@ def test_seed_reproduces_the_batch_sequence():
     assert batches(make(batch_size=3), 5) != first
 
 
+def test_seed_at_construction_equals_a_first_seeded_reset():
+    def unseeded_resets(environment, count=5):
+        run = []
+        for _ in range(count):
+            environment.reset()
+            run.append(queries(environment))
+        return run
+
+    seeded_at_construction = unseeded_resets(make(batch_size=3, seed=4))
+    first_reset_seeded = make(batch_size=3)
+    first_reset_seeded.reset(seed=4)
+    assert seeded_at_construction == [queries(first_reset_seeded), *unseeded_resets(first_reset_seeded, 4)]
+    assert unseeded_resets(make(batch_size=3, seed=4)) == seeded_at_construction
+    for bad in (-1, 1.5, True, "0"):
+        with pytest.raises(ValueError, match="seed must be a non-negative int or None"):
+            make(seed=bad)
+
+
 @pytest.mark.parametrize("num_rows,batch_size", [(7, 3), (7, 7), (2, 5), (6, 2)])
 def test_batches_cover_the_dataset_without_replacement_within_a_pass(num_rows, batch_size):
     rows = [{"query": f"q{i}"} for i in range(num_rows)]

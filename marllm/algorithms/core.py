@@ -6,6 +6,8 @@ into a mean, a variance, a bootstrap value or a loss.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -42,25 +44,143 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return whitened * mask
 
 
+# Vocabulary-wide math runs over slices of at most this many logits (16 MiB of float32 per temporary): a (B, T, V)
+# log-softmax, its exp and their products at once would be several full copies of the logits.
+_CHUNK_ELEMENTS = 1 << 20
+
+
+def _row_chunks(logits: torch.Tensor) -> list[slice]:
+    """Slices of the batch dimension of ``logits`` (B, T, V), each of at most ~``_CHUNK_ELEMENTS`` logits."""
+    batch = logits.shape[0]
+    rows = max(1, _CHUNK_ELEMENTS // max(1, logits[0].numel()))
+    return [slice(start, start + rows) for start in range(0, batch, rows)]
+
+
+def _plogp(logp: torch.Tensor) -> torch.Tensor:
+    """p·log p with 0 where p = 0 (a token that top-k/top-p or EOS suppression removed has log p = −inf)."""
+    return torch.where(torch.isneginf(logp), 0.0, logp.exp() * logp)
+
+
+def _lse_gather_entropy(
+    logits: torch.Tensor, tokens: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """log Σ exp(logits), the token's logit and (optionally) the entropy at each position, in float32, by chunks."""
+    lse = torch.empty(tokens.shape, dtype=torch.float32, device=logits.device)
+    entropy = torch.empty_like(lse) if with_entropy else None
+    for rows in _row_chunks(logits):
+        chunk = logits[rows].float()  # (b, T, V)
+        lse[rows] = torch.logsumexp(chunk, dim=-1)
+        if entropy is not None:
+            entropy[rows] = -_plogp(chunk - lse[rows].unsqueeze(-1)).sum(-1)
+    picked = torch.gather(logits, 2, tokens.unsqueeze(-1)).squeeze(-1).float()
+    return lse, picked, entropy
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log softmax(logits)[token] with a backward that saves only the logits and the normaliser.
+
+    Autograd through ``log_softmax`` + ``gather`` keeps the (B, T, V) log-softmax for the backward and builds two more
+    (B, T, V) tensors in it (the scattered output gradient and the input gradient); here the backward writes the
+    input gradient, softmax · (−g) + one-hot · g, chunk by chunk into one buffer: a new one, or with
+    ``overwrite_logits`` the logits themselves.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, logits: torch.Tensor, tokens: torch.Tensor, with_entropy: bool, overwrite_logits: bool
+    ):
+        lse, picked, entropy = _lse_gather_entropy(logits, tokens, with_entropy)
+        ctx.save_for_backward(logits, tokens, lse)
+        ctx.overwrite_logits = overwrite_logits
+        if entropy is None:
+            entropy = torch.zeros_like(lse)
+        ctx.mark_non_differentiable(entropy)
+        return picked - lse, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logprobs: torch.Tensor, _grad_entropy: torch.Tensor):  # type: ignore[override]
+        logits, tokens, lse = ctx.saved_tensors
+        grad = logits if ctx.overwrite_logits else torch.empty_like(logits)
+        g = grad_logprobs.float()
+        for rows in _row_chunks(logits):
+            # Each chunk of logits is read (into a new tensor) before the same rows of ``grad`` are written.
+            softmax = (logits[rows].float() - lse[rows].unsqueeze(-1)).exp()  # (b, T, V)
+            chunk = softmax.mul_(-g[rows].unsqueeze(-1))
+            chunk.scatter_add_(2, tokens[rows].unsqueeze(-1), g[rows].unsqueeze(-1))
+            grad[rows] = chunk
+        return grad, None, None, None
+
+
+LOGPROB_FLOOR = math.log(torch.finfo(torch.float32).tiny)
+"""≈ −87.3, the log of the smallest normal float32: what :func:`floor_logprobs` puts in place of −inf."""
+
+
+def floor_logprobs(logprobs: torch.Tensor) -> torch.Tensor:
+    """Raise −inf log-probs to :data:`LOGPROB_FLOOR`, leaving every finite value as it is.
+
+    A token that top-k/top-p removed has log-prob −inf; PPO's ratio exp(log π − log π_old) and the k1 KL of two −inf
+    log-probs would be NaN. Floored, the ratio is finite and negligible against any kept token's, and no gradient
+    flows through a floored entry.
+    """
+    return torch.where(torch.isneginf(logprobs), LOGPROB_FLOOR, logprobs)
+
+
 def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log π(token_t | ·) for each position: (B, T, V) logits and (B, T) tokens -> (B, T)."""
-    return torch.gather(F.log_softmax(logits.float(), dim=-1), 2, tokens.unsqueeze(-1)).squeeze(-1)
+    """log π(token_t | ·) for each position: (B, T, V) logits and (B, T) tokens -> (B, T), in float32.
+
+    Differentiable with respect to ``logits``. The vocabulary-wide work runs in chunks of rows, so no float32
+    (B, T, V) temporary is made; a token whose logit is −inf (removed by a logits processor) gets −inf.
+    """
+    return logprobs_and_entropy(logits, tokens, with_entropy=False)[0]
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor, tokens: torch.Tensor, with_entropy: bool = True, overwrite_logits: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(token) (differentiable) and the entropy of π (no gradient) at each position, from one pass over logits.
+
+    (B, T, V) logits and (B, T) tokens -> two (B, T) float32 tensors; the entropy is zeros if ``with_entropy`` is
+    False. Same values as :func:`logprobs_of` and :func:`entropy_of`.
+
+    ``overwrite_logits``: the backward writes the gradient into ``logits`` instead of a new (B, T, V) tensor. Only
+    for logits that nothing reads after the backward (the output of the LM head, or of a division of it, whose
+    backward does not read it), backpropagated once.
+    """
+    if logits.requires_grad and torch.is_grad_enabled():
+        return _TokenLogprobs.apply(logits, tokens, with_entropy, overwrite_logits)
+    lse, picked, entropy = _lse_gather_entropy(logits, tokens, with_entropy)
+    return picked - lse, torch.zeros_like(lse) if entropy is None else entropy
 
 
 def entropy_of(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution at each position: (B, T, V) -> (B, T)."""
-    logp = F.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    """Entropy of the categorical distribution at each position: (B, T, V) -> (B, T), in float32.
+
+    Tokens with a −inf logit (removed by top-k/top-p) count as probability 0. Computed in chunks of rows.
+    """
+    parts = []
+    for rows in _row_chunks(logits):
+        parts.append(-_plogp(F.log_softmax(logits[rows].float(), dim=-1)).sum(-1))
+    return torch.cat(parts, 0)
+
+
+def _kl_terms(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    # p·(log p − log q), 0 where p = 0 (even where q = 0 too); +inf where p > 0 = q, as the KL is then infinite.
+    return torch.where(torch.isneginf(logp), 0.0, logp.exp() * (logp - logq))
 
 
 def full_kl(policy_logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
-    """KL(π ‖ π_0) over the whole vocabulary at each position: (B, T, V) x2 -> (B, T).
+    """KL(π ‖ π_0) over the whole vocabulary at each position: (B, T, V) x2 -> (B, T), in float32.
 
-    This is the KL the CORY paper plots (summed over the response, averaged over the batch).
+    This is the KL the CORY paper plots (summed over the response, averaged over the batch). Tokens that π gives
+    probability 0 (a −inf logit) add nothing. Computed in chunks of rows.
     """
-    logp = F.log_softmax(policy_logits.float(), dim=-1)
-    logq = F.log_softmax(reference_logits.float(), dim=-1)
-    return (logp.exp() * (logp - logq)).sum(-1)
+    parts = []
+    for rows in _row_chunks(policy_logits):
+        logp = F.log_softmax(policy_logits[rows].float(), dim=-1)  # (b, T, V)
+        logq = F.log_softmax(reference_logits[rows].float(), dim=-1)
+        parts.append(_kl_terms(logp, logq).sum(-1))
+    return torch.cat(parts, 0)
 
 
 def logprobs_and_full_kl(
@@ -68,20 +188,29 @@ def logprobs_and_full_kl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """log π(token), log π_0(token) and the full-vocabulary KL at each position, with one log-softmax per model.
 
-    Same values as :func:`logprobs_of` twice and :func:`full_kl`, at half the vocabulary-wide work.
+    Same values as :func:`logprobs_of` twice and :func:`full_kl`, at half the vocabulary-wide work, in chunks of
+    rows so that at most a few chunk-sized temporaries exist besides the two (B, T, V) logits.
     """
-    logp = F.log_softmax(policy_logits.float(), dim=-1)  # (B, T, V)
-    logq = F.log_softmax(reference_logits.float(), dim=-1)
     index = tokens.unsqueeze(-1)
-    kl = (logp.exp() * (logp - logq)).sum(-1)
-    return torch.gather(logp, 2, index).squeeze(-1), torch.gather(logq, 2, index).squeeze(-1), kl
+    logprobs, ref_logprobs, kl = (
+        torch.empty(tokens.shape, dtype=torch.float32, device=tokens.device) for _ in range(3)
+    )
+    for rows in _row_chunks(policy_logits):
+        logp = F.log_softmax(policy_logits[rows].float(), dim=-1)  # (b, T, V)
+        logq = F.log_softmax(reference_logits[rows].float(), dim=-1)
+        kl[rows] = _kl_terms(logp, logq).sum(-1)
+        logprobs[rows] = torch.gather(logp, 2, index[rows]).squeeze(-1)
+        ref_logprobs[rows] = torch.gather(logq, 2, index[rows]).squeeze(-1)
+    return logprobs, ref_logprobs, kl
 
 
 def sampled_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:
     """The k1 estimator of KL(π ‖ π_0) from the sampled token: log π(a) − log π_0(a).
 
-    Unbiased for the KL, one forward of each model, and negative for single tokens; the RLHF reward shaping of
-    Ziegler et al. (2019) and the CORY paper's code use it per token.
+    Unbiased for the KL when the token was drawn from the π whose log-probs are given, one forward of each model,
+    and negative for single tokens; the RLHF reward shaping of Ziegler et al. (2019) and the CORY paper's code use it
+    per token. If tokens are drawn from a processed distribution μ ≠ π (repetition penalty, top-k/top-p: see
+    ``GenerationConfig.logprobs_from``), its mean E_μ[log π(a) − log π_0(a)] is biased for KL(π ‖ π_0).
     """
     return logprobs - reference_logprobs
 

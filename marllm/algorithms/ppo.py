@@ -26,11 +26,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from marllm.algorithms.core import (
     clipped_policy_loss,
     clipped_value_loss,
-    entropy_of,
     explained_variance,
+    floor_logprobs,
     gae,
+    logprobs_and_entropy,
     logprobs_and_full_kl,
-    logprobs_of,
     masked_mean,
     masked_whiten,
     sampled_kl,
@@ -38,7 +38,7 @@ from marllm.algorithms.core import (
 )
 from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLController
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
-from marllm.models.generation import GeneratedBatch, generate_responses
+from marllm.models.generation import GeneratedBatch, generate_responses, logprob_logits, reference_logprob_logits
 from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
 
@@ -113,6 +113,20 @@ class PPOLearner:
             trainable = adapter_parameters(model, adapter)
         else:
             trainable = [p for p in model.parameters() if p.requires_grad]
+        # Adam on half-precision weights: at PPO's learning rates most updates are below half a unit in the last
+        # place of the weight and round away, silently. There are no float32 master weights here, so refuse it.
+        half = sorted({str(p.dtype).removeprefix("torch.") for p in trainable if p.dtype.itemsize < 4})
+        if half:
+            cause = (
+                f"model.dtype {half[0]} with model.lora: null"
+                if adapter is None
+                else f"adapter {adapter!r} was made without peft's autocast_adapter_dtype"
+            )
+            raise ValueError(
+                f"learner {name!r} would train {'/'.join(half)} parameters directly ({cause}), where most small "
+                "optimiser updates round away; use model.dtype: float32, or model.lora, whose adapters peft keeps "
+                "in float32 on a half-precision base"
+            )
         self.optimizer = torch.optim.Adam(
             trainable + list(self.value_head.parameters()),
             lr=self.config.learning_rate,
@@ -177,15 +191,19 @@ class PPOLearner:
         attention_mask = torch.cat([prompt_mask, torch.ones_like(response)], 1)
         prompt_length = prompt_ids.shape[1]
         columns: dict[str, list[torch.Tensor]] = defaultdict(list)
+        settings = (prompt_length, self.generation, self.tokenizer.eos_token_id)
         for rows in self._chunks(len(prompts)):
-            logits, values = response_forward(
-                self.model, input_ids[rows], attention_mask[rows], prompt_length, self.value_head
-            )
+            ids, attention = input_ids[rows], attention_mask[rows]
+            logits, values = response_forward(self.model, ids, attention, prompt_length, self.value_head)
+            # Tempered or processed in place: at most the policy's and the reference's (b, L, V) logits are alive.
+            logits = logprob_logits(logits, ids, attention, *settings, inplace=True)
             with self.reference_model() as reference:
-                ref_logits, _ = response_forward(reference, input_ids[rows], attention_mask[rows], prompt_length)
+                ref_logits, _ = response_forward(reference, ids, attention, prompt_length)
+            ref_logits = reference_logprob_logits(ref_logits, logits, ids, attention, *settings, inplace=True)
             logprobs, ref_logprobs, kl_full = logprobs_and_full_kl(logits, ref_logits, response[rows])
-            columns["logprobs"].append(logprobs)
-            columns["ref_logprobs"].append(ref_logprobs)
+            del logits, ref_logits  # before the next chunk's forward
+            columns["logprobs"].append(floor_logprobs(logprobs))
+            columns["ref_logprobs"].append(floor_logprobs(ref_logprobs))
             columns["values"].append(values.float())
             columns["kl_full"].append(kl_full)
         tensors = Batch(
@@ -231,11 +249,14 @@ class PPOLearner:
         # use_score_norm): keeps the reward scale, and so the KL trade-off, stable as the policy improves.
         if self.config.score_transform != "none":
             self.score_statistics.update(scores)
-            std = np.sqrt(self.score_statistics.var) + 1e-8
-            if self.config.score_transform == "normalize":
-                scores = (scores - self.score_statistics.mean) / std
-            else:
-                scores = scores / std
+            mean, std = float(self.score_statistics.mean), float(np.sqrt(self.score_statistics.var))
+            # Every score so far equal (each 0/1 answer right, CORY's r1 + r2 constant): the running std is 0 up to
+            # float64 rounding (~1e-8·|mean|), and TRL's std + eps would multiply the score by ~1e7. No spread is
+            # no scale to divide by, so leave the score undivided until the scores spread.
+            if std <= 1e-6 * max(1.0, abs(mean)):
+                std = 1.0
+            shift = mean if self.config.score_transform == "normalize" else 0.0
+            scores = (scores - shift) / std
         if self.config.score_clip is not None:
             scores = np.clip(scores, -self.config.score_clip, self.config.score_clip)
         return scores
@@ -278,20 +299,36 @@ class PPOLearner:
             b_inds = self._rng.permutation(batch_size)
             for start in range(0, batch_size, cfg.backward_batch_size):
                 step_inds = b_inds[start : start + cfg.backward_batch_size]
+                step_tokens = max(float(b.mask[step_inds].sum()), 1.0)
                 self.optimizer.zero_grad(set_to_none=True)
+                applied = 0
                 for mb_start in range(0, len(step_inds), cfg.mini_batch_size):
                     mb = b[step_inds[mb_start : mb_start + cfg.mini_batch_size]]
                     loss, parts = self._loss(mb, rollout.prompt_length)
+                    # TRL's ratio_threshold: a mini-batch whose mean ratio π/π_old has run away gives no gradient.
+                    skipped = cfg.ratio_threshold is not None and parts["ratio"] > cfg.ratio_threshold
+                    parts["skipped_minibatch_fraction"] = float(skipped)
+                    for key, value in parts.items():
+                        losses[key].append(value)
+                    if skipped:
+                        continue
                     if not torch.isfinite(loss):
                         self.optimizer.zero_grad(set_to_none=True)
                         raise NonFiniteLossError(
                             f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.num_updates}, "
                             f"epoch {_epoch}; the optimiser step was not applied"
                         )
-                    (loss / cfg.gradient_accumulation_steps).backward()
-                    for key, value in parts.items():
-                        losses[key].append(value)
-                self._optimizer_step(_epoch)
+                    if cfg.loss_reduction == "step_token_mean":
+                        # The loss is a token mean over this mini-batch; weighted by the mini-batch's share of the
+                        # step's tokens, the accumulated loss is the token mean over the whole step.
+                        weight = float(mb.mask.sum()) / step_tokens
+                    else:
+                        weight = 1.0 / cfg.gradient_accumulation_steps
+                    (loss * weight).backward()
+                    applied += 1
+                # Every mini-batch skipped: no step at all, so Adam's momentum does not move the weights either.
+                if applied:
+                    self._optimizer_step(_epoch)
 
         mask = b.mask
         kl_full_sum = (b.kl_full * mask).sum(1).mean().item()
@@ -321,14 +358,23 @@ class PPOLearner:
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
         logits, values = response_forward(self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head)
-        logprobs = logprobs_of(logits, mb.response)
+        # The LM head's backward does not read its output: the gradient can take the logits' place.
+        sequences = (mb.input_ids, mb.attention_mask, prompt_length)
+        logits = logprob_logits(logits, *sequences, self.generation, self.tokenizer.eos_token_id, overwrite_logits=True)
+        # One pass over the logits for both. Nothing but the log-probs' backward reads the logits after this, so it
+        # writes their gradient over them: one (b, L, V) buffer for the forward and the backward.
+        logprobs, token_entropy = logprobs_and_entropy(logits, mb.response, overwrite_logits=True)
+        del logits
+        # With logprobs_from="sampling" a token the updated policy's top-k/top-p no longer keeps has log-prob −inf.
+        logprobs = floor_logprobs(logprobs)
         pg_loss, clipfrac, approx_kl = clipped_policy_loss(
             logprobs, mb.logprobs, mb.advantages, mb.mask, cfg.clip_range
         )
         v_loss, v_clipfrac = clipped_value_loss(values.float(), mb.values, mb.returns, mb.mask, cfg.clip_range_value)
         loss = pg_loss + cfg.vf_coef * v_loss
         with torch.no_grad():
-            entropy = masked_mean(entropy_of(logits), mb.mask)
+            entropy = masked_mean(token_entropy, mb.mask)
+            ratio = masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask).item()
         parts = {
             "loss/policy": pg_loss.item(),
             "loss/value": v_loss.item(),
@@ -337,6 +383,7 @@ class PPOLearner:
             "value_clipfrac": v_clipfrac.item(),
             "approx_kl": approx_kl.item(),
             "entropy": entropy.item(),
+            "ratio": ratio,
         }
         return loss, parts
 

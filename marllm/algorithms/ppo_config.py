@@ -16,6 +16,12 @@ class PPOConfig:
         mini_batch_size: samples per forward/backward pass.
         gradient_accumulation_steps: mini-batches whose gradients are summed before one optimiser step, so one step
             covers ``mini_batch_size × gradient_accumulation_steps`` samples (the paper's GSM8K run: 2 × 16 = 32).
+        loss_reduction: how the per-token losses (policy and value alike) of one optimiser step are averaged.
+            ``"minibatch_token_mean"`` (the paper's code and TRL): a token mean per mini-batch, and the mean of those
+            over the step's mini-batches; with accumulation a token of a short mini-batch then weighs more than one of
+            a long mini-batch (for GSM8K's 2 × 16, up to 25× between a short and a long mini-batch).
+            ``"step_token_mean"``: every response token of the step weighs the same, as if the step were one
+            mini-batch (each mini-batch's token sum over the step's token count).
         ppo_epochs: passes over each batch; more reuses data more but drifts further from the rollout policy.
         gamma: discount over response tokens (1: the sequence reward reaches the first token undiscounted).
         lam: GAE λ; lower trades variance for value-function bias.
@@ -32,10 +38,14 @@ class PPOConfig:
         kl_horizon: the adaptive controller's horizon in samples.
         score_transform: what is done to the task score before it enters the token reward: ``"none"``,
             ``"scale"`` (divide by the running std) or ``"normalize"`` (subtract the running mean, divide by the
-            running std). The paper turns scaling and normalisation on for IMDB.
+            running std). The paper turns scaling and normalisation on for IMDB. While the running std is zero up
+            to float rounding (every score so far equal, e.g. every 0/1 answer right) the score is not divided.
         score_clip: clip the transformed score to ±score_clip (None: no clip).
         forward_batch_size: rows per forward pass when scoring a rollout (None: the whole batch at once).
         adam_eps: Adam's ε.
+        ratio_threshold: skip a mini-batch (no gradient from it) whose mean probability ratio π/π_old over its
+            response tokens exceeds this, as TRL does (its default, 10, is kept: the paper's code ran on TRL). The
+            ratio starts at 1 in each batch, so this only fires when the policy has blown up. None: never skip.
     """
 
     learning_rate: float = 1.41e-5
@@ -58,6 +68,8 @@ class PPOConfig:
     score_clip: float | None = None
     forward_batch_size: int | None = None
     adam_eps: float = 1e-8
+    ratio_threshold: float | None = 10.0
+    loss_reduction: Literal["minibatch_token_mean", "step_token_mean"] = "minibatch_token_mean"
 
     def __post_init__(self) -> None:
         _positive(self, "learning_rate", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs", "adam_eps")
@@ -66,6 +78,12 @@ class PPOConfig:
         _choice(self, "kl_penalty", ("k1", "full"))
         _choice(self, "kl_control", ("adaptive", "fixed"))
         _choice(self, "score_transform", ("none", "scale", "normalize"))
+        _choice(self, "loss_reduction", ("minibatch_token_mean", "step_token_mean"))
+        if self.ratio_threshold is not None and not (self.ratio_threshold > 1 and math.isfinite(self.ratio_threshold)):
+            raise ValueError(
+                f"ppo.ratio_threshold must be a number > 1 or null (the mean ratio is 1 before an update), got "
+                f"{self.ratio_threshold}"
+            )
         if self.kl_control == "adaptive":
             _positive(self, "target_kl", "kl_horizon")
         for name in ("max_grad_norm", "score_clip", "forward_batch_size"):
@@ -97,7 +115,23 @@ class GenerationConfig:
         top_p: nucleus sampling mass (1.0: no filtering).
         temperature: softmax temperature of sampling.
         repetition_penalty: > 1 discourages repeating earlier tokens.
-        stop_at_eos: end a response at EOS; if False, EOS is an ordinary token and every response runs to the budget.
+        stop_at_eos: end a response at EOS; if False, EOS is suppressed and every response runs to the budget.
+        logprobs_from: which distribution the log-probs of PPO's ratio, the reference log-probs and the KL come from.
+            Temperature applies to the policy's and the reference's logits either way (as in TRL), so that the KL
+            of an unchanged policy is 0 at any temperature.
+            ``"tempered"`` (the paper's code): softmax(logits / temperature) of each model. Responses are sampled
+            after the repetition penalty, top-k/top-p and EOS suppression too, from a distribution μ ≠ π: the PPO
+            ratio π_θ(a)/π_old(a) is not the sampler's, and the k1 KL E_μ[log π(a) − log π_0(a)] is a biased
+            estimate of KL(π ‖ π_0). The gap, KL(μ ‖ π) per token, grows with the scale of the logits: 0.03 nats at
+            repetition penalty 1.1 and 0.46 at 1.3 on a tiny GPT-2 with logits of a few units (0.15–0.23 at 1.1
+            on another toy check). Exact when repetition_penalty is 1, top_k 0, top_p 1 and stop_at_eos True.
+            ``"sampling"``: the policy's log-probs are those of μ itself, every processor applied at every response
+            position as generate applied it, so the ratio is exactly on-policy. The reference's distribution μ_0
+            gets the same temperature, repetition penalty and EOS suppression and is restricted to the tokens the
+            policy's top-k/top-p kept (renormalised over them): both are distributions over the same candidates, so
+            KL(μ ‖ μ_0) is finite, 0 while the policy equals the reference, estimated without bias by k1 and exactly
+            by ``kl_penalty: full``; the entropy metric is μ's. Costs one pass of the processors per response
+            position in the rollout and in each PPO forward.
     """
 
     min_new_tokens: int = 4
@@ -107,6 +141,7 @@ class GenerationConfig:
     temperature: float = 1.0
     repetition_penalty: float = 1.1
     stop_at_eos: bool = True
+    logprobs_from: Literal["tempered", "sampling"] = "tempered"
 
     def __post_init__(self) -> None:
         _positive(self, "min_new_tokens", "max_new_tokens", "temperature", "repetition_penalty")
@@ -118,6 +153,7 @@ class GenerationConfig:
         _non_negative(self, "top_k")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"generation.top_p must be in (0, 1], got {self.top_p}")
+        _choice(self, "logprobs_from", ("tempered", "sampling"))
 
 
 def _positive(obj: object, *names: str) -> None:

@@ -56,6 +56,9 @@ class SequentialTextEnv(AECEnv):
         batch_size: dialogues per episode.
         query_column: the column holding the query.
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the first dialogue as text).
+        seed: seeds the order in which batches are drawn, as a first ``reset(seed=seed)`` would, so that a loop whose
+            resets carry no seed is reproducible; None (Gymnasium's convention) draws the order from OS entropy
+            until a reset passes a seed.
     """
 
     metadata = {"name": "sequential_text_v0", "render_modes": ["ansi"], "is_parallelizable": False}
@@ -69,6 +72,7 @@ class SequentialTextEnv(AECEnv):
         batch_size: int,
         query_column: str = "query",
         render_mode: str | None = None,
+        seed: int | None = None,
     ):
         super().__init__()
         self.roles = _check_roles(roles)
@@ -92,7 +96,9 @@ class SequentialTextEnv(AECEnv):
             role: DictSpace({"prompt": TextBatch(batch_size, MAX_TEXT_LENGTH)}) for role in self.roles
         }
         self.action_spaces = {role: TextBatch(batch_size, MAX_TEXT_LENGTH) for role in self.roles}
-        self._rng = np.random.default_rng()
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        self._rng = np.random.default_rng(seed)
         self._order = np.empty(0, dtype=np.int64)
         self._cursor = 0
         self.samples: list[dict[str, Any]] = []
@@ -196,12 +202,17 @@ class SequentialTextEnv(AECEnv):
             raw = np.asarray(values)
             if raw.dtype.kind not in "biuf":
                 raise TypeError(f"dtype {raw.dtype}")
-            rewards = raw.astype(np.float64).reshape(-1)
+            rewards = raw.astype(np.float64)
         except (TypeError, ValueError) as error:
             raise RewardFunctionError(
                 f"reward function {name} returned {type(values).__name__} ({error}) for role {role!r}, not one "
                 f"number per sample"
             ) from error
+        if rewards.ndim != 1:
+            raise RewardFunctionError(
+                f"reward function {name} returned an array of shape {rewards.shape} for role {role!r}; expected a "
+                f"1-D sequence of {self.batch_size} numbers, one per sample"
+            )
         if rewards.shape != (self.batch_size,):
             raise RewardFunctionError(
                 f"reward function {name} returned {rewards.size} values for role {role!r}; expected "
@@ -227,6 +238,10 @@ class SequentialTextEnv(AECEnv):
 
     def close(self) -> None:
         pass
+
+
+raw_env = SequentialTextEnv
+"""PettingZoo's name for the unwrapped env class."""
 
 
 def env(**kwargs: Any) -> AECEnv:

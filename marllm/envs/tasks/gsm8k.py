@@ -15,6 +15,7 @@ from pathlib import Path
 
 import datasets
 
+from marllm.envs.tasks.base import load_text_dataset
 from marllm.rewards.math import parse_gsm8k_answer
 
 __all__ = [
@@ -119,11 +120,12 @@ def load_gsm8k(source: str = "openai/gsm8k", split: str = "train", config: str =
 
     Raises:
         FileNotFoundError: a local path that does not exist, or a folder without the split's file.
-        ValueError: data that fails :func:`prepare_math_dataset`'s checks.
+        ValueError: a local file that is empty, not UTF-8 or holds a line that is not a JSON object (the message
+            names the line), or data that fails :func:`prepare_math_dataset`'s checks.
     """
     local = _resolve_local(source, split)
     if local is not None:
-        dataset = datasets.load_dataset("json", data_files=str(local), split="train")
+        dataset = load_text_dataset(str(local), split, text_columns=["question"])
         name = str(local)
     else:
         dataset = datasets.load_dataset(source, config, split=split)

@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from marllm.envs.tasks.arithmetic import arithmetic_dataset
 from marllm.envs.tasks.base import TaskParts
 from marllm.envs.tasks.gsm8k import OBSERVER_TEMPLATE, PIONEER_TEMPLATE, load_gsm8k
+from marllm.references import check_dataset_reference
 from marllm.rewards.math import ExactMatchReward
 
 
@@ -56,6 +57,12 @@ class MathTask:
             raise ValueError(f"task.max_samples must be >= 1 or null, got {self.max_samples}")
         if self.name == "arithmetic" and self.train_seed == self.eval_seed:
             raise ValueError("task.train_seed and task.eval_seed must differ so evaluation problems are new")
+
+    def check_references(self) -> None:
+        """For gsm8k, check that ``dataset`` exists, locally or in the cache while the hub is offline."""
+        if self.name == "gsm8k":
+            local = "a local .json or .jsonl file, a folder holding <split>.jsonl"
+            check_dataset_reference(self.dataset, "task.dataset", local)
 
     def load_split(self, split: str) -> datasets.Dataset:
         """Problems of one split with ``question``, ``answer``, ``query`` and ``ground_truth`` columns."""

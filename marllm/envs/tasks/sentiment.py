@@ -16,8 +16,9 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from marllm.assets import offline_assets, resolve_dataset
-from marllm.envs.tasks.base import TaskParts, load_text_dataset, require_columns
+from marllm.envs.tasks.base import TaskParts, load_text_dataset, require_columns, require_texts
 from marllm.offline.sentiment_classifier import VOCABULARY_FILE, SentimentClassifier
+from marllm.references import check_dataset_reference, check_model_reference
 from marllm.rewards.sentiment import ClassifierReward, TextScoreReward
 
 PIONEER_TEMPLATE = "{query}"
@@ -83,13 +84,21 @@ class SentimentTask:
     def default_templates(self) -> dict[str, str]:
         return {"pioneer": PIONEER_TEMPLATE, "observer": OBSERVER_TEMPLATE}
 
+    def check_references(self) -> None:
+        """Check that ``dataset`` and ``reward_model`` exist, locally or in the cache while the hub is offline."""
+        local = "a local .csv, .json, .jsonl, .parquet or .txt file"
+        check_dataset_reference(self.dataset, "task.dataset", local, asset="offline-reviews")
+        check_model_reference(self.reward_model, "task.reward_model", asset="offline-sentiment")
+
     def load_split(self, split: str) -> datasets.Dataset:
-        return load_text_dataset(resolve_dataset(self.dataset, split), split)
+        """The reviews of ``split``; a local file is checked line by line first (``text_column``: non-blank text)."""
+        return load_text_dataset(resolve_dataset(self.dataset, split), split, text_columns=[self.text_column])
 
     def queries(self, reviews: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, seed: int) -> datasets.Dataset:
         """Keep reviews of at least ``min_text_chars`` and add a ``query`` column: their first k tokens."""
         source = f"{self.dataset}:{self.split}"
         require_columns(reviews, [self.text_column], source)
+        require_texts(reviews, [self.text_column], source)
         column = self.text_column
         reviews = reviews.filter(lambda batch: [len(t) >= self.min_text_chars for t in batch[column]], batched=True)
         if len(reviews) == 0:
@@ -101,9 +110,7 @@ class SentimentTask:
         )
 
         def cut(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
-            ids = tokenizer(batch[column], add_special_tokens=False)["input_ids"]
-            heads = [row[: lengths[i]] for row, i in zip(ids, indices, strict=True)]
-            return {"query": tokenizer.batch_decode(heads)}
+            return {"query": text_openings(tokenizer, batch[column], [int(lengths[i]) for i in indices])}
 
         return reviews.map(cut, batched=True, with_indices=True)
 
@@ -116,3 +123,23 @@ class SentimentTask:
             classifier = SentimentClassifier.load(directory)
             return TextScoreReward(classifier.positive_logits)
         return ClassifierReward(self.reward_model, self.positive_label, self.reward_batch_size, device)
+
+
+def text_openings(tokenizer: PreTrainedTokenizerBase, texts: list[str], counts: list[int]) -> list[str]:
+    """The opening of each text that its first ``count`` tokens cover, cut on a character boundary.
+
+    A byte-level tokenizer splits a multi-byte character (an emoji, an Arabic letter) over several tokens, so
+    decoding a token prefix can end in half a character (``'\ufffd'``). A fast tokenizer's offsets are character
+    offsets, and a token holding part of a character spans the whole character: the text is cut at the furthest end
+    offset of its first ``count`` tokens, so each opening is a prefix of its text. A slow tokenizer's decoded prefix
+    loses a trailing partial character instead.
+    """
+    if not tokenizer.is_fast:
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        heads = [row[:count] for row, count in zip(ids, counts, strict=True)]
+        return [text.rstrip("\ufffd") for text in tokenizer.batch_decode(heads)]
+    offsets = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return [
+        text[: max((end for _, end in spans[:count]), default=0)]
+        for text, spans, count in zip(texts, offsets, counts, strict=True)
+    ]
