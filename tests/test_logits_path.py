@@ -14,7 +14,14 @@ from marllm.algorithms.core import (
     logprobs_and_full_kl,
     logprobs_of,
 )
-from marllm.models.generation import generate_responses, process_logits, sampling_processors
+from marllm.models.generation import (
+    generate_responses,
+    logprob_logits,
+    process_logits,
+    reference_logprob_logits,
+    reference_processors,
+    sampling_processors,
+)
 from marllm.models.policy import response_forward
 from tests.conftest import make_tiny_gpt2
 
@@ -165,6 +172,38 @@ def test_process_logits_values_and_gradient(tokenizer, overwrite):
     (grad,) = torch.autograd.grad((logprobs_of(processed, tokens) * weights).sum(), leaf)
     assert torch.allclose(grad, expected, rtol=1e-5, atol=1e-7)
     assert (grad != 0).any()
+
+
+def test_reference_is_processed_alike_and_restricted_to_the_policys_tokens(tokenizer):
+    torch.manual_seed(0)
+    generation = GenerationConfig(3, 3, repetition_penalty=1.3, top_k=4, temperature=0.5, logprobs_from="sampling")
+    input_ids = torch.randint(1, 30, (2, 5))
+    attention_mask = torch.ones_like(input_ids)
+    policy, reference = torch.randn(2, 3, 30) * 3, torch.randn(2, 3, 30) * 3
+    settings = (input_ids, attention_mask, 2, generation, tokenizer.eos_token_id)
+    processed = logprob_logits(policy, *settings)
+    ref = reference_logprob_logits(reference, processed, *settings)
+    assert torch.equal(torch.isneginf(ref), torch.isneginf(processed))  # the policy's 4 tokens, not the reference's
+    kept = ~torch.isneginf(ref)
+    # On those tokens: the reference with temperature and repetition penalty, as the policy got them.
+    reweighted = process_logits(
+        reference_processors(sampling_processors(generation, attention_mask[:, :2], tokenizer.eos_token_id, 3)),
+        input_ids,
+        reference,
+        2,
+    )
+    assert torch.equal(ref[kept], reweighted[kept])
+    assert torch.isfinite(full_kl(processed, ref)).all()
+
+
+def test_half_precision_logits_are_processed_in_float32(tokenizer):
+    generation = GenerationConfig(3, 3, repetition_penalty=1.3, temperature=0.7, logprobs_from="sampling")
+    input_ids = torch.randint(1, 30, (2, 5))
+    logits = (torch.randn(2, 3, 30) * 3).bfloat16()
+    settings = (input_ids, torch.ones_like(input_ids), 2, generation, tokenizer.eos_token_id)
+    processed = logprob_logits(logits, *settings)
+    assert processed.dtype == torch.float32
+    assert torch.equal(processed, logprob_logits(logits.float(), *settings))
 
 
 # ------------------------------------------------------------------------------------------------ chunked math

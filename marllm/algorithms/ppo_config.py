@@ -1,10 +1,15 @@
-"""Hyperparameters of token-level PPO and of sampling, validated when built."""
+"""Hyperparameters of token-level PPO, validated when built (sampling's are :class:`GenerationConfig`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Literal
+
+from marllm.field_checks import choice, in_unit_interval, non_negative, positive
+from marllm.models.generation_config import GenerationConfig
+
+__all__ = ["GenerationConfig", "PPOConfig"]
 
 
 @dataclass
@@ -72,23 +77,25 @@ class PPOConfig:
     loss_reduction: Literal["minibatch_token_mean", "step_token_mean"] = "minibatch_token_mean"
 
     def __post_init__(self) -> None:
-        _positive(self, "learning_rate", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs", "adam_eps")
-        _in_unit_interval(self, "gamma", "lam")
-        _non_negative(self, "clip_range", "clip_range_value", "vf_coef", "init_kl_coef")
-        _choice(self, "kl_penalty", ("k1", "full"))
-        _choice(self, "kl_control", ("adaptive", "fixed"))
-        _choice(self, "score_transform", ("none", "scale", "normalize"))
-        _choice(self, "loss_reduction", ("minibatch_token_mean", "step_token_mean"))
+        positive(
+            "ppo", self, "learning_rate", "mini_batch_size", "gradient_accumulation_steps", "ppo_epochs", "adam_eps"
+        )
+        in_unit_interval("ppo", self, "gamma", "lam")
+        non_negative("ppo", self, "clip_range", "clip_range_value", "vf_coef", "init_kl_coef")
+        choice("ppo", self, "kl_penalty", ("k1", "full"))
+        choice("ppo", self, "kl_control", ("adaptive", "fixed"))
+        choice("ppo", self, "score_transform", ("none", "scale", "normalize"))
+        choice("ppo", self, "loss_reduction", ("minibatch_token_mean", "step_token_mean"))
         if self.ratio_threshold is not None and not (self.ratio_threshold > 1 and math.isfinite(self.ratio_threshold)):
             raise ValueError(
                 f"ppo.ratio_threshold must be a number > 1 or null (the mean ratio is 1 before an update), got "
                 f"{self.ratio_threshold}"
             )
         if self.kl_control == "adaptive":
-            _positive(self, "target_kl", "kl_horizon")
+            positive("ppo", self, "target_kl", "kl_horizon")
         for name in ("max_grad_norm", "score_clip", "forward_batch_size"):
             if getattr(self, name) is not None:
-                _positive(self, name)
+                positive("ppo", self, name)
 
     @property
     def backward_batch_size(self) -> int:
@@ -102,86 +109,3 @@ class PPOConfig:
                 f"batch size {batch_size} is not divisible by ppo.mini_batch_size × ppo.gradient_accumulation_steps"
                 f" = {self.mini_batch_size} × {self.gradient_accumulation_steps} = {self.backward_batch_size}"
             )
-
-
-@dataclass
-class GenerationConfig:
-    """Sampling of responses. Defaults are the paper's IMDB setting.
-
-    Attributes:
-        min_new_tokens, max_new_tokens: each batch's response length is drawn uniformly from this range (inclusive)
-            and used as the batch's token budget; a response may end earlier with EOS.
-        top_k: keep the k most likely tokens (0: no top-k filtering).
-        top_p: nucleus sampling mass (1.0: no filtering).
-        temperature: softmax temperature of sampling.
-        repetition_penalty: > 1 discourages repeating earlier tokens.
-        stop_at_eos: end a response at EOS; if False, EOS is suppressed and every response runs to the budget.
-        logprobs_from: which distribution the log-probs of PPO's ratio, the reference log-probs and the KL come from.
-            Temperature applies to the policy's and the reference's logits either way (as in TRL), so that the KL
-            of an unchanged policy is 0 at any temperature.
-            ``"tempered"`` (the paper's code): softmax(logits / temperature) of each model. Responses are sampled
-            after the repetition penalty, top-k/top-p and EOS suppression too, from a distribution μ ≠ π: the PPO
-            ratio π_θ(a)/π_old(a) is not the sampler's, and the k1 KL E_μ[log π(a) − log π_0(a)] is a biased
-            estimate of KL(π ‖ π_0). The gap, KL(μ ‖ π) per token, grows with the scale of the logits: 0.03 nats at
-            repetition penalty 1.1 and 0.46 at 1.3 on a tiny GPT-2 with logits of a few units (0.15–0.23 at 1.1
-            on another toy check). Exact when repetition_penalty is 1, top_k 0, top_p 1 and stop_at_eos True.
-            ``"sampling"``: the policy's log-probs are those of μ itself, every processor applied at every response
-            position as generate applied it, so the ratio is exactly on-policy. The reference's distribution μ_0
-            gets the same temperature, repetition penalty and EOS suppression and is restricted to the tokens the
-            policy's top-k/top-p kept (renormalised over them): both are distributions over the same candidates, so
-            KL(μ ‖ μ_0) is finite, 0 while the policy equals the reference, estimated without bias by k1 and exactly
-            by ``kl_penalty: full``; the entropy metric is μ's. Costs one pass of the processors per response
-            position in the rollout and in each PPO forward.
-    """
-
-    min_new_tokens: int = 4
-    max_new_tokens: int = 16
-    top_k: int = 0
-    top_p: float = 1.0
-    temperature: float = 1.0
-    repetition_penalty: float = 1.1
-    stop_at_eos: bool = True
-    logprobs_from: Literal["tempered", "sampling"] = "tempered"
-
-    def __post_init__(self) -> None:
-        _positive(self, "min_new_tokens", "max_new_tokens", "temperature", "repetition_penalty")
-        if self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(
-                f"generation.min_new_tokens ({self.min_new_tokens}) must be <= generation.max_new_tokens "
-                f"({self.max_new_tokens})"
-            )
-        _non_negative(self, "top_k")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"generation.top_p must be in (0, 1], got {self.top_p}")
-        _choice(self, "logprobs_from", ("tempered", "sampling"))
-
-
-def _positive(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"{_section(obj)}.{name} must be a finite number > 0, got {value}")
-
-
-def _non_negative(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not (value >= 0 and math.isfinite(value)):
-            raise ValueError(f"{_section(obj)}.{name} must be a finite number >= 0, got {value}")
-
-
-def _in_unit_interval(obj: object, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"{_section(obj)}.{name} must be in [0, 1], got {value}")
-
-
-def _choice(obj: object, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(obj, name)
-    if value not in choices:
-        raise ValueError(f"{_section(obj)}.{name} must be one of {list(choices)}, got {value!r}")
-
-
-def _section(obj: object) -> str:
-    return {"PPOConfig": "ppo", "GenerationConfig": "generation"}.get(type(obj).__name__, type(obj).__name__)

@@ -18,10 +18,12 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from marllm.algorithms.ppo_config import GenerationConfig
+from marllm.models.generation_config import GenerationConfig
 
-# transformers >= 5 can keep a row's left padding out of the repetition penalty, as its generate then does.
-_REPETITION_IGNORES_PADDING = "prompt_ignore_length" in inspect.signature(RepetitionPenaltyLogitsProcessor).parameters
+# transformers >= 5.23 can keep each row's left padding out of the repetition penalty (a per-row
+# prompt_ignore_length, as its generate then passes); 5.0–5.22 take one int for the whole batch only.
+_IGNORE_LENGTH = inspect.signature(RepetitionPenaltyLogitsProcessor).parameters.get("prompt_ignore_length")
+_REPETITION_IGNORES_PADDING = _IGNORE_LENGTH is not None and "Tensor" in str(_IGNORE_LENGTH.annotation)
 # Processors that remove tokens by their rank in the distribution they are applied to (see reference_processors).
 _TRUNCATING = (TopKLogitsWarper, TopPLogitsWarper)
 # Settings of a model's own generation_config that would make ``generate`` add processors of its own to ours,
@@ -227,15 +229,24 @@ def logprob_logits(
     :func:`sampling_processors` applied at every position (:func:`process_logits`). ``logits`` (B, L, V) come from
     :func:`marllm.models.policy.response_forward` on ``input_ids``/``attention_mask`` (B, P+L); ``inplace`` (only
     without gradient) overwrites ``logits`` rather than allocating another (B, L, V) tensor, and
-    ``overwrite_logits`` (with gradient) lets the backward put their gradient in their place.
+    ``overwrite_logits`` (with gradient) lets the backward put their gradient in their place. Half-precision logits
+    that need processing are processed in float32, as generate processes them.
     """
-    if generation.logprobs_from == "sampling":
+    sampling = generation.logprobs_from == "sampling"
+    if not sampling and generation.temperature == 1.0:
+        return logits
+    logits = _as_generate_scores(logits)
+    if sampling:
         prompt_mask = attention_mask[:, :prompt_length]
         processors = sampling_processors(generation, prompt_mask, eos_token_id, logits.shape[1])
         return process_logits(processors, input_ids, logits, prompt_length, inplace, overwrite_logits)
-    if generation.temperature == 1.0:
-        return logits
     return logits.div_(generation.temperature) if inplace else logits / generation.temperature
+
+
+def _as_generate_scores(logits: torch.Tensor) -> torch.Tensor:
+    # generate upcasts each step's logits to float32 before its processors; rounding after each processor in bfloat16
+    # would move the log-probs away from the sampler's.
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
 def reference_logprob_logits(
@@ -262,7 +273,7 @@ def reference_logprob_logits(
     processors = reference_processors(
         sampling_processors(generation, prompt_mask, eos_token_id, reference_logits.shape[1])
     )
-    processed = process_logits(processors, input_ids, reference_logits, prompt_length, inplace)
+    processed = process_logits(processors, input_ids, _as_generate_scores(reference_logits), prompt_length, inplace)
     removed = torch.isneginf(policy_logits)
     return processed.masked_fill_(removed, -torch.inf) if inplace else processed.masked_fill(removed, -torch.inf)
 
