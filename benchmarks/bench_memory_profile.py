@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kl-penalty", default="full", choices=("k1", "full"), help="ppo.kl_penalty")
     parser.add_argument("--forward-batch-size", type=int, default=None, help="ppo.forward_batch_size")
     parser.add_argument(
-        "--logprobs-from", default=None, choices=("raw", "sampling"), help="generation.logprobs_from (if it exists)"
+        "--logprobs-from", default="tempered", choices=("tempered", "sampling"), help="generation.logprobs_from"
     )
     parser.add_argument("--iterations", type=int, default=1, help="training iterations measured")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's choice)")
@@ -238,8 +238,9 @@ def measure(kind: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
         kl_penalty=args.kl_penalty,
         forward_batch_size=args.forward_batch_size,
     )
-    extra = {} if args.logprobs_from is None else {"logprobs_from": args.logprobs_from}
-    generation = GenerationConfig(min_new_tokens=args.min_new_tokens, max_new_tokens=args.max_new_tokens, **extra)
+    generation = GenerationConfig(
+        min_new_tokens=args.min_new_tokens, max_new_tokens=args.max_new_tokens, logprobs_from=args.logprobs_from
+    )
     phases = Phases(profile_tensors=kind == "tensors")
     phases.enter("build learners")
     learners, _ = make_learners(model_dir, learner_ids(args.agents), ppo, generation, seed=SEED, device="cpu")
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"batch {args.batch_size}, {args.min_new_tokens}-{args.max_new_tokens} new tokens, {args.ppo_epochs} PPO epochs"
         f" of mini-batch {args.mini_batch_size}, kl_penalty {args.kl_penalty}, forward_batch_size "
-        f"{args.forward_batch_size}, logprobs_from {args.logprobs_from or 'default'}; {args.iterations} iteration(s);"
+        f"{args.forward_batch_size}, logprobs_from {args.logprobs_from}; {args.iterations} iteration(s);"
         f" torch threads {args.threads or 'default'}"
     )
     print(f"tokens per sequence (prompt+response), in generation order: {', '.join(rss['shapes'])}")
