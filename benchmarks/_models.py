@@ -7,6 +7,9 @@ model has learned. Nothing is downloaded.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,35 @@ def save_random_model(
 def parameter_count(model: torch.nn.Module) -> int:
     """All parameters of ``model``, trainable or not."""
     return sum(p.numel() for p in model.parameters())
+
+
+def save_random_model_counted(
+    directory: str | Path, vocab_size: int, n_layer: int, n_embd: int, n_head: int
+) -> dict[str, Any]:
+    """:func:`save_random_model`, then ``{"parameters": its parameter count}``, what a ``--save-model`` child prints."""
+    from transformers import AutoModelForCausalLM
+
+    save_random_model(directory, vocab_size, n_layer, n_embd, n_head)
+    return {"parameters": parameter_count(AutoModelForCausalLM.from_pretrained(directory))}
+
+
+def run_child(script: str | Path, what: list[str], options: dict[str, Any]) -> dict[str, Any]:
+    """Run ``script`` with ``what`` (``--child …``, ``--save-model …``) and ``--option value`` pairs in a fresh
+    interpreter; return the JSON it prints last.
+
+    Linux carries ``ru_maxrss`` over from parent to child, across exec: a child's peak reads at least the parent's.
+    So a memory benchmark's parent never holds a model (even the one written to disk is built in a child) and stays
+    at the bare import footprint, which every child reaches on its own anyway. Options whose value is None are left
+    out.
+    """
+    command = [sys.executable, str(script), *what]
+    for name, value in options.items():
+        if value is not None:
+            command += [f"--{name.replace('_', '-')}", str(value)]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{' '.join(what)} failed (exit {completed.returncode}):\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 def random_queries(tokenizer: PreTrainedTokenizerBase, count: int, length: int, seed: int = 0) -> list[dict[str, str]]:

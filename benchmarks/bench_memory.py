@@ -20,15 +20,13 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
 import torch
-from _models import chain_env, learner_ids, parameter_count, random_queries, save_random_model
-from transformers import AutoModelForCausalLM
+from _models import chain_env, learner_ids, random_queries, run_child, save_random_model_counted
 from transformers.utils import logging as hf_logging
 
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
@@ -120,28 +118,10 @@ def measure_one(mode: str, num_agents: int, model_dir: str, args: argparse.Names
     }
 
 
-def save_model(model_dir: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Write the random model to ``model_dir``; returns its parameter count."""
-    save_random_model(model_dir, args.vocab_size, args.n_layer, args.n_embd, args.n_embd // 64)
-    return {"parameters": parameter_count(AutoModelForCausalLM.from_pretrained(model_dir))}
-
-
-def run_child(what: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """Run this script with ``what`` (``--child …`` or ``--save-model …``) in a fresh interpreter; parse its JSON.
-
-    Linux carries ``ru_maxrss`` over from parent to child, across exec: a child's peak reads at least the parent's.
-    So the parent never holds a model (even the one written to disk is built in a child) and stays at the bare
-    import footprint, which every child reaches on its own anyway.
-    """
-    command = [sys.executable, os.path.abspath(__file__), *what]
-    for name in ("n_layer", "n_embd", "vocab_size", "batch_size", "new_tokens", "lora_rank", "device", "threads"):
-        value = getattr(args, name)
-        if value is not None:
-            command += [f"--{name.replace('_', '-')}", str(value)]
-    completed = subprocess.run(command, capture_output=True, text=True)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{' '.join(what)} failed (exit {completed.returncode}):\n{completed.stderr[-3000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+def child_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options a measured child process is started with (the model's shape and the workload)."""
+    names = ("n_layer", "n_embd", "vocab_size", "batch_size", "new_tokens", "lora_rank", "device", "threads")
+    return {name: getattr(args, name) for name in names}
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -182,12 +162,14 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(measure_one(mode, int(agents), model_dir, args)))
         return
     if args.save_model is not None:
-        print(json.dumps(save_model(args.save_model, args)))
+        heads = args.n_embd // 64
+        saved = save_random_model_counted(args.save_model, args.vocab_size, args.n_layer, args.n_embd, heads)
+        print(json.dumps(saved))
         return
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="marllm-bench-") as model_dir:
-        params = run_child(["--save-model", model_dir], args)["parameters"]
+        params = run_child(__file__, ["--save-model", model_dir], child_options(args))["parameters"]
         print(
             f"model: random GPT-2, {args.n_layer} layers, n_embd {args.n_embd}, vocab {args.vocab_size} "
             f"({params / 1e6:.1f}M parameters, {4 * params / MIB:.0f} MiB in float32); batch {args.batch_size}, "
@@ -196,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         results = []
         for mode in args.modes:
             for num_agents in sorted(args.agents):
-                results.append(run_child(["--child", mode, str(num_agents), model_dir], args))
+                results.append(run_child(__file__, ["--child", mode, str(num_agents), model_dir], child_options(args)))
                 print(f"  measured {mode} x{num_agents}", file=sys.stderr)
     print(f"device: {results[0]['device']}; Python + torch + marllm imported: {results[0]['import_rss_mib']:.0f} MiB")
     print(format_table(results))

@@ -32,9 +32,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -42,8 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _models import chain_env, learner_ids, parameter_count, random_queries, save_random_model
-from transformers import AutoModelForCausalLM
+from _models import chain_env, learner_ids, random_queries, run_child, save_random_model_counted
 from transformers.utils import logging as hf_logging
 
 from marllm.algorithms.ppo import PPOLearner
@@ -264,23 +260,9 @@ def measure(kind: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
     return {"rows": rows, "shapes": shapes}
 
 
-def save_model(model_dir: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Write the random model to ``model_dir``; returns its parameter count."""
-    save_random_model(model_dir, args.vocab_size, args.n_layer, args.n_embd, args.n_head)
-    return {"parameters": parameter_count(AutoModelForCausalLM.from_pretrained(model_dir))}
-
-
-def run_child(what: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    """Run this script with ``what`` in a fresh interpreter and parse the JSON it prints last."""
-    command = [sys.executable, os.path.abspath(__file__), *what]
-    for name, value in vars(args).items():
-        if name in ("child", "save_model", "no_tensors") or value is None:
-            continue
-        command += [f"--{name.replace('_', '-')}", str(value)]
-    completed = subprocess.run(command, capture_output=True, text=True)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{' '.join(what)} failed (exit {completed.returncode}):\n{completed.stderr[-3000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+def child_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options a measured child process is started with: every option but the parent's own."""
+    return {name: value for name, value in vars(args).items() if name not in ("child", "save_model", "no_tensors")}
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -314,13 +296,15 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(measure(kind, model_dir, args)))
         return
     if args.save_model is not None:
-        print(json.dumps(save_model(args.save_model, args)))
+        saved = save_random_model_counted(args.save_model, args.vocab_size, args.n_layer, args.n_embd, args.n_head)
+        print(json.dumps(saved))
         return
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="marllm-bench-") as model_dir:
-        params = run_child(["--save-model", model_dir], args)["parameters"]
-        rss = run_child(["--child", "rss", model_dir], args)
-        tensors = None if args.no_tensors else run_child(["--child", "tensors", model_dir], args)
+        options = child_options(args)
+        params = run_child(__file__, ["--save-model", model_dir], options)["parameters"]
+        rss = run_child(__file__, ["--child", "rss", model_dir], options)
+        tensors = None if args.no_tensors else run_child(__file__, ["--child", "tensors", model_dir], options)
     per_copy = 4 * params / MIB
     state = per_copy * (4 * args.agents + 1)
     print(

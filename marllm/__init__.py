@@ -23,7 +23,7 @@ _EXPORTS = {
     "RolePermutation": "marllm.wrappers.role_permutation",
     "PPOLearner": "marllm.algorithms.ppo",
     "PPOConfig": "marllm.algorithms.ppo_config",
-    "GenerationConfig": "marllm.algorithms.ppo_config",
+    "GenerationConfig": "marllm.models.generation_config",
     "make_learners": "marllm.train",
     "run_iteration": "marllm.train",
     "train": "marllm.train",
@@ -51,10 +51,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from marllm.algorithms.ppo import PPOLearner
-    from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+    from marllm.algorithms.ppo_config import PPOConfig
     from marllm.config import TrainConfig, load_config
     from marllm.config_loading import ConfigError
     from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
+    from marllm.models.generation_config import GenerationConfig
     from marllm.train import make_learners, run_iteration, train
     from marllm.wrappers.role_permutation import RolePermutation
     from marllm.wrappers.shared_reward import SharedReward

@@ -143,12 +143,26 @@ def test_the_switch_does_not_change_sampling(tokenizer):
     assert responses["tempered"] == responses["sampling"]
 
 
-def test_generate_refuses_a_model_config_that_adds_processors(tokenizer):
+@pytest.mark.parametrize(
+    "name,value", [("no_repeat_ngram_size", 2), ("min_new_tokens", 3), ("num_beams", 2), ("guidance_scale", 1.5)]
+)
+def test_generate_refuses_a_model_config_that_adds_processors(tokenizer, name, value):
     model = make_tiny_gpt2(tokenizer)
-    model.generation_config.no_repeat_ngram_size = 2
+    setattr(model.generation_config, name, value)
     tokenizer.padding_side = "left"
-    with pytest.raises(ValueError, match="no_repeat_ngram_size"):
+    with pytest.raises(ValueError, match=name):
         generate_responses(model, tokenizer, ["this movie was"], 4, GenerationConfig(4, 4))
+
+
+def test_generate_accepts_a_model_config_of_ids_lengths_and_the_settings_it_overrides(tokenizer):
+    model = make_tiny_gpt2(tokenizer)
+    # a chat model's usual generation_config: sampling defaults that generate_responses overrides explicitly
+    for name, value in {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "max_length": 64}.items():
+        setattr(model.generation_config, name, value)
+    tokenizer.padding_side = "left"
+    torch.manual_seed(0)
+    batch = generate_responses(model, tokenizer, ["this movie was"], 4, GenerationConfig(4, 4))
+    assert batch.response.shape[0] == 1
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
@@ -210,7 +224,7 @@ def test_half_precision_logits_are_processed_in_float32(tokenizer):
 # ------------------------------------------------------------------------------------------------ chunked math
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(core, "_CHUNK_ELEMENTS", 40)  # a handful of rows per chunk: every loop runs several times
+    monkeypatch.setattr(core, "_CHUNK_ELEMENTS", 25)  # two positions per chunk: chunks end inside rows
 
 
 def test_chunked_vocabulary_math_matches_the_direct_formulas(small_chunks):

@@ -394,3 +394,9 @@ def test_build_env_assembles_the_cory_stack():
     critic = config_from_dict({"env": {"roles": ["pioneer", "critic"], "batch_size": 2}, "ppo": {"mini_batch_size": 2}})
     with pytest.raises(ValueError, match=r"default templates for roles \['observer', 'pioneer'\] only.*\['critic'\]"):
         build_env(critic, task)
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), -float("inf")])
+def test_cooperation_weight_must_be_finite(weight):
+    with pytest.raises(ValueError, match="λ must be a finite number"):
+        cooperation_matrix(2, weight)

@@ -49,11 +49,15 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 _CHUNK_ELEMENTS = 1 << 20
 
 
-def _row_chunks(logits: torch.Tensor) -> list[slice]:
-    """Slices of the batch dimension of ``logits`` (B, T, V), each of at most ~``_CHUNK_ELEMENTS`` logits."""
-    batch = logits.shape[0]
-    rows = max(1, _CHUNK_ELEMENTS // max(1, logits[0].numel()))
-    return [slice(start, start + rows) for start in range(0, batch, rows)]
+def _positions(tensor: torch.Tensor) -> torch.Tensor:
+    """(B, T, ...) -> (B·T, ...): one row per position, a view of a contiguous tensor."""
+    return tensor.reshape(-1, *tensor.shape[2:])
+
+
+def _chunks(rows: int, width: int) -> list[slice]:
+    """Slices of ``rows`` positions of ``width`` logits each, at most ~``_CHUNK_ELEMENTS`` logits per slice."""
+    step = max(1, _CHUNK_ELEMENTS // max(1, width))
+    return [slice(start, start + step) for start in range(0, rows, step)]
 
 
 def _plogp(logp: torch.Tensor) -> torch.Tensor:
@@ -65,15 +69,17 @@ def _lse_gather_entropy(
     logits: torch.Tensor, tokens: torch.Tensor, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """log Σ exp(logits), the token's logit and (optionally) the entropy at each position, in float32, by chunks."""
-    lse = torch.empty(tokens.shape, dtype=torch.float32, device=logits.device)
+    flat, index = _positions(logits), tokens.reshape(-1, 1)  # (N, V), (N, 1)
+    lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
     entropy = torch.empty_like(lse) if with_entropy else None
-    for rows in _row_chunks(logits):
-        chunk = logits[rows].float()  # (b, T, V)
+    for rows in _chunks(*flat.shape):
+        chunk = flat[rows].float()  # (n, V)
         lse[rows] = torch.logsumexp(chunk, dim=-1)
         if entropy is not None:
             entropy[rows] = -_plogp(chunk - lse[rows].unsqueeze(-1)).sum(-1)
-    picked = torch.gather(logits, 2, tokens.unsqueeze(-1)).squeeze(-1).float()
-    return lse, picked, entropy
+    picked = torch.gather(flat, 1, index).squeeze(-1).float()
+    shape = tokens.shape
+    return lse.view(shape), picked.view(shape), None if entropy is None else entropy.view(shape)
 
 
 class _TokenLogprobs(torch.autograd.Function):
@@ -101,14 +107,16 @@ class _TokenLogprobs(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logprobs: torch.Tensor, _grad_entropy: torch.Tensor):  # type: ignore[override]
         logits, tokens, lse = ctx.saved_tensors
-        grad = logits if ctx.overwrite_logits else torch.empty_like(logits)
-        g = grad_logprobs.float()
-        for rows in _row_chunks(logits):
+        in_place = ctx.overwrite_logits and logits.is_contiguous()
+        grad = logits if in_place else torch.empty_like(logits, memory_format=torch.contiguous_format)
+        flat_logits, flat_grad = _positions(logits), _positions(grad)  # (N, V)
+        index, g, lse = tokens.reshape(-1, 1), grad_logprobs.float().reshape(-1, 1), lse.reshape(-1, 1)
+        for rows in _chunks(*flat_logits.shape):
             # Each chunk of logits is read (into a new tensor) before the same rows of ``grad`` are written.
-            softmax = (logits[rows].float() - lse[rows].unsqueeze(-1)).exp()  # (b, T, V)
-            chunk = softmax.mul_(-g[rows].unsqueeze(-1))
-            chunk.scatter_add_(2, tokens[rows].unsqueeze(-1), g[rows].unsqueeze(-1))
-            grad[rows] = chunk
+            softmax = (flat_logits[rows].float() - lse[rows]).exp()  # (n, V)
+            chunk = softmax.mul_(-g[rows])
+            chunk.scatter_add_(1, index[rows], g[rows])
+            flat_grad[rows] = chunk
         return grad, None, None, None
 
 
@@ -154,14 +162,13 @@ def logprobs_and_entropy(
 
 
 def entropy_of(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution at each position: (B, T, V) -> (B, T), in float32.
+    """Entropy of the categorical distribution at each position: (B, T, V) -> (B, T), in float32, no gradient.
 
-    Tokens with a −inf logit (removed by top-k/top-p) count as probability 0. Computed in chunks of rows.
+    Tokens with a −inf logit (removed by top-k/top-p) count as probability 0. Computed in chunks of positions.
     """
-    parts = []
-    for rows in _row_chunks(logits):
-        parts.append(-_plogp(F.log_softmax(logits[rows].float(), dim=-1)).sum(-1))
-    return torch.cat(parts, 0)
+    tokens = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    with torch.no_grad():
+        return logprobs_and_entropy(logits, tokens)[1]
 
 
 def _kl_terms(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -170,17 +177,13 @@ def _kl_terms(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
 
 
 def full_kl(policy_logits: torch.Tensor, reference_logits: torch.Tensor) -> torch.Tensor:
-    """KL(π ‖ π_0) over the whole vocabulary at each position: (B, T, V) x2 -> (B, T), in float32.
+    """KL(π ‖ π_0) over the whole vocabulary at each position: (B, T, V) x2 -> (B, T), in float32, no gradient.
 
     This is the KL the CORY paper plots (summed over the response, averaged over the batch). Tokens that π gives
-    probability 0 (a −inf logit) add nothing. Computed in chunks of rows.
+    probability 0 (a −inf logit) add nothing. Computed in chunks of positions.
     """
-    parts = []
-    for rows in _row_chunks(policy_logits):
-        logp = F.log_softmax(policy_logits[rows].float(), dim=-1)  # (b, T, V)
-        logq = F.log_softmax(reference_logits[rows].float(), dim=-1)
-        parts.append(_kl_terms(logp, logq).sum(-1))
-    return torch.cat(parts, 0)
+    tokens = torch.zeros(policy_logits.shape[:-1], dtype=torch.long, device=policy_logits.device)
+    return logprobs_and_full_kl(policy_logits, reference_logits, tokens)[2]
 
 
 def logprobs_and_full_kl(
@@ -189,19 +192,20 @@ def logprobs_and_full_kl(
     """log π(token), log π_0(token) and the full-vocabulary KL at each position, with one log-softmax per model.
 
     Same values as :func:`logprobs_of` twice and :func:`full_kl`, at half the vocabulary-wide work, in chunks of
-    rows so that at most a few chunk-sized temporaries exist besides the two (B, T, V) logits.
+    positions so that at most a few chunk-sized temporaries exist besides the two (B, T, V) logits.
     """
-    index = tokens.unsqueeze(-1)
+    policy, reference, index = _positions(policy_logits), _positions(reference_logits), tokens.reshape(-1, 1)
     logprobs, ref_logprobs, kl = (
-        torch.empty(tokens.shape, dtype=torch.float32, device=tokens.device) for _ in range(3)
+        torch.empty(policy.shape[0], dtype=torch.float32, device=tokens.device) for _ in range(3)
     )
-    for rows in _row_chunks(policy_logits):
-        logp = F.log_softmax(policy_logits[rows].float(), dim=-1)  # (b, T, V)
-        logq = F.log_softmax(reference_logits[rows].float(), dim=-1)
+    for rows in _chunks(*policy.shape):
+        logp = F.log_softmax(policy[rows].float(), dim=-1)  # (n, V)
+        logq = F.log_softmax(reference[rows].float(), dim=-1)
         kl[rows] = _kl_terms(logp, logq).sum(-1)
-        logprobs[rows] = torch.gather(logp, 2, index[rows]).squeeze(-1)
-        ref_logprobs[rows] = torch.gather(logq, 2, index[rows]).squeeze(-1)
-    return logprobs, ref_logprobs, kl
+        logprobs[rows] = torch.gather(logp, 1, index[rows]).squeeze(-1)
+        ref_logprobs[rows] = torch.gather(logq, 1, index[rows]).squeeze(-1)
+    shape = tokens.shape
+    return logprobs.view(shape), ref_logprobs.view(shape), kl.view(shape)
 
 
 def sampled_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor) -> torch.Tensor:

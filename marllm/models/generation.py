@@ -26,26 +26,35 @@ _IGNORE_LENGTH = inspect.signature(RepetitionPenaltyLogitsProcessor).parameters.
 _REPETITION_IGNORES_PADDING = _IGNORE_LENGTH is not None and "Tensor" in str(_IGNORE_LENGTH.annotation)
 # Processors that remove tokens by their rank in the distribution they are applied to (see reference_processors).
 _TRUNCATING = (TopKLogitsWarper, TopPLogitsWarper)
-# Settings of a model's own generation_config that would make ``generate`` add processors of its own to ours,
-# with the values that add none.
-_NEUTRAL_MODEL_SETTINGS: dict[str, tuple[object, ...]] = {
-    "no_repeat_ngram_size": (None, 0),
-    "bad_words_ids": (None,),
-    "suppress_tokens": (None,),
-    "begin_suppress_tokens": (None,),
-    "sequence_bias": (None,),
-    "min_length": (None, 0),
-    "min_p": (None,),
-    "top_h": (None,),
-    "typical_p": (None, 1.0),
-    "epsilon_cutoff": (None, 0.0),
-    "eta_cutoff": (None, 0.0),
-    "forced_bos_token_id": (None,),
-    "forced_eos_token_id": (None,),
-    "exponential_decay_length_penalty": (None,),
-    "renormalize_logits": (None, False),
-    "watermarking_config": (None,),
-}
+# The settings of a model's own generation_config that may differ from transformers' defaults: token ids, lengths,
+# caching and output options, and the four sampling settings generate_responses passes explicitly. Any other
+# setting (min_new_tokens, num_beams, no_repeat_ngram_size, guidance_scale, ...) could make generate add a
+# processor of its own that the log-probs would not see, so a model that sets one is refused.
+_HARMLESS_MODEL_SETTINGS = frozenset(
+    {
+        "_from_model_config",
+        "transformers_version",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "decoder_start_token_id",
+        "max_length",
+        "max_new_tokens",
+        "do_sample",
+        "use_cache",
+        "cache_implementation",
+        "cache_config",
+        "output_attentions",
+        "output_hidden_states",
+        "output_scores",
+        "output_logits",
+        "return_dict_in_generate",
+        "temperature",
+        "top_k",
+        "top_p",
+        "repetition_penalty",
+    }
+)
 
 
 class PromptTooLongError(ValueError):
@@ -281,16 +290,14 @@ def reference_logprob_logits(
 def check_model_sampling_defaults(model: PreTrainedModel, owner: str = "generation") -> None:
     """Refuse a model whose own ``generation_config`` would make ``generate`` filter logits beyond ours.
 
-    ``generate`` fills every setting it is not given from the model's ``generation_config``; the ones checked here
-    would add processors that :func:`sampling_processors` does not know of, so the log-probs would not be those of
-    the sampler.
+    ``generate`` fills every setting it is not given from the model's ``generation_config``. Any setting that
+    differs from transformers' default, other than token ids, lengths, caching, outputs and the sampling settings
+    passed explicitly, is refused: it could add a processor that :func:`sampling_processors` does not know of, so the
+    log-probs would not be those of the sampler.
     """
     config = getattr(model, "generation_config", None)
-    active = {
-        name: getattr(config, name)
-        for name, neutral in _NEUTRAL_MODEL_SETTINGS.items()
-        if getattr(config, name, None) not in neutral
-    }
+    settings = config.to_diff_dict() if config is not None else {}
+    active = {name: value for name, value in settings.items() if name not in _HARMLESS_MODEL_SETTINGS}
     if active:
         raise ValueError(
             f"{owner}: the model's generation_config sets {active}, which generate would apply on top of marllm's "

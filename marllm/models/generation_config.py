@@ -26,9 +26,9 @@ class GenerationConfig:
             ``"tempered"`` (the paper's code): softmax(logits / temperature) of each model. Responses are sampled
             after the repetition penalty, top-k/top-p and EOS suppression too, from a distribution μ ≠ π: the PPO
             ratio π_θ(a)/π_old(a) is not the sampler's, and the k1 KL E_μ[log π(a) − log π_0(a)] is a biased
-            estimate of KL(π ‖ π_0). The gap, KL(μ ‖ π) per token, grows with the scale of the logits: 0.03 nats at
-            repetition penalty 1.1 and 0.46 at 1.3 on a tiny GPT-2 with logits of a few units (0.15–0.23 at 1.1
-            on another toy check). Exact when repetition_penalty is 1, top_k 0, top_p 1 and stop_at_eos True.
+            estimate of KL(π ‖ π_0). The gap, KL(μ ‖ π) per token, grows with the penalty and with the scale of the
+            logits (0.03 nats at repetition penalty 1.1 and 0.46 at 1.3 on a tiny random GPT-2). Exact when
+            repetition_penalty is 1, top_k 0, top_p 1 and stop_at_eos True.
             ``"sampling"``: the policy's log-probs are those of μ itself, every processor applied at every response
             position as generate applied it, so the ratio is exactly on-policy. The reference's distribution μ_0
             gets the same temperature, repetition penalty and EOS suppression and is restricted to the tokens the

@@ -18,6 +18,8 @@ def cooperation_matrix(num_agents: int, weight: float) -> np.ndarray:
     """
     if num_agents < 1:
         raise ValueError(f"num_agents must be >= 1, got {num_agents}")
+    if not np.isfinite(weight):
+        raise ValueError(f"the cooperation weight λ must be a finite number, got {weight}")
     matrix = np.full((num_agents, num_agents), float(weight))
     np.fill_diagonal(matrix, 1.0)
     return matrix
