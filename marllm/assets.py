@@ -2,7 +2,7 @@
 
 ``marllm:offline-base`` (the small pretrained GPT-2), ``marllm:offline-sentiment`` (the sentiment classifier) and
 ``marllm:offline-reviews`` (the review corpus, splits ``train`` and ``heldout``) can stand wherever a hub id or path
-is accepted in a config.
+is accepted in a config. A name is checked (:func:`check_asset_name`) before anything is prepared.
 """
 
 from __future__ import annotations
@@ -10,14 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 PREFIX = "marllm:"
-NAMES = ("offline-base", "offline-sentiment", "offline-reviews")
-
 
 KINDS = {"offline-base": "a causal LM", "offline-sentiment": "a sentiment classifier", "offline-reviews": "a dataset"}
+"""Asset name (without ``marllm:``) -> what it is."""
+
+NAMES = tuple(KINDS)
 
 
 def check_asset_name(name: str, expected: str, key: str) -> None:
-    """Raise unless ``name`` is ``marllm:<expected>``, the asset config key ``key`` needs; prepares nothing."""
+    """Raise ``ValueError`` unless ``name`` is ``marllm:<expected>``, the asset config key ``key`` needs; prepares
+    nothing."""
     asset = name[len(PREFIX) :]
     if asset not in NAMES:
         raise ValueError(f"{key}: unknown marllm asset {name!r}; known: {[PREFIX + n for n in NAMES]}")
@@ -25,35 +27,34 @@ def check_asset_name(name: str, expected: str, key: str) -> None:
         raise ValueError(f"{key}: {name!r} is {KINDS[asset]}, not {KINDS[expected]}; use {PREFIX}{expected}")
 
 
-def offline_assets(name: str) -> Any | None:
-    """The prepared offline assets if ``name`` is a ``marllm:`` name, else None."""
+def offline_assets(name: str, expected: str, key: str) -> Any | None:
+    """The prepared offline assets if ``name`` is a ``marllm:`` name, else None.
+
+    The name is checked first (:func:`check_asset_name`: ``marllm:<expected>`` for config key ``key``), so a wrong
+    one fails before the assets are prepared (minutes, the first time).
+    """
     if not name.startswith(PREFIX):
         return None
-    if name[len(PREFIX) :] not in NAMES:
-        raise ValueError(f"unknown marllm asset {name!r}; known: {[PREFIX + n for n in NAMES]}")
+    check_asset_name(name, expected, key)
     from marllm.offline import ensure_assets
 
     return ensure_assets()
 
 
-def resolve_model(name: str) -> str:
-    """A hub id or path for ``from_pretrained``."""
-    assets = offline_assets(name)
-    if assets is None:
-        return name
-    if name != PREFIX + "offline-base":
-        raise ValueError(f"{name!r} is not a causal LM; use {PREFIX}offline-base")
-    return str(assets.base_model_dir)
+def resolve_model(name: str, key: str = "model.name_or_path") -> str:
+    """A hub id or path for ``from_pretrained``: ``name`` itself, or the directory of ``marllm:offline-base``."""
+    assets = offline_assets(name, "offline-base", key)
+    return name if assets is None else str(assets.base_model_dir)
 
 
-def resolve_dataset(name: str, split: str) -> str:
-    """A hub id or local file for the dataset ``name`` and ``split``."""
-    assets = offline_assets(name)
-    if assets is None:
-        return name
-    if name != PREFIX + "offline-reviews":
-        raise ValueError(f"{name!r} is not a dataset; use {PREFIX}offline-reviews")
-    files = {"train": assets.train_file, "heldout": assets.heldout_file}
-    if split not in files:
-        raise ValueError(f"{name} has splits {sorted(files)}, not {split!r}")
-    return str(files[split])
+def resolve_dataset(name: str, split: str, key: str = "task.dataset") -> str:
+    """A hub id or local file for the dataset ``name`` and ``split``: ``name`` itself, or the file of a split of
+    ``marllm:offline-reviews``."""
+    if name == PREFIX + "offline-reviews" and split not in _REVIEW_SPLITS:  # refused before preparing, too
+        raise ValueError(f"{name} has splits {sorted(_REVIEW_SPLITS)}, not {split!r}")
+    assets = offline_assets(name, "offline-reviews", key)
+    return name if assets is None else str(getattr(assets, _REVIEW_SPLITS[split]))
+
+
+_REVIEW_SPLITS = {"train": "train_file", "heldout": "heldout_file"}
+"""Split of ``marllm:offline-reviews`` -> its attribute of the prepared assets."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from marllm.config_loading import ConfigError
+from marllm.interrupts import TrainingInterrupted
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -15,9 +17,50 @@ def _train(args: argparse.Namespace) -> int:
     from marllm.train import train
 
     config = load_config(args.config, args.overrides)
-    result = train(config, args.run_dir)
+    run_dir = _train_run_dir(args) or config.resolved_run_dir()
+    resume_command = shlex.join(["marllm", "train", args.config, *args.overrides, "--resume", str(run_dir)])
+    try:
+        result = train(config, run_dir, resume=args.resume is not None, overwrite=args.overwrite)
+    except TrainingInterrupted as stop:
+        print(f"marllm: {stop.summary()}; {_next_step(stop, resume_command, args)}", file=sys.stderr)
+        return stop.exit_status
+    except Exception as error:
+        _add_resume_note(error, run_dir, resume_command)
+        raise
     print(f"run written to {result.run_dir}")
     return 0
+
+
+def _train_run_dir(args: argparse.Namespace) -> Path | None:
+    """The run directory of ``marllm train``: ``--resume RUN_DIR`` or ``--run-dir`` (None: the config's)."""
+    if isinstance(args.resume, str):
+        if args.run_dir is not None and Path(args.run_dir) != Path(args.resume):
+            raise ConfigError(f"--resume {args.resume} and --run-dir {args.run_dir} name different run directories")
+        return Path(args.resume)
+    return Path(args.run_dir) if args.run_dir is not None else None
+
+
+def _next_step(stop: TrainingInterrupted, resume_command: str, args: argparse.Namespace) -> str:
+    """How to go on after an interrupted run: resume it, or (nothing to resume) start it again."""
+    if stop.resumable:
+        return f"resume with: {resume_command}"
+    if stop.completed == 0 and args.resume is None:
+        return "nothing was kept"
+    return "start it again with --overwrite"
+
+
+def _add_resume_note(error: Exception, run_dir: Path, resume_command: str) -> None:
+    """After a failure, say which checkpoint of the run stays and how to resume from it."""
+    from marllm.run_dir import read_run_info
+
+    info = read_run_info(run_dir) if run_dir.is_dir() else {}
+    if isinstance(error, ConfigError) or info.get("status") != "failed" or info.get("checkpoint_iteration") is None:
+        return
+    hint = " ppo.on_nonfinite=skip" if isinstance(error, FloatingPointError) else ""
+    error.add_note(
+        f"the run's latest checkpoint (iteration {info['checkpoint_iteration']}) stays; resume with: "
+        f"{resume_command}{hint}"
+    )
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -63,7 +106,14 @@ def _eval(args: argparse.Namespace) -> int:
 def _main_job(args: argparse.Namespace) -> int:
     from marllm.main_job import run_main_job
 
-    report = run_main_job(Path(args.out), iterations=args.iterations)
+    try:
+        report = run_main_job(Path(args.out), iterations=args.iterations, overwrite=args.overwrite)
+    except TrainingInterrupted as stop:
+        again = ["marllm", "main", "--out", args.out]
+        if args.iterations is not None:
+            again += ["--iterations", str(args.iterations)]
+        print(f"marllm: {stop.run_dir}: {stop.summary()}; go on with: {shlex.join(again)}", file=sys.stderr)
+        return stop.exit_status
     print(f"report written to {report}")
     return 0
 
@@ -76,6 +126,17 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="YAML config file, e.g. examples/cory_imdb.yaml")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. ppo.learning_rate=1e-5 iterations=3")
     train.add_argument("--run-dir", default=None, help="where to write the run (default: config run_dir or runs/NAME)")
+    train.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR (default: the run directory) from its latest checkpoint",
+    )
+    train.add_argument(
+        "--overwrite", action="store_true", help="delete the run already in the run directory and start again"
+    )
     train.set_defaults(handler=_train)
 
     report = commands.add_parser("report", help="rebuild the report of one or more runs from their logs")
@@ -106,6 +167,9 @@ def parser() -> argparse.ArgumentParser:
     main = commands.add_parser("main", help="the offline main job: prepare, PPO run, CORY run, report")
     main.add_argument("--out", default="runs/main", help="directory for the two runs and the report")
     main.add_argument("--iterations", type=int, default=None, help="override the iteration count of both runs")
+    main.add_argument(
+        "--overwrite", action="store_true", help="train both runs again (by default an unfinished run is resumed)"
+    )
     main.set_defaults(handler=_main_job)
     return root
 
@@ -125,6 +189,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse ``argv``, letting dotted overrides come after options too (``train CONFIG --run-dir D a=1``)."""
     root = parser()
     args, extra = root.parse_known_args(argv)
+    # `--resume` takes an optional RUN_DIR: an override right after it (`--resume iterations=30`) is not one
+    resume = getattr(args, "resume", None)
+    if isinstance(resume, str) and "=" in resume and not Path(resume).exists():
+        args.resume, extra = True, [resume, *extra]
+    if getattr(args, "resume", None) is not None and getattr(args, "overwrite", False):
+        root.error("--resume and --overwrite exclude each other")
     # argparse fills a positional list once: words after an option reach `extra` instead of `overrides`
     if extra and hasattr(args, "overrides") and not any(word.startswith("-") for word in extra):
         args.overrides = [*args.overrides, *extra]
@@ -141,18 +211,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except ConfigError as error:
-        print(f"marllm: config error: {_one_line(error)}", file=sys.stderr)
+        _print_error("config error", error)
         return 2
+    except KeyboardInterrupt:
+        print("\nmarllm: interrupted", file=sys.stderr)
+        return 130
     except Exception as error:
         if not _reportable(error):
             raise
-        print(f"marllm: error: {_one_line(error)}", file=sys.stderr)
+        _print_error("error", error)
         return 1
 
 
+def _print_error(kind: str, error: BaseException) -> None:
+    """``marllm: KIND: message`` on one line, then one ``marllm: …`` line per note added to the error."""
+    print(f"marllm: {kind}: {_one_line(error)}", file=sys.stderr)
+    for note in getattr(error, "__notes__", []):
+        print(f"marllm: {note}", file=sys.stderr)
+
+
 def _reportable(error: Exception) -> bool:
-    """Errors of input, files, the hub and datasets (not programming errors such as ``KeyError`` or ``TypeError``)."""
-    if isinstance(error, ValueError | OSError | RuntimeError):
+    """Errors of input, files, the hub and datasets, and non-finite training (not programming errors such as
+    ``KeyError`` or ``TypeError``)."""
+    if isinstance(error, ValueError | OSError | RuntimeError | FloatingPointError):
         return True
     return type(error).__module__.split(".")[0] in ("datasets", "huggingface_hub")
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ class ModelConfig:
         lora: make every learner a LoRA adapter on one shared base (the reference is the base with adapters
             disabled); null gives each learner a full copy of the model and one shared frozen reference.
         load_in_4bit: load the base in 4 bits (needs CUDA, bitsandbytes and ``lora``).
+        trust_remote_code: let transformers run the Python code a hub model ships with its weights (only for a
+            model whose code you trust; a model that needs it fails to load without it).
     """
 
     name_or_path: str = "gpt2-large"
@@ -35,6 +38,7 @@ class ModelConfig:
     device: str = "auto"
     lora: LoraSettings | None = None
     load_in_4bit: bool = False
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if self.load_in_4bit and self.lora is None:
@@ -110,7 +114,13 @@ class LoggingConfig:
         samples_per_iteration: dialogues per iteration written to ``samples.jsonl``.
         eval_queries: held-out queries answered by the base model and each trained agent deployed alone at the
             end (``eval_samples.jsonl``); 0 skips it.
-        save_checkpoint: save each learner (policy, value head, optimiser) at the end of the run.
+        save_checkpoint: export each learner (policy in Hugging Face format, value head, optimiser) to
+            ``RUN_DIR/checkpoints/LEARNER`` when training ends, before any end-of-run evaluation (what
+            ``marllm eval --checkpoint`` reads).
+        checkpoint_every: write the training state (every learner, the env chain, the random generators) to
+            ``RUN_DIR/training_state/`` every this many iterations, so that ``marllm train --resume`` can continue
+            the run; null writes it only when the run ends or is interrupted. It is always written then.
+        keep_checkpoints: how many of the newest training-state checkpoints are kept (older ones are deleted).
         progress: show a progress bar.
         pass_at_k: for tasks with a 0/1 reward, the k values of pass@k measured for the base model and each agent
             deployed alone at the end of the run (``pass_at_k.json``); null skips it.
@@ -126,8 +136,17 @@ class LoggingConfig:
     pass_at_k: list[int] | None = None
     pass_at_k_samples: int = 1
     pass_at_k_problems: int | None = None
+    checkpoint_every: int | None = 10
+    keep_checkpoints: int = 2
 
     def __post_init__(self) -> None:
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ValueError(
+                f"logging.checkpoint_every must be >= 1, or null to checkpoint only at the end, got "
+                f"{self.checkpoint_every}"
+            )
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"logging.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         for key in ("samples_per_iteration", "eval_queries"):
             if getattr(self, key) < 0:
                 raise ValueError(f"logging.{key} must be >= 0 (0 writes none), got {getattr(self, key)}")
@@ -246,3 +265,55 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML config and apply ``section.key=value`` overrides."""
     return config_from_dict(apply_overrides(read_yaml(path), overrides))
+
+
+# What a resumed run may change: where it is written, what it logs and evaluates, whether remote code may load,
+# how a non-finite update is handled, and how long it trains (``iterations``, down to the checkpoint's iteration at
+# least). Everything else changes what is trained and must match the checkpoint.
+RESUMABLE_KEYS = (
+    "iterations",
+    "run_dir",
+    "logging.*",
+    "model.trust_remote_code",
+    "ppo.on_nonfinite",
+    "ppo.max_consecutive_skips",
+)
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"section.key": value}`` (lists and other values are leaves)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
+    """The dotted keys whose values differ between ``saved`` (a checkpointed run's ``config.to_dict()``) and
+    ``config``, leaving out :data:`RESUMABLE_KEYS`; each as ``"key: saved -> now"``.
+
+    ``saved`` is first read back with this version's defaults, so that a key added since it was written compares as
+    its default.
+    """
+    # not readable by this version (a key since removed, a device this machine lacks): compare what it holds
+    with contextlib.suppress(ValueError):
+        saved = config_from_dict(dict(saved)).to_dict()
+    before, now = flatten(saved), flatten(config.to_dict())
+    missing = object()
+    changed = []
+    for key in sorted(before.keys() | now.keys()):
+        if _resumable(key):
+            continue
+        old, new = before.get(key, missing), now.get(key, missing)
+        if old != new:
+            show = [("(absent)" if value is missing else repr(value)) for value in (old, new)]
+            changed.append(f"{key}: {show[0]} -> {show[1]}")
+    return changed
+
+
+def _resumable(key: str) -> bool:
+    return any(key == allowed or (allowed.endswith("*") and key.startswith(allowed[:-1])) for allowed in RESUMABLE_KEYS)

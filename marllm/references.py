@@ -20,6 +20,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from marllm.assets import PREFIX, check_asset_name
 from marllm.config_loading import ConfigError
+from marllm.data_formats import DATA_SUFFIXES
 
 __all__ = [
     "DATA_SUFFIXES",
@@ -32,11 +33,11 @@ __all__ = [
 ]
 
 MODEL_FILE = "config.json"
-DATA_SUFFIXES = (".csv", ".json", ".jsonl", ".parquet", ".txt")
 
 
 class MissingReferenceError(ConfigError):
-    """A model or dataset the config names is not on disk, not a hub id, or (hub offline) not in the local cache."""
+    """A model or dataset the config names is not on disk (or not the file or directory it must be), not a hub id,
+    or (hub offline) not in the local cache."""
 
 
 def looks_like_path(name: str) -> bool:
@@ -73,13 +74,15 @@ def check_model_reference(name: str, key: str, asset: str | None = None) -> None
             raise MissingReferenceError(_offline_message(name, key, valid, ""))
 
 
-def check_dataset_reference(name: str, key: str, local: str, asset: str | None = None) -> None:
+def check_dataset_reference(name: str, key: str, local: str, asset: str | None = None, directory: bool = False) -> None:
     """Check the dataset ``name`` given for config key ``key``; ``local`` says which local paths the task reads.
 
-    Only existence is checked here; the task's loader checks a local file's contents.
+    A local path must be a file, or, where ``directory`` is true (the task reads a file inside), a directory; the
+    task's loader checks a local file's contents.
 
     Raises:
-        MissingReferenceError: as :func:`check_model_reference`, for a dataset.
+        MissingReferenceError: as :func:`check_model_reference`, for a dataset; also a local path that is a
+            directory (unless ``directory``) or not a regular file.
     """
     valid = f"{local}, a hub dataset id such as 'imdb' or 'org/name'" + (f", or {PREFIX}{asset}" if asset else "")
     path = Path(name).expanduser()
@@ -88,20 +91,23 @@ def check_dataset_reference(name: str, key: str, local: str, asset: str | None =
     elif looks_like_path(name) or path.suffix in DATA_SUFFIXES:
         if not path.exists():
             raise MissingReferenceError(f"{key}: {name!r} does not exist ({path.resolve()}); give {valid}")
+        if not (path.is_file() or (directory and path.is_dir())):
+            what = "is a directory, not a data file" if path.is_dir() else "is not a regular file"
+            raise MissingReferenceError(f"{key}: {name!r} {what}; give {valid}")
     else:
         _check_hub_id(name, key, valid)
         if _datasets_offline() and not _dataset_in_cache(name):
             raise MissingReferenceError(_offline_message(name, key, valid, " --repo-type dataset"))
 
 
-def model_load_error(name: str, what: str, error: Exception) -> Exception:
-    """What to raise when transformers cannot load the ``what`` (model, tokenizer) of ``name``.
+def model_load_error(name: str, what: str, error: Exception, key: str = "model.name_or_path") -> Exception:
+    """What to raise when transformers cannot load the ``what`` (weights, tokenizer) of ``name``.
 
-    A wrong reference gives :class:`MissingReferenceError` (see :func:`check_model_reference`); anything else an
-    ``OSError`` naming the model and the loader's first line.
+    A wrong reference gives :class:`MissingReferenceError` naming the config key ``key`` (see
+    :func:`check_model_reference`); anything else an ``OSError`` naming the model and the loader's first line.
     """
     try:
-        check_model_reference(name, "model")
+        check_model_reference(name, key)
     except MissingReferenceError as problem:
         return problem
     first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)

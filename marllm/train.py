@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -21,19 +22,43 @@ import yaml
 from pettingzoo import AECEnv
 from tqdm.auto import tqdm
 
-from marllm.algorithms.ppo import PPOLearner
+from marllm.algorithms.ppo import NonFiniteLossError, PPOLearner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import resolve_model
-from marllm.config import TrainConfig
+from marllm.checkpoint import CheckpointInfo, latest_checkpoint, load_checkpoint, save_checkpoint
+from marllm.config import TrainConfig, resume_differences
+from marllm.config_loading import ConfigError
 from marllm.envs.tasks.base import TaskParts
 from marllm.envs.templates import as_prompt_fn
 from marllm.envs.text_env import env as text_env
+from marllm.interrupts import StopSignals, TrainingInterrupted
 from marllm.models.generation import generate_responses
 from marllm.models.lora import LoraSettings, attach_adapters
 from marllm.models.policy import ReferencePool, context_length, load_causal_lm, load_tokenizer
+from marllm.run_dir import (
+    CONFIG_FILE,
+    END_OF_RUN_FILES,
+    EVAL_FILE,
+    EXPORT_DIR,
+    METRICS_FILE,
+    PASS_AT_K_FILE,
+    RUN_FILE,
+    RUN_FILES,
+    SAMPLES_FILE,
+    RunDirError,
+    RunLog,
+    check_can_start,
+    create_run_dir,
+    keep_iterations_before,
+    read_run_info,
+    read_run_state,
+    remove_run_files,
+    update_run_info,
+    write_atomic,
+    write_run_info,
+)
 from marllm.wrappers import RolePermutation, SharedReward
 
-PASS_AT_K_FILE = "pass_at_k.json"
 KL_METRIC = "full-vocabulary KL(policy || reference) summed over response tokens, batch mean"
 
 
@@ -51,6 +76,9 @@ class Setup:
 
 @dataclass
 class TrainResult:
+    """What :func:`train` returns: the run directory, every iteration's metrics (for a resumed run, also those
+    logged before the checkpoint it resumed from) and the end-of-run evaluation rows."""
+
     run_dir: Path
     history: list[dict[str, Any]] = field(default_factory=list)
     eval_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -88,7 +116,7 @@ def build(config: TrainConfig) -> Setup:
     config.check_references()
     torch.manual_seed(config.seed)
     model_path = resolve_model(config.model.name_or_path)
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path, trust_remote_code=config.model.trust_remote_code)
     task = config.task.build(tokenizer, config.seed, config.model.device)
     env = build_env(config, task)
     learners, reference = make_learners(
@@ -102,6 +130,7 @@ def build(config: TrainConfig) -> Setup:
         tokenizer,
         lora=config.model.lora,
         load_in_4bit=config.model.load_in_4bit,
+        trust_remote_code=config.model.trust_remote_code,
     )
     return Setup(config, env, learners, task, reference, tokenizer)
 
@@ -117,6 +146,7 @@ def make_learners(
     tokenizer: Any = None,
     lora: LoraSettings | None = None,
     load_in_4bit: bool = False,
+    trust_remote_code: bool = False,
 ) -> tuple[dict[str, PPOLearner], Any]:
     """One PPO learner per id, all starting from ``model``: a hub id, a local directory or ``marllm:offline-base``.
 
@@ -125,12 +155,13 @@ def make_learners(
     (one base + N adapters). Returns the learners (keyed by id) and the separate reference model (None for LoRA).
     ``seed`` seeds each learner's initial value head, its response lengths and mini-batch order, and leaves torch's
     global generator (which samples the responses) in a state that depends on ``seed`` alone.
+    ``trust_remote_code`` lets transformers run the Python code a hub model ships with (only for code you trust).
     """
     model_path = resolve_model(model)
-    tokenizer = tokenizer or load_tokenizer(model_path)
+    tokenizer = tokenizer or load_tokenizer(model_path, trust_remote_code=trust_remote_code)
     if lora is not None:
         torch.manual_seed(seed)
-        base = load_causal_lm(model_path, dtype, device, load_in_4bit=load_in_4bit)
+        base = load_causal_lm(model_path, dtype, device, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code)
         shared = attach_adapters(base, list(learner_ids), lora)
         learners = {
             learner_id: PPOLearner(
@@ -139,11 +170,11 @@ def make_learners(
             for i, learner_id in enumerate(learner_ids)
         }
         return learners, None
-    reference = ReferencePool().get(model_path, dtype, device)
+    reference = ReferencePool().get(model_path, dtype, device, trust_remote_code=trust_remote_code)
     learners = {}
     for i, learner_id in enumerate(learner_ids):
         torch.manual_seed(seed + i)
-        model = load_causal_lm(model_path, dtype, device)
+        model = load_causal_lm(model_path, dtype, device, trust_remote_code=trust_remote_code)
         learners[learner_id] = PPOLearner(learner_id, model, tokenizer, reference, ppo, generation, seed=seed + i)
     return learners, reference
 
@@ -239,86 +270,295 @@ def evaluate_alone(setup: Setup, num_queries: int, seed: int) -> list[dict[str, 
     return rows
 
 
-def train(config: TrainConfig, run_dir: str | Path | None = None) -> TrainResult:
+def train(
+    config: TrainConfig, run_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False
+) -> TrainResult:
     """Train for ``config.iterations`` iterations, logging to ``run_dir`` (default ``config.run_dir``).
 
-    ``run_dir`` is created once everything has loaded. If the run fails before its first iteration is logged, the
-    directories this call created are removed again (a directory that existed before is left as it was).
+    Args:
+        config: the run.
+        run_dir: where it is written (see :mod:`marllm.run_dir`); created once everything has loaded.
+        resume: continue the run in ``run_dir`` from its latest training checkpoint. Its logs are cut back to that
+            iteration and the run goes on to ``config.iterations``, exactly as if it had not stopped. ``config``
+            must match the checkpoint's in everything but :data:`marllm.config.RESUMABLE_KEYS`.
+        overwrite: delete the files of the run already in ``run_dir`` (marllm's own only) and start again.
+
+    Without ``resume`` or ``overwrite``, a ``run_dir`` that already holds a run is an error. The training state is
+    checkpointed every ``logging.checkpoint_every`` iterations and when training ends; the learners are exported and
+    that last checkpoint written before any end-of-run evaluation. ``run.json`` records the run's status.
+
+    SIGINT or SIGTERM stops the run after its current iteration, with a checkpoint, by raising
+    :class:`~marllm.interrupts.TrainingInterrupted`; a second signal stops it at once. The previous signal handlers
+    are restored on return. A new run that stops before its first iteration is logged leaves nothing behind: the
+    files and the directories it created are removed again.
+
+    Raises:
+        RunDirError: ``run_dir`` holds a run (and neither flag is given), or there is nothing to resume.
+        ConfigError: resuming with a config that changes what is trained.
     """
     run_dir = Path(run_dir) if run_dir is not None else config.resolved_run_dir()
+    if resume and overwrite:
+        raise RunDirError("resume and overwrite exclude each other: resume continues the run, overwrite deletes it")
+    checkpoint = checkpoint_to_resume(run_dir, config) if resume else None
+    if not resume and not overwrite:
+        check_can_start(run_dir)
+    elif run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} is a file")
     setup = build(config)
-    created = _create_run_dir(run_dir)
-    try:
-        return _train(config, setup, run_dir)
-    except BaseException:
-        if created is not None and not _has_metrics(run_dir):
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+    with StopSignals() as stop:
+        run = _Run(config, setup, run_dir, fresh=checkpoint is None)
+        try:
+            _open_run(run, checkpoint, overwrite)
+            _train_iterations(run, stop)
+            _end_training(run, stop)
+            return run.result
+        except BaseException as error:
+            stopped = _record_stop(run, error)
+            if stopped is error:
+                raise
+            raise stopped from None
 
 
-def _create_run_dir(run_dir: Path) -> Path | None:
-    """Create ``run_dir``; return the outermost directory this created (None if ``run_dir`` already existed)."""
-    missing = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return missing[-1] if missing else None
+def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
+    """The latest complete training checkpoint of ``run_dir``, after checking that ``config`` may continue it.
 
-
-def _has_metrics(run_dir: Path) -> bool:
-    metrics = run_dir / "metrics.jsonl"
-    return metrics.is_file() and metrics.stat().st_size > 0
-
-
-def _train(config: TrainConfig, setup: Setup, run_dir: Path) -> TrainResult:
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    (run_dir / "run.json").write_text(
-        json.dumps(
-            {
-                "name": config.name,
-                "learners": config.learner_ids,
-                "roles": config.env.roles,
-                "iterations": config.iterations,
-                "kl_metric": KL_METRIC,
-            },
-            indent=2,
+    Raises:
+        RunDirError: no checkpoint to resume from.
+        ConfigError: ``config`` differs from the checkpoint's in a key that changes training, or asks for fewer
+            iterations than the checkpoint has completed.
+    """
+    checkpoint = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    if checkpoint is None:
+        state = read_run_state(run_dir) if run_dir.is_dir() else None
+        what = f"its run ({state.describe()}) stopped before" if state else "no run there wrote"
+        raise RunDirError(
+            f"nothing to resume in {run_dir}: {what} its first training checkpoint (logging.checkpoint_every); "
+            "start it again with --overwrite (overwrite=True)"
         )
-    )
-    writer = _tensorboard(run_dir) if config.logging.tensorboard else None
-    result = TrainResult(run_dir)
-    with (run_dir / "metrics.jsonl").open("w") as metrics_file, (run_dir / "samples.jsonl").open("w") as samples_file:
-        bar = tqdm(range(config.iterations), desc=f"{config.name}", disable=not config.logging.progress)
+    saved = checkpoint.extra.get("config")
+    if not isinstance(saved, dict):
+        raise RunDirError(f"checkpoint {checkpoint.path} does not record the config it was trained with")
+    changed = resume_differences(saved, config)
+    if changed:
+        raise ConfigError(
+            f"the config differs from the one {run_dir} was trained with, in keys that change training: "
+            f"{'; '.join(changed)}. Resume with the run's config ({run_dir / CONFIG_FILE}), or start again with "
+            "--overwrite"
+        )
+    if config.iterations < checkpoint.iteration:
+        raise ConfigError(
+            f"iterations={config.iterations} is fewer than the {checkpoint.iteration} iterations the checkpoint of "
+            f"{run_dir} has completed; give iterations >= {checkpoint.iteration}, or start again with --overwrite"
+        )
+    return checkpoint
+
+
+@dataclass
+class _Run:
+    """A run in progress: what it trains, where it writes, how far it got."""
+
+    config: TrainConfig
+    setup: Setup
+    run_dir: Path
+    fresh: bool  # started by this call (not resumed)
+    created: Path | None = None  # the outermost directory this call created
+    preexisting: frozenset[str] = frozenset()  # marllm's file names that were in run_dir before a fresh run began
+    completed: int = 0
+    checkpointed: int | None = None  # the iteration of the latest training checkpoint
+    streaks: dict[str, int] = field(default_factory=dict)  # consecutive skipped updates per learner
+    result: TrainResult = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.result = TrainResult(self.run_dir)
+
+
+def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> None:
+    """Load the checkpoint of a resumed run, or clear the way for a new one; write config.yaml and run.json."""
+    config, run_dir = run.config, run.run_dir
+    info = _run_info(config)
+    if checkpoint is not None:
+        loaded = load_checkpoint(checkpoint.path, run.setup.learners, run.setup.env)
+        run.completed = run.checkpointed = loaded.iteration
+        remove_run_files(run_dir, END_OF_RUN_FILES)
+        run.result.history = keep_iterations_before(run_dir / METRICS_FILE, loaded.iteration)
+        keep_iterations_before(run_dir / SAMPLES_FILE, loaded.iteration)
+        previous = read_run_info(run_dir)
+        info["resumed_from"] = [*previous.get("resumed_from", []), loaded.iteration]
+        info["checkpoint_iteration"] = loaded.iteration
+    else:
+        run.created = create_run_dir(run_dir)
+        if overwrite:
+            remove_run_files(run_dir)
+        run.preexisting = frozenset(name for name in RUN_FILES if (run_dir / name).exists())
+    run.streaks = _skip_streaks(run.result.history, list(run.setup.learners))
+    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    write_run_info(run_dir, {**info, "status": "running", "completed_iterations": run.completed})
+
+
+def _run_info(config: TrainConfig) -> dict[str, Any]:
+    return {
+        "name": config.name,
+        "learners": config.learner_ids,
+        "roles": config.env.roles,
+        "iterations": config.iterations,
+        "kl_metric": KL_METRIC,
+    }
+
+
+def _train_iterations(run: _Run, stop: StopSignals) -> None:
+    """Run the iterations from ``run.completed`` to ``iterations``, logging and checkpointing each as due; stop
+    (with a checkpoint) once a signal asks."""
+    config, setup = run.config, run.setup
+    with RunLog(run.run_dir, run.completed, config.logging.tensorboard) as log:
+        bar = tqdm(
+            range(run.completed, config.iterations),
+            desc=f"{config.name}",
+            initial=run.completed,
+            total=config.iterations,
+            disable=not config.logging.progress,
+        )
         for iteration in bar:
-            metrics, dialogues = run_iteration(setup.env, setup.learners, seed=config.seed if iteration == 0 else None)
+            if stop.requested:
+                break
+            # A new run seeds the env once; a resumed one continues the env's generator from the checkpoint.
+            seed = config.seed if run.fresh and iteration == 0 else None
+            metrics, dialogues = run_iteration(setup.env, setup.learners, seed=seed)
             metrics = {"iteration": iteration, **metrics}
-            result.history.append(metrics)
-            metrics_file.write(json.dumps(metrics) + "\n")
-            metrics_file.flush()
-            for row in _sample_rows(setup.env, dialogues, iteration, config.logging.samples_per_iteration):
-                samples_file.write(json.dumps(row) + "\n")
-            samples_file.flush()
-            if writer is not None:
-                for key, value in metrics.items():
-                    if isinstance(value, int | float) and key != "iteration":
-                        writer.add_scalar(key, value, iteration)
+            samples = _sample_rows(setup.env, dialogues, iteration, config.logging.samples_per_iteration)
+            log.write(iteration, metrics, samples)
+            run.result.history.append(metrics)
+            run.completed = iteration + 1
+            update_run_info(run.run_dir, completed_iterations=run.completed)
+            _count_skips(run, metrics)
+            if _checkpoint_due(run):
+                _save_training_state(run)
             bar.set_postfix(
                 {
                     f"{lid}": f"r={metrics[f'{lid}/task_reward']:.2f} kl={metrics[f'{lid}/kl']:.2f}"
                     for lid in setup.learners
                 }
             )
-    if writer is not None:
-        writer.close()
-    if config.logging.eval_queries > 0:
-        result.eval_rows = evaluate_alone(setup, config.logging.eval_queries, config.seed)
-        with (run_dir / "eval_samples.jsonl").open("w") as handle:
-            for row in result.eval_rows:
-                handle.write(json.dumps(row) + "\n")
-    if config.logging.pass_at_k is not None:
-        results = evaluate_pass_at_k_alone(setup)
-        (run_dir / PASS_AT_K_FILE).write_text(json.dumps(results, indent=2))
+    if stop.requested:
+        _stop_gracefully(run, stop)
+
+
+def _checkpoint_due(run: _Run) -> bool:
+    """``checkpoint_every`` iterations since the last checkpoint, and no learner in a run of skipped updates."""
+    every = run.config.logging.checkpoint_every
+    since = run.completed - (run.checkpointed or 0)
+    return every is not None and since >= every and not any(run.streaks.values())
+
+
+def _save_training_state(run: _Run) -> None:
+    save_checkpoint(
+        run.run_dir,
+        run.completed,
+        run.setup.learners,
+        run.setup.env,
+        keep=run.config.logging.keep_checkpoints,
+        extra={"config": run.config.to_dict()},
+    )
+    run.checkpointed = run.completed
+    update_run_info(run.run_dir, checkpoint_iteration=run.completed)
+
+
+def _stop_gracefully(run: _Run, stop: StopSignals) -> None:
+    """After a stop request: checkpoint what is not yet (unless a learner is in a run of skipped updates), then
+    raise :class:`TrainingInterrupted`."""
+    if run.completed > (run.checkpointed or 0) and not any(run.streaks.values()):
+        _save_training_state(run)
+    assert stop.received is not None
+    raise TrainingInterrupted(
+        stop.received, run.run_dir, run.completed, run.config.iterations, run.checkpointed, at_once=False
+    )
+
+
+def _count_skips(run: _Run, metrics: dict[str, Any]) -> None:
+    """Count each learner's consecutive skipped (non-finite) updates; say so on stderr; stop past the limit."""
+    iteration = metrics["iteration"]
+    for learner_id, learner in run.setup.learners.items():
+        if metrics.get(f"{learner_id}/nonfinite_skipped"):
+            run.streaks[learner_id] = run.streaks.get(learner_id, 0) + 1
+            print(
+                f"marllm: iteration {iteration}: learner {learner_id!r} skipped its update "
+                f"({run.streaks[learner_id]} in a row): {getattr(learner, 'last_nonfinite', None)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            run.streaks[learner_id] = 0
+    limit = run.config.ppo.max_consecutive_skips
+    over = {learner_id: n for learner_id, n in run.streaks.items() if n > limit}
+    if over:
+        kept = f"iteration {run.checkpointed}" if run.checkpointed is not None else "none"
+        raise NonFiniteLossError(
+            f"learner(s) {sorted(over)} skipped more than ppo.max_consecutive_skips = {limit} updates in a row "
+            f"(non-finite loss or gradient; the last at iteration {iteration}); the run stops, and its latest "
+            f"checkpoint ({kept}) is from before the first of these skips"
+        )
+
+
+def _skip_streaks(history: Sequence[dict[str, Any]], learner_ids: Sequence[str]) -> dict[str, int]:
+    """Each learner's consecutive skipped updates at the end of ``history`` (a resumed run's kept metrics)."""
+    streaks = {}
+    for learner_id in learner_ids:
+        count = 0
+        for metrics in reversed(history):
+            if not metrics.get(f"{learner_id}/nonfinite_skipped"):
+                break
+            count += 1
+        streaks[learner_id] = count
+    return streaks
+
+
+def _end_training(run: _Run, stop: StopSignals) -> None:
+    """The last checkpoint and the learners' export, then (a signal now stopping at once) the end-of-run
+    evaluation; the run is ``finished`` once all is written."""
+    config, setup, run_dir = run.config, run.setup, run.run_dir
+    if run.checkpointed != run.completed:
+        _save_training_state(run)
+    stop.graceful = False
+    if stop.requested:  # a signal during that save
+        _stop_gracefully(run, stop)
     if config.logging.save_checkpoint:
         for learner_id, learner in setup.learners.items():
-            learner.save(run_dir / "checkpoints" / learner_id)
-    return result
+            learner.save(run_dir / EXPORT_DIR / learner_id)
+    if config.logging.eval_queries > 0:
+        run.result.eval_rows = evaluate_alone(setup, config.logging.eval_queries, config.seed)
+        write_atomic(run_dir / EVAL_FILE, "".join(json.dumps(row) + "\n" for row in run.result.eval_rows))
+    if config.logging.pass_at_k is not None:
+        results = evaluate_pass_at_k_alone(setup)
+        write_atomic(run_dir / PASS_AT_K_FILE, json.dumps(results, indent=2))
+    update_run_info(run_dir, status="finished", completed_iterations=run.completed)
+
+
+def _record_stop(run: _Run, error: BaseException) -> BaseException:
+    """Record why the run stopped in ``run.json`` (or, for a new run with nothing logged, remove what it wrote);
+    return the exception to raise."""
+    if run.fresh and run.completed == 0:
+        _remove_new_run(run)
+    elif (run.run_dir / RUN_FILE).is_file():
+        interrupted = isinstance(error, KeyboardInterrupt)
+        details = {} if interrupted else {"error": f"{type(error).__name__}: {error}".splitlines()[0]}
+        update_run_info(
+            run.run_dir,
+            status="interrupted" if interrupted else "failed",
+            completed_iterations=run.completed,
+            **details,
+        )
+    if isinstance(error, TrainingInterrupted) and error.run_dir is None:  # raised by a signal handler
+        return TrainingInterrupted(
+            error.signal_number, run.run_dir, run.completed, run.config.iterations, run.checkpointed, at_once=True
+        )
+    return error
+
+
+def _remove_new_run(run: _Run) -> None:
+    """Remove what a new run wrote: the directories it created, or else its files."""
+    if run.created is not None:
+        shutil.rmtree(run.created, ignore_errors=True)
+    elif run.run_dir.is_dir():
+        remove_run_files(run.run_dir, [name for name in RUN_FILES if name not in run.preexisting])
 
 
 def evaluate_pass_at_k_alone(setup: Setup) -> list[dict[str, Any]]:
@@ -363,9 +603,3 @@ def _sample_rows(env: AECEnv, dialogues: dict[str, dict[str, Any]], iteration: i
                 }
             )
     return rows
-
-
-def _tensorboard(run_dir: Path) -> Any:
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(str(run_dir / "tensorboard"))

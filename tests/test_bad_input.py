@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -22,9 +23,11 @@ import yaml
 from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 from huggingface_hub.errors import LocalEntryNotFoundError
 
+from marllm.assets import resolve_dataset, resolve_model
 from marllm.cli import main
 from marllm.config import config_from_dict, load_config
 from marllm.config_loading import ConfigError, parse_yaml
+from marllm.envs.tasks import base as base_module
 from marllm.envs.tasks.gsm8k import load_gsm8k
 from marllm.envs.tasks.math import MathTask
 from marllm.envs.tasks.sentiment import SentimentTask, text_openings
@@ -32,7 +35,7 @@ from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
 from marllm.models.policy import load_causal_lm, load_tokenizer
 from marllm.offline import ensure_assets, prepare
 from marllm.offline import preparation as prepare_module
-from marllm.references import MissingReferenceError, check_dataset_reference, check_model_reference
+from marllm.references import MissingReferenceError, check_dataset_reference, check_model_reference, model_load_error
 from tests.offline_support import tiny_recipe, write_tiny_corpus
 
 # the module, not the function ``marllm.train`` that the package also exports
@@ -162,10 +165,54 @@ def test_a_missing_dataset_file_is_named(tmp_path):
 
 def test_loading_a_missing_model_directly_names_it(tmp_path):
     missing = str(tmp_path / "gone")
-    with pytest.raises(MissingReferenceError, match=r"^model: '.*gone' does not exist"):
+    with pytest.raises(MissingReferenceError, match=r"^model\.name_or_path: '.*gone' does not exist"):
         load_causal_lm(missing, device="cpu")
-    with pytest.raises(MissingReferenceError, match=r"^model: '.*gone' does not exist"):
+    with pytest.raises(MissingReferenceError, match=r"^model\.name_or_path: '.*gone' does not exist"):
         load_tokenizer(missing)
+
+
+def test_a_load_error_names_the_config_key_it_is_given(tmp_path, tiny_lm_dir):
+    missing = str(tmp_path / "gone")
+    problem = model_load_error(missing, "weights", OSError("no file"), key="task.reward_model")
+    assert isinstance(problem, MissingReferenceError)
+    assert str(problem).startswith(f"task.reward_model: {missing!r} does not exist")
+    problem = model_load_error(str(tiny_lm_dir), "weights", OSError("bad header\n  more"))  # the reference is fine
+    assert type(problem) is OSError
+    assert str(problem) == f"could not load the weights of model {str(tiny_lm_dir)!r}: bad header"
+
+
+def test_a_directory_is_not_a_dataset_file(tmp_path, monkeypatch):
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    for name in (str(folder), str(tmp_path / "data.jsonl")):
+        Path(name).mkdir(exist_ok=True)
+        with pytest.raises(MissingReferenceError, match=rf"^task.dataset: '{name}' is a directory, not a data file; "):
+            SentimentTask(dataset=name).check_references()
+        with pytest.raises(IsADirectoryError, match=rf"^dataset '{name}' is a directory, not a data file; give a "):
+            load_reviews(Path(name))
+    write(folder / "train.jsonl", '{"question": "q", "answer": "#### 1"}\n')
+    MathTask(name="gsm8k", dataset=str(folder)).check_references()  # gsm8k reads <split>.jsonl in a folder
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(MissingReferenceError, match=r"pipe.jsonl' is not a regular file; give a local"):
+        SentimentTask(dataset=str(fifo)).check_references()
+
+
+def test_a_wrong_kind_of_asset_is_refused_before_the_assets_are_prepared(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the offline assets were prepared before the name was checked")
+
+    monkeypatch.setattr("marllm.offline.ensure_assets", refuse)
+    with pytest.raises(ValueError, match=r"^model.name_or_path: 'marllm:offline-reviews' is a dataset, not a causal"):
+        resolve_model("marllm:offline-reviews")
+    with pytest.raises(ValueError, match=r"^task.dataset: 'marllm:offline-base' is a causal LM, not a dataset; use "):
+        resolve_dataset("marllm:offline-base", "train")
+    with pytest.raises(ValueError, match=r"^task.dataset: unknown marllm asset 'marllm:reviews'; known: "):
+        resolve_dataset("marllm:reviews", "train")
+    with pytest.raises(ValueError, match=r"^task.reward_model: 'marllm:offline-base' is a causal LM, not a sentiment"):
+        SentimentTask(reward_model="marllm:offline-base").reward("cpu")
+    with pytest.raises(ValueError, match=r"^marllm:offline-reviews has splits \['heldout', 'train'\], not 'test'"):
+        resolve_dataset("marllm:offline-reviews", "test")
 
 
 def test_damaged_weights_and_missing_tokenizer_files_name_the_model(tiny_lm_dir, tmp_path):
@@ -274,6 +321,43 @@ def test_a_json_list_file_names_the_item(tmp_path):
     write(path, '[{"text": "fine"},\n {"text": }]')
     with pytest.raises(ValueError, match=r"reviews.json': not valid JSON at line 2, column 11"):
         load_reviews(path)
+
+
+@pytest.mark.parametrize(
+    "content,line",
+    [
+        ('{"text": "fine"}\n\n  \n{"text": "also fine"}\r\n\t\n{"text": null}\n', 6),
+        ('{"text": "fine"}\n{"title": "no text"}\n', 2),
+        ('\ufeff{"text": "fine"}\n{"text": ""}\n', 2),
+    ],
+    ids=["after-blank-lines", "missing-key", "byte-order-mark"],
+)
+def test_a_bad_text_in_jsonl_names_its_line_past_blank_lines(content, line, tmp_path):
+    path = write(tmp_path / "reviews.jsonl", content)
+    with pytest.raises(ValueError, match=rf"^dataset file '{path}': line {line}: 'text' is "):
+        load_reviews(path)
+
+
+def test_a_non_utf8_byte_in_a_csv_or_txt_file_names_its_line(tmp_path):
+    for name in ("reviews.csv", "reviews.txt"):
+        path = write(tmp_path / name, b"text\nfine\n\nok \xc3\n")
+        with pytest.raises(ValueError) as error:
+            load_reviews(path)
+        assert str(error.value) == (
+            f"dataset file '{path}': line 4 is not UTF-8 text (byte 0xc3 at byte 4 of the line); save the file as UTF-8"
+        )
+
+
+def test_a_local_file_for_both_splits_is_read_once(tmp_path, tokenizer, tiny_classifier_dir, monkeypatch):
+    lines = [json.dumps({"text": f"review number {i} " * 3}) + "\n" for i in range(6)]
+    path = write(tmp_path / "reviews.jsonl", "".join(lines))
+    reads = []
+    original = base_module.check_local_file
+    monkeypatch.setattr(base_module, "check_local_file", lambda *args: reads.append(args) or original(*args))
+    task = SentimentTask(dataset=str(path), eval_split="test", min_text_chars=20, reward_model=str(tiny_classifier_dir))
+    parts = task.build(tokenizer, seed=0, device="cpu")
+    assert len(reads) == 1
+    assert parts.dataset["text"] == parts.eval_dataset["text"] and len(parts.dataset) == 6
 
 
 def test_blank_texts_in_a_csv_name_the_row(tmp_path, tokenizer):

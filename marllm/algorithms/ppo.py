@@ -9,6 +9,9 @@ actions with a per-token KL-penalised reward over a padded batch, so the loss is
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
+import pickle
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -18,7 +21,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from tianshou.data import Batch
 from tianshou.utils.statistics import RunningMeanStd
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -38,6 +43,15 @@ from marllm.algorithms.core import (
 )
 from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLController
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.checkpoint import (
+    CheckpointError,
+    check_tensors,
+    optimizer_state,
+    optimizer_state_dict,
+    restore_generator,
+    write_json,
+    write_tensors,
+)
 from marllm.models.generation import GeneratedBatch, generate_responses, logprob_logits, reference_logprob_logits
 from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
@@ -263,17 +277,24 @@ class PPOLearner:
 
     # ----------------------------------------------------------------------------------------------- learning
     def update(self) -> dict[str, float]:
-        """Run PPO on every rewarded rollout, then forget them. Returns this learner's metrics (unprefixed)."""
+        """Run PPO on every rewarded rollout, then forget them. Returns this learner's metrics (unprefixed).
+
+        With ``ppo.on_nonfinite: skip`` a non-finite loss or gradient norm abandons the rest of the update (see
+        :class:`PPOConfig`): the metrics then hold ``nonfinite_skipped = 1`` and :attr:`last_nonfinite` says why.
+        """
         if not self.rollouts:
             raise RuntimeError(f"learner {self.name!r}: update() called with no rollout (act() was never called)")
         unfinished = [i for i, r in enumerate(self.rollouts) if not r.finished]
         if unfinished:
             raise RuntimeError(f"learner {self.name!r}: rollout(s) {unfinished} never got their reward (finish())")
+        self.last_nonfinite: str | None = None
         stats: dict[str, list[float]] = defaultdict(list)
         for rollout in self.rollouts:
             self.config.check_batch_size(len(rollout.responses))
             for key, value in self._update_with(rollout).items():
                 stats[key].append(value)
+            if self.last_nonfinite is not None:
+                break
         self.rollouts = []
         self.num_updates += 1
         return {key: float(np.mean(values)) for key, values in stats.items()}
@@ -284,6 +305,7 @@ class PPOLearner:
         b = rollout.tensors
         cfg = self.config
         kl_coef = float(self.kl_controller.value)
+        score_statistics = copy.deepcopy(self.score_statistics)
         scores = self._transform_scores(rollout.received_rewards)
         with torch.no_grad():
             b.rewards = token_rewards(
@@ -295,6 +317,49 @@ class PPOLearner:
 
         batch_size = len(rollout.responses)
         losses: dict[str, list[float]] = defaultdict(list)
+        nonfinite: str | None = None
+        try:
+            self._ppo_steps(b, rollout.prompt_length, batch_size, losses)
+        except NonFiniteLossError as error:
+            if cfg.on_nonfinite == "raise":
+                raise
+            # The step was not applied and the rest of the update is abandoned; steps already applied stay.
+            nonfinite = str(error)
+            self.score_statistics = score_statistics
+        self.last_nonfinite = nonfinite
+
+        mask = b.mask
+        kl_full_sum = (b.kl_full * mask).sum(1).mean().item()
+        kl_penalty_sum = b.kl.sum(1).mean().item()
+        if nonfinite is None:
+            # Ziegler et al.'s controller is fed the KL that the penalty actually uses, per sample of the batch.
+            self.kl_controller.update(kl_penalty_sum, batch_size)
+        task_reward = float(np.mean(rollout.task_rewards))
+        stats = {
+            "task_reward": task_reward,
+            "received_reward": float(np.mean(rollout.received_rewards)),
+            "score": float(np.mean(scores)),
+            "kl": kl_full_sum,
+            "kl_penalty": kl_penalty_sum,
+            "kl_coef": kl_coef,
+            "combined_reward": task_reward - kl_coef * kl_full_sum,
+            "response_length": mask.sum(1).mean().item(),
+            "returns/mean": masked_mean(b.returns, mask).item(),
+            "values/mean": masked_mean(b.values, mask).item(),
+            "explained_variance": explained_variance(b.values, b.returns, mask),
+            "time/generation_s": rollout.timings["generation_s"],
+            "time/forward_s": rollout.timings["forward_s"],
+            "time/update_s": time.perf_counter() - started,
+        }
+        stats.update({key: float(np.mean(values)) for key, values in losses.items()})
+        if cfg.on_nonfinite == "skip":
+            stats["nonfinite_skipped"] = float(nonfinite is not None)
+        return stats
+
+    def _ppo_steps(self, b: Batch, prompt_length: int, batch_size: int, losses: dict[str, list[float]]) -> None:
+        """``ppo_epochs`` passes of optimiser steps over the batch ``b``, appending each mini-batch's loss parts to
+        ``losses``. Raises :class:`NonFiniteLossError` before applying a step whose loss or gradient is not finite."""
+        cfg = self.config
         for _epoch in range(cfg.ppo_epochs):
             b_inds = self._rng.permutation(batch_size)
             for start in range(0, batch_size, cfg.backward_batch_size):
@@ -304,7 +369,7 @@ class PPOLearner:
                 applied = 0
                 for mb_start in range(0, len(step_inds), cfg.mini_batch_size):
                     mb = b[step_inds[mb_start : mb_start + cfg.mini_batch_size]]
-                    loss, parts = self._loss(mb, rollout.prompt_length)
+                    loss, parts = self._loss(mb, prompt_length)
                     # TRL's ratio_threshold: a mini-batch whose mean ratio π/π_old has run away gives no gradient.
                     skipped = cfg.ratio_threshold is not None and parts["ratio"] > cfg.ratio_threshold
                     parts["skipped_minibatch_fraction"] = float(skipped)
@@ -329,31 +394,6 @@ class PPOLearner:
                 # Every mini-batch skipped: no step at all, so Adam's momentum does not move the weights either.
                 if applied:
                     self._optimizer_step(_epoch)
-
-        mask = b.mask
-        kl_full_sum = (b.kl_full * mask).sum(1).mean().item()
-        kl_penalty_sum = b.kl.sum(1).mean().item()
-        # Ziegler et al.'s controller is fed the KL that the penalty actually uses, per sample of the batch.
-        self.kl_controller.update(kl_penalty_sum, batch_size)
-        task_reward = float(np.mean(rollout.task_rewards))
-        stats = {
-            "task_reward": task_reward,
-            "received_reward": float(np.mean(rollout.received_rewards)),
-            "score": float(np.mean(scores)),
-            "kl": kl_full_sum,
-            "kl_penalty": kl_penalty_sum,
-            "kl_coef": kl_coef,
-            "combined_reward": task_reward - kl_coef * kl_full_sum,
-            "response_length": mask.sum(1).mean().item(),
-            "returns/mean": masked_mean(b.returns, mask).item(),
-            "values/mean": masked_mean(b.values, mask).item(),
-            "explained_variance": explained_variance(b.values, b.returns, mask),
-            "time/generation_s": rollout.timings["generation_s"],
-            "time/forward_s": rollout.timings["forward_s"],
-            "time/update_s": time.perf_counter() - started,
-        }
-        stats.update({key: float(np.mean(values)) for key, values in losses.items()})
-        return stats
 
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
@@ -403,8 +443,48 @@ class PPOLearner:
         self.optimizer.step()
 
     # ----------------------------------------------------------------------------------------------- persistence
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Everything that changes as this learner trains, as (tensors, JSON-able meta), for a checkpoint.
+
+        Tensors: ``policy/*`` (every parameter of a full model; for a LoRA learner only its adapter's weights, named
+        as peft's ``get_peft_model_state_dict`` names them), ``value_head/*`` and ``optimizer/<parameter>/<key>``
+        (Adam's ``exp_avg``, ``exp_avg_sq`` and ``step``). Meta: the optimiser's parameter groups, the KL
+        coefficient, the running score statistics, ``num_updates`` and the state of the learner's generator. The
+        tensors share memory with the live ones: write them out before training on.
+
+        Raises:
+            RuntimeError: the learner holds a rollout it has not trained on yet (save between iterations).
+        """
+        tensors, meta = self._training_state()
+        tensors.update({f"policy/{name}": tensor for name, tensor in self._policy_tensors().items()})
+        return tensors, {"adapter": self.adapter, **meta}
+
+    def load_state_dict(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned into a learner built like the one that saved it.
+
+        Raises:
+            CheckpointError: the state does not fit (a full model against a LoRA adapter, parameter names, shapes or
+                dtypes, the optimiser's parameters); it is checked before anything changes.
+        """
+        if meta.get("adapter") != self.adapter:
+            raise CheckpointError(
+                f"the checkpoint's learner trained {_trained_part(meta.get('adapter'))}, learner {self.name!r} "
+                f"trains {_trained_part(self.adapter)}"
+            )
+        policy = {key.removeprefix("policy/"): t for key, t in tensors.items() if key.startswith("policy/")}
+        check_tensors(self._policy_tensors(), policy, "policy")
+        rest = {key: t for key, t in tensors.items() if not key.startswith("policy/")}
+        optimizer = self._checked_training_state(rest, meta)
+        self._set_policy(policy)
+        self._set_training_state(rest, meta, optimizer)
+
     def save(self, directory: str | Path) -> None:
-        """Save the policy (HF format), its value head (safetensors) and the learner state."""
+        """Export the policy and the training state.
+
+        ``policy/`` is in Hugging Face format (``from_pretrained``, ``marllm eval``; the adapter alone for a LoRA
+        learner); ``learner_state.safetensors`` and ``learner_state.json`` hold the rest of :meth:`state_dict` (value
+        head, optimiser, KL coefficient, score statistics, update count, generator), which :meth:`load_state` reads.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if self.adapter is not None:
@@ -412,27 +492,130 @@ class PPOLearner:
         else:
             self.model.save_pretrained(directory / "policy")
         self.tokenizer.save_pretrained(directory / "policy")
-        save_file(self.value_head.state_dict(), str(directory / "value_head.safetensors"))
-        torch.save(
-            {
-                "optimizer": self.optimizer.state_dict(),
-                "kl_coef": float(self.kl_controller.value),
-                "score_mean": float(np.asarray(self.score_statistics.mean)),
-                "score_var": float(np.asarray(self.score_statistics.var)),
-                "score_count": int(self.score_statistics.count),
-                "num_updates": self.num_updates,
-            },
-            directory / "learner_state.pt",
-        )
+        tensors, meta = self._training_state()
+        write_tensors(directory / LEARNER_STATE_TENSORS, tensors)
+        write_json(directory / LEARNER_STATE_META, meta)
 
     def load_state(self, directory: str | Path) -> None:
-        """Restore the value head and learner state written by :meth:`save` (the policy loads via from_pretrained)."""
+        """Restore the training state written by :meth:`save` (the policy loads via ``from_pretrained``).
+
+        A ``learner_state.pt`` of earlier marllm versions is read with ``torch.load(weights_only=True)``, which
+        refuses anything but tensors and plain values: a pickled object that could run code is not loaded.
+
+        Raises:
+            CheckpointError: the state is missing, refused, or does not fit this learner.
+        """
         directory = Path(directory)
+        if not (directory / LEARNER_STATE_META).is_file() and (directory / LEGACY_STATE).is_file():
+            self._load_legacy_state(directory)
+            return
+        try:
+            tensors = load_file(str(directory / LEARNER_STATE_TENSORS), device="cpu")
+            meta = json.loads((directory / LEARNER_STATE_META).read_text())
+        except (OSError, SafetensorError, json.JSONDecodeError) as error:
+            message = f"learner {self.name!r}: no readable training state in {directory}: {error}"
+            raise CheckpointError(message) from error
+        optimizer = self._checked_training_state(tensors, meta)
+        self._set_training_state(tensors, meta, optimizer)
+
+    def _training_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """:meth:`state_dict` without the policy weights."""
+        if self.rollouts:
+            raise RuntimeError(
+                f"learner {self.name!r} holds {len(self.rollouts)} rollout(s) not trained on yet; save its state "
+                "between iterations (after update())"
+            )
+        tensors = {f"value_head/{name}": tensor for name, tensor in self.value_head.state_dict().items()}
+        optimizer_tensors, optimizer_meta = optimizer_state(self.optimizer, self._optimizer_names())
+        tensors.update(optimizer_tensors)
+        statistics = self.score_statistics
+        meta = {
+            "optimizer": optimizer_meta,
+            "kl_coef": float(self.kl_controller.value),
+            "score_statistics": {
+                "mean": float(statistics.mean),
+                "var": float(statistics.var),
+                "count": int(statistics.count),
+            },
+            "num_updates": self.num_updates,
+            "rng": self._rng.bit_generator.state,
+        }
+        return tensors, meta
+
+    def _checked_training_state(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> dict[str, Any]:
+        """Check the training state against this learner; return the optimiser's ``load_state_dict`` argument."""
+        head = {key.removeprefix("value_head/"): t for key, t in tensors.items() if key.startswith("value_head/")}
+        check_tensors(self.value_head.state_dict(), head, "value head")
+        unknown = [key for key in tensors if not key.startswith(("value_head/", "optimizer/"))]
+        if unknown:
+            raise CheckpointError(f"the learner state has entries this learner does not know: {unknown[:5]}")
+        optimizer = {key: t for key, t in tensors.items() if key.startswith("optimizer/")}
+        restore_generator(np.random.Generator(type(self._rng.bit_generator)()), meta["rng"], "learner")
+        return optimizer_state_dict(self.optimizer, self._optimizer_names(), optimizer, meta["optimizer"])
+
+    def _set_training_state(
+        self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], optimizer: dict[str, Any]
+    ) -> None:
+        head = {key.removeprefix("value_head/"): t for key, t in tensors.items() if key.startswith("value_head/")}
+        self.value_head.load_state_dict(head)
+        self.optimizer.load_state_dict(optimizer)
+        self.kl_controller.value = float(meta["kl_coef"])
+        statistics = meta["score_statistics"]
+        # np.float64, as RunningMeanStd.update leaves them: the arithmetic that follows is the same either way.
+        self.score_statistics.mean = np.float64(statistics["mean"])
+        self.score_statistics.var = np.float64(statistics["var"])
+        self.score_statistics.count = int(statistics["count"])
+        self.num_updates = int(meta["num_updates"])
+        restore_generator(self._rng, meta["rng"], "learner")
+
+    def _policy_tensors(self) -> dict[str, torch.Tensor]:
+        """The trained weights: the whole model's, or this learner's adapter's alone (under peft's names)."""
+        if self.adapter is not None:
+            return get_peft_model_state_dict(self.model, adapter_name=self.adapter, save_embedding_layers=False)
+        return {name: parameter.detach() for name, parameter in self.model.named_parameters()}
+
+    def _set_policy(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        if self.adapter is not None:
+            result = set_peft_model_state_dict(self.model, dict(tensors), adapter_name=self.adapter)
+            if result.unexpected_keys:
+                raise CheckpointError(f"the adapter weights {result.unexpected_keys[:5]} are not in the model")
+            return
+        with torch.no_grad():
+            for name, parameter in self.model.named_parameters():
+                parameter.copy_(tensors[name])
+
+    def _optimizer_names(self) -> list[list[str]]:
+        """A name for every parameter the optimiser holds, group by group (``policy/…`` or ``value_head/…``)."""
+        names = {id(p): f"policy/{name}" for name, p in self.model.named_parameters()}
+        names.update({id(p): f"value_head/{name}" for name, p in self.value_head.named_parameters()})
+        return [[names[id(p)] for p in group["params"]] for group in self.optimizer.param_groups]
+
+    def _load_legacy_state(self, directory: Path) -> None:
+        """The ``value_head.safetensors`` + ``learner_state.pt`` pair earlier marllm versions wrote."""
+        try:
+            state: dict[str, Any] = torch.load(directory / LEGACY_STATE, map_location=self.device, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError) as error:
+            # torch wraps the reason (an unsupported global or opcode) in advice on how to load the file anyway.
+            reasons = [line for line in str(error).splitlines() if "unsupported" in line.lower()]
+            reason = reasons[0].split("error:")[-1].split(". Please")[0].strip() if reasons else "see the cause"
+            raise CheckpointError(
+                f"learner {self.name!r}: {directory / LEGACY_STATE} is not loaded: it holds more than tensors and "
+                f"plain values (or is damaged), and unpickling anything else could run code; "
+                f"torch.load(weights_only=True) refused it: {reason}"
+            ) from error
         self.value_head.load_state_dict(load_file(str(directory / "value_head.safetensors"), device=str(self.device)))
-        state: dict[str, Any] = torch.load(directory / "learner_state.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.kl_controller.value = state["kl_coef"]
         self.score_statistics.mean = state["score_mean"]
         self.score_statistics.var = state["score_var"]
         self.score_statistics.count = state["score_count"]
         self.num_updates = state["num_updates"]
+
+
+LEARNER_STATE_TENSORS = "learner_state.safetensors"
+LEARNER_STATE_META = "learner_state.json"
+LEGACY_STATE = "learner_state.pt"
+
+
+def _trained_part(adapter: str | None) -> str:
+    return "the full model" if adapter is None else f"LoRA adapter {adapter!r}"

@@ -51,6 +51,15 @@ class PPOConfig:
         ratio_threshold: skip a mini-batch (no gradient from it) whose mean probability ratio π/π_old over its
             response tokens exceeds this, as TRL does (its default, 10, is kept: the paper's code ran on TRL). The
             ratio starts at 1 in each batch, so this only fires when the policy has blown up. None: never skip.
+        on_nonfinite: what a NaN/inf loss or gradient norm does. ``"raise"``: the update stops with
+            ``NonFiniteLossError`` (the run fails; its last checkpoint stays). ``"skip"``: the optimiser step it
+            belongs to is not applied and the rest of this learner's update for this batch is abandoned; optimiser
+            steps already applied earlier in the same update (earlier mini-batch steps or epochs, all on finite
+            losses) stay, while the KL controller and the running score statistics are left as they were before the
+            update. The learner's metrics then carry ``nonfinite_skipped = 1``.
+        max_consecutive_skips: with ``on_nonfinite: skip``, how many updates in a row one learner may skip in a
+            training run (:func:`marllm.train.train`); the next skip stops the run with an error. No checkpoint is
+            written while skips follow one another, so the last one is from before the first skip.
     """
 
     learning_rate: float = 1.41e-5
@@ -75,6 +84,8 @@ class PPOConfig:
     adam_eps: float = 1e-8
     ratio_threshold: float | None = 10.0
     loss_reduction: Literal["minibatch_token_mean", "step_token_mean"] = "minibatch_token_mean"
+    on_nonfinite: Literal["raise", "skip"] = "raise"
+    max_consecutive_skips: int = 3
 
     def __post_init__(self) -> None:
         positive(
@@ -86,6 +97,11 @@ class PPOConfig:
         choice("ppo", self, "kl_control", ("adaptive", "fixed"))
         choice("ppo", self, "score_transform", ("none", "scale", "normalize"))
         choice("ppo", self, "loss_reduction", ("minibatch_token_mean", "step_token_mean"))
+        choice("ppo", self, "on_nonfinite", ("raise", "skip"))
+        if isinstance(self.max_consecutive_skips, bool) or not (
+            isinstance(self.max_consecutive_skips, int) and self.max_consecutive_skips >= 0
+        ):
+            raise ValueError(f"ppo.max_consecutive_skips must be an integer >= 0, got {self.max_consecutive_skips!r}")
         if self.ratio_threshold is not None and not (self.ratio_threshold > 1 and math.isfinite(self.ratio_threshold)):
             raise ValueError(
                 f"ppo.ratio_threshold must be a number > 1 or null (the mean ratio is 1 before an update), got "

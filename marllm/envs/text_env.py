@@ -239,6 +239,50 @@ class SequentialTextEnv(AECEnv):
     def close(self) -> None:
         pass
 
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What a resumed run needs to draw the same batches: (tensors, JSON-able meta), for a checkpoint.
+
+        The tensor ``order`` is the current pass's shuffled row order; the meta holds the position in it, the state
+        of the generator that shuffles the next pass, and the dataset size and roles it was taken with. The current
+        episode is not part of it: save between episodes (the next ``reset`` starts a new one).
+        """
+        import torch  # here, so that importing the env does not load torch
+
+        meta = {
+            "num_rows": self._num_rows,
+            "roles": list(self.roles),
+            "cursor": self._cursor,
+            "rng": self._rng.bit_generator.state,
+        }
+        return {"order": torch.from_numpy(self._order.astype(np.int64))}, meta
+
+    def load_state_dict(self, tensors: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; the dataset must have as many rows as when it was saved.
+
+        Raises:
+            CheckpointError: the state does not fit this env (dataset size, roles, or a malformed order).
+        """
+        from marllm.checkpoint import CheckpointError, restore_generator
+
+        if meta["num_rows"] != self._num_rows:
+            raise CheckpointError(
+                f"the checkpoint's env drew from a dataset of {meta['num_rows']} rows, this env's has "
+                f"{self._num_rows}: it is a different dataset (or split, or query filter)"
+            )
+        if list(meta["roles"]) != self.roles:
+            raise CheckpointError(f"the checkpoint's env has roles {meta['roles']}, this env {self.roles}")
+        if "order" not in tensors:
+            raise CheckpointError("the env state has no data order ('order')")
+        order = tensors["order"].numpy().astype(np.int64)
+        cursor = meta["cursor"]
+        if order.ndim != 1 or (order.size and not 0 <= order.min() <= order.max() < self._num_rows):
+            raise CheckpointError(f"the env's data order is not a sequence of row indices below {self._num_rows}")
+        if not isinstance(cursor, int) or not 0 <= cursor <= order.size:
+            raise CheckpointError(f"the env's position {cursor!r} is outside its data order of {order.size} rows")
+        rng = np.random.Generator(type(self._rng.bit_generator)())
+        restore_generator(rng, meta["rng"], "env")
+        self._order, self._cursor, self._rng = order, cursor, rng
+
 
 raw_env = SequentialTextEnv
 """PettingZoo's name for the unwrapped env class."""

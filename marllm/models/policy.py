@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from dataclasses import dataclass
@@ -62,8 +63,10 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The model's tokenizer, set up for batched generation (see :func:`ready_for_generation`).
+
+    ``trust_remote_code`` lets transformers run Python code shipped with the model; leave it off unless you trust it.
 
     Raises:
         MissingReferenceError: ``name_or_path`` is a missing path, or a hub id not in the cache while offline.
@@ -71,9 +74,9 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
             the model.
     """
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except OSError as error:
-        raise model_load_error(name_or_path, "tokenizer", error) from error
+        raise model_load_error(name_or_path, "tokenizer", error, key="model.name_or_path") from error
     if len(tokenizer) < 2:  # transformers builds an empty tokenizer for a model directory without tokenizer files
         raise OSError(
             f"model {name_or_path!r} has no tokenizer files (tokenizer.json, or vocab.json and merges.txt, …); "
@@ -93,9 +96,15 @@ def ready_for_generation(tokenizer: PreTrainedTokenizerBase, owner: str = "the m
 
 
 def load_causal_lm(
-    name_or_path: str, dtype: str = "float32", device: str = "auto", load_in_4bit: bool = False
+    name_or_path: str,
+    dtype: str = "float32",
+    device: str = "auto",
+    load_in_4bit: bool = False,
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """Any ``AutoModelForCausalLM`` hub id or local directory (optionally 4-bit, on CUDA with bitsandbytes).
+
+    ``trust_remote_code`` lets transformers run Python code shipped with the model; leave it off unless you trust it.
 
     Raises:
         MissingReferenceError: ``name_or_path`` is a missing path, or a hub id not in the cache while offline.
@@ -111,9 +120,11 @@ def load_causal_lm(
         quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=resolve_dtype(dtype))
         options = {"quantization_config": quantization, "device_map": {"": 0}}
     try:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=resolve_dtype(dtype), **options)
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code, **options
+        )
     except (OSError, SafetensorError) as error:
-        raise model_load_error(name_or_path, "weights", error) from error
+        raise model_load_error(name_or_path, "weights", error, key="model.name_or_path") from error
     return model if load_in_4bit else model.to(resolve_device(device))
 
 
@@ -186,8 +197,13 @@ def response_forward(
 
 def _logits_to_keep_kind(model: PreTrainedModel) -> str | None:
     """``"positions"`` if ``logits_to_keep`` takes a tensor of positions, ``"count"`` if only an int, else None."""
-    forward = getattr(model, "get_base_model", lambda: model)().forward
-    parameter = inspect.signature(forward).parameters.get("logits_to_keep")
+    return _logits_to_keep_kind_of(type(getattr(model, "get_base_model", lambda: model)()))
+
+
+@functools.cache
+def _logits_to_keep_kind_of(model_class: type) -> str | None:
+    # Per class: the forward's signature is the same for every instance, and this runs at every forward pass.
+    parameter = inspect.signature(model_class.forward).parameters.get("logits_to_keep")
     if parameter is None:
         return None
     return "positions" if "Tensor" in str(parameter.annotation) else "count"
@@ -198,6 +214,7 @@ class _ReferenceKey:
     name_or_path: str
     dtype: str
     device: str
+    trust_remote_code: bool
 
 
 class ReferencePool:
@@ -210,11 +227,13 @@ class ReferencePool:
         self._models: dict[_ReferenceKey, PreTrainedModel] = {}
         self._lock = threading.Lock()
 
-    def get(self, name_or_path: str, dtype: str = "float32", device: str = "auto") -> PreTrainedModel:
-        key = _ReferenceKey(name_or_path, dtype, str(resolve_device(device)))
+    def get(
+        self, name_or_path: str, dtype: str = "float32", device: str = "auto", trust_remote_code: bool = False
+    ) -> PreTrainedModel:
+        key = _ReferenceKey(name_or_path, dtype, str(resolve_device(device)), trust_remote_code)
         with self._lock:
             if key not in self._models:
-                model = load_causal_lm(name_or_path, dtype, device)
+                model = load_causal_lm(name_or_path, dtype, device, trust_remote_code=trust_remote_code)
                 model.eval()
                 model.requires_grad_(False)
                 self._models[key] = model

@@ -105,6 +105,9 @@ def build_report(
                 "dir": str(run.path),
                 "learners": list(run.learners),
                 "iterations": len(run.metrics),
+                "planned_iterations": run.planned_iterations,
+                "status": run.status,
+                "finished": run.finished,
                 "kl_metric": run.kl_metric,
             }
             for run in runs
@@ -171,12 +174,34 @@ def _pass_at_k_section(results: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def _runs_section(runs: Sequence[Run]) -> str:
-    rows = [[run.display, run.name, str(run.path), ", ".join(run.learners), str(len(run.metrics))] for run in runs]
-    lines = ["## Runs", "", markdown_table(["run", "name", "directory", "learners", "iterations"], rows)]
+    rows = [
+        [run.display, run.name, str(run.path), ", ".join(run.learners), _iterations_cell(run), run.status]
+        for run in runs
+    ]
+    header = ["run", "name", "directory", "learners", "iterations", "status"]
+    lines = ["## Runs", "", *_unfinished_warning(runs), markdown_table(header, rows)]
     kl_metrics = {run.kl_metric for run in runs if run.kl_metric}
     if kl_metrics:
         lines += ["", "KL as logged: " + "; ".join(sorted(kl_metrics)) + "."]
     return "\n".join(lines)
+
+
+def _iterations_cell(run: Run) -> str:
+    done = str(len(run.metrics))
+    return f"{done} of {run.planned_iterations}" if run.planned_iterations is not None else done
+
+
+def _unfinished_warning(runs: Sequence[Run]) -> list[str]:
+    """A paragraph naming the runs that did not finish (none when all did)."""
+    unfinished = [run for run in runs if not run.finished]
+    if not unfinished:
+        return []
+    names = "; ".join(f"{run.label} in {run.path} ({run.state.describe()})" for run in unfinished)
+    return [
+        f"**Unfinished runs**: {names}. Their curves stop where they stopped and their final numbers, samples and "
+        "pass@k are not those of a finished run; continue one with `marllm train CONFIG --resume RUN_DIR`.",
+        "",
+    ]
 
 
 def _figures_section(runs: Sequence[Run], figures: dict[str, str | None], smoothing: int) -> str:

@@ -2,10 +2,14 @@
 
 A run directory holds:
 
-- ``run.json``: ``{"name", "learners", "roles", "iterations", "kl_metric"}``. When it is absent the run is
-  named after its directory and its learners are read off the ``<learner>/...`` metric keys.
+- ``run.json``: ``{"name", "learners", "roles", "iterations", "kl_metric", "status", "completed_iterations"}``.
+  When it is absent the run is named after its directory and its learners are read off the ``<learner>/...``
+  metric keys. A run whose ``status`` is not ``finished`` is marked unfinished in the report; a ``run.json`` from
+  before statuses were recorded counts as finished when its metrics have its ``iterations`` (see
+  :func:`marllm.run_dir.run_state`).
 - ``metrics.jsonl`` (required): one object per training iteration, keys such as ``llm1/task_reward`` or
-  ``time/update_s``. Any key may be missing from any line; a missing value is left out of that curve.
+  ``time/update_s``. Any key may be missing from any line; a missing value is left out of that curve. A last line
+  cut short (no newline: a killed run) is left out with a warning.
 - ``eval_samples.jsonl`` (optional): ``{"query", "model", "response", "task_reward"}`` per held-out query
   and model.
 - ``samples.jsonl`` (optional): ``{"iteration", "learner", "role", "query", "prompt", "response",
@@ -23,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from marllm.run_dir import RunState, run_state
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
@@ -49,15 +55,35 @@ class Run:
     samples: tuple[dict[str, Any], ...] = ()
     kl_metric: str | None = None
     tag: str = ""
+    status: str = "finished"
+    planned_iterations: int | None = None
 
     @property
     def label(self) -> str:
         return self.name.upper()
 
     @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    @property
+    def state(self) -> RunState:
+        return RunState(self.status, len(self.metrics), self.planned_iterations)
+
+    @property
+    def note(self) -> str:
+        """``"unfinished: 5 of 20 iterations, interrupted"`` for a run that did not finish, else ``""``."""
+        return "" if self.finished else f"unfinished: {self.state.describe()}"
+
+    @property
     def display(self) -> str:
-        """The run's label with its disambiguating tag, e.g. ``"CORY (seed1)"``."""
-        return f"{self.label} ({self.tag})" if self.tag else self.label
+        """The run's label with its disambiguating tag and unfinished note, e.g. ``"CORY (seed1)"`` or
+        ``"CORY (unfinished: 5 of 20 iterations, interrupted)"``."""
+        return self._with_notes(self.label)
+
+    def _with_notes(self, text: str) -> str:
+        notes = "; ".join(note for note in (self.tag, self.note) if note)
+        return f"{text} ({notes})" if notes else text
 
     @property
     def iterations(self) -> np.ndarray:
@@ -67,7 +93,7 @@ class Run:
     def model_label(self, model: str) -> str:
         """Paper-style label of a model of this run: "PPO", "CORY-LLM1" (suffix only with >1 learner)."""
         suffix = "" if self.learners == (model,) else f"-{model.upper()}"
-        return f"{self.label}{suffix} ({self.tag})" if self.tag else f"{self.label}{suffix}"
+        return self._with_notes(f"{self.label}{suffix}")
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """``(iterations, values)`` of one metric key over the iterations where it holds a finite number."""
@@ -104,19 +130,24 @@ def as_number(value: Any) -> float | None:
 
 
 def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """``(line_number, object)`` for every non-blank line of a JSON-lines file; any other line is an error."""
+    """``(line_number, object)`` for every non-blank line of a JSON-lines file; any other line is an error, but
+    for a last line without its newline (cut short by a killed run), which is left out with a warning."""
     records = []
     with path.open(encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
+        lines = handle.readlines()
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as err:
+            if number == len(lines) and not text.endswith("\n"):
+                warnings.warn(f"{path}:{number}: leaving out a last line cut short ({err.msg})", stacklevel=2)
                 continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-            records.append((number, record))
+            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        records.append((number, record))
     return records
 
 
@@ -137,7 +168,8 @@ def load_run(run_dir: Path | str) -> Run:
             f"{metrics_path} not found: a run directory needs the {METRICS_FILE} written by the training loop"
         )
     metrics = _read_metrics(metrics_path)
-    name, learners, kl_metric = _read_run_info(run_dir, metrics)
+    name, learners, kl_metric, info = _read_run_info(run_dir, metrics)
+    state = run_state(info, len(metrics))
     eval_path, samples_path = run_dir / EVAL_FILE, run_dir / SAMPLES_FILE
     eval_samples = (
         _read_rows(eval_path, {"query": str, "model": str, "response": str}) if eval_path.is_file() else []
@@ -155,6 +187,8 @@ def load_run(run_dir: Path | str) -> Run:
         eval_samples=tuple(eval_samples),
         samples=tuple(samples),
         kl_metric=kl_metric,
+        status=state.status,
+        planned_iterations=state.planned,
     )
 
 
@@ -221,10 +255,13 @@ def _read_metrics(path: Path) -> list[dict[str, Any]]:
     return [by_iteration[i] for i in sorted(by_iteration)]
 
 
-def _read_run_info(run_dir: Path, metrics: list[dict[str, Any]]) -> tuple[str, tuple[str, ...], str | None]:
+def _read_run_info(
+    run_dir: Path, metrics: list[dict[str, Any]]
+) -> tuple[str, tuple[str, ...], str | None, dict[str, Any]]:
+    """The run's name, learners and KL description, and the whole ``run.json`` (empty when there is none)."""
     path = run_dir / RUN_FILE
     if not path.is_file():
-        return run_dir.name, _learners_from_metrics(run_dir / METRICS_FILE, metrics), None
+        return run_dir.name, _learners_from_metrics(run_dir / METRICS_FILE, metrics), None, {}
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
@@ -245,7 +282,7 @@ def _read_run_info(run_dir: Path, metrics: list[dict[str, Any]]) -> tuple[str, t
     else:
         learners = _learners_from_metrics(run_dir / METRICS_FILE, metrics)
     kl_metric = info.get("kl_metric")
-    return name, learners, kl_metric if isinstance(kl_metric, str) else None
+    return name, learners, kl_metric if isinstance(kl_metric, str) else None, info
 
 
 def _learners_from_metrics(path: Path, metrics: list[dict[str, Any]]) -> tuple[str, ...]:

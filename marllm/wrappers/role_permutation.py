@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gymnasium.spaces import Space
@@ -52,6 +52,29 @@ class RolePermutation(BaseWrapper):
         self.shift = shift
         self.role_of = {learner: self.roles[(i + shift) % n] for i, learner in enumerate(self.learners)}
         self.learner_of = {role: learner for learner, role in self.role_of.items()}
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The reset count and current assignment, as (no tensors, JSON-able meta), for a checkpoint."""
+        return {}, {"num_resets": self.num_resets, "shift": self.shift, "learners": self.learners, "roles": self.roles}
+
+    def load_state_dict(self, tensors: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; the learners and roles must be the same.
+
+        Raises:
+            CheckpointError: the learners, roles or counts do not fit.
+        """
+        from marllm.checkpoint import CheckpointError  # here, so that importing the wrapper does not load torch
+
+        if list(meta["learners"]) != self.learners or list(meta["roles"]) != self.roles:
+            raise CheckpointError(
+                f"the checkpoint's role permutation maps learners {meta['learners']} to roles {meta['roles']}, "
+                f"this one learners {self.learners} to roles {self.roles}"
+            )
+        num_resets, shift = meta["num_resets"], meta["shift"]
+        if not isinstance(num_resets, int) or num_resets < 0 or not isinstance(shift, int):
+            raise CheckpointError(f"the role permutation's counts {num_resets!r}, {shift!r} are not ints >= 0")
+        self.num_resets = num_resets
+        self._set_shift(shift % len(self.roles))
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         if self.period is not None:

@@ -1,4 +1,8 @@
-"""What a task gives the environment: queries, default prompt templates and a reward function."""
+"""What a task gives the environment (queries, default prompt templates, a reward function), and loading its data.
+
+:func:`require_texts` is the one check of text values, for data from any source: a hub dataset, a local file (its
+errors name the line, see :func:`load_local_file`) or rows built in memory.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,9 @@ from typing import Any
 import datasets
 from datasets.exceptions import DatasetGenerationError
 
-from marllm.envs.tasks.local_files import check_local_file, text_problem
+from marllm.data_formats import DATA_FORMATS, suffix_list
+from marllm.envs.tasks.local_files import RowNames, check_local_file, clip
 from marllm.envs.text_env import RewardFn
-
-_LOCAL_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
 
 
 @dataclass
@@ -33,27 +36,57 @@ class TaskParts:
     eval_dataset: Any = None
 
 
-def load_text_dataset(source: str, split: str, text_columns: Sequence[str] = ()) -> datasets.Dataset:
+def local_file(source: str) -> Path | None:
+    """The local path ``source`` names (a data-file suffix, or anything that exists), or None for a hub id."""
+    path = Path(source).expanduser()
+    return path if path.suffix in DATA_FORMATS or path.exists() else None
+
+
+def load_text_dataset(
+    source: str, split: str, text_columns: Sequence[str] = (), name: str | None = None
+) -> datasets.Dataset:
     """A local file (.csv/.json/.jsonl/.parquet/.txt) or a hub dataset id, as one ``datasets.Dataset`` split.
 
-    A local file is read once before ``datasets`` parses it (see :func:`~marllm.envs.tasks.local_files.
-    check_local_file`): an empty file, a line that is not UTF-8 or not a JSON object, or a ``text_columns`` value
-    that is not a non-blank string raises ``ValueError`` naming the file and the line.
+    A local file is checked before ``datasets`` parses it (:func:`load_local_file`); ``split`` applies to a hub
+    dataset only. Each of ``text_columns`` must be present (:func:`require_columns`) and hold non-blank strings
+    (:func:`require_texts`): a ``ValueError`` names a bad value's line in a local JSON file, else its row in the
+    dataset called ``name`` (default ``source``).
     """
-    path = Path(source).expanduser()
-    if path.suffix in _LOCAL_FORMATS or path.exists():
-        if not path.is_file():
-            raise FileNotFoundError(f"dataset file {source!r} does not exist")
-        if path.suffix not in _LOCAL_FORMATS:
-            raise ValueError(f"dataset file {source!r}: unsupported format; use one of {sorted(_LOCAL_FORMATS)}")
-        check_local_file(path, text_columns)
-        return read_local_file(path)
-    return datasets.load_dataset(source, split=split)
+    path = local_file(source)
+    rows = None
+    if path is not None:
+        dataset, rows = load_local_file(path, text_columns)
+    else:
+        dataset = datasets.load_dataset(source, split=split)
+    if text_columns:
+        name = name or source
+        require_columns(dataset, text_columns, name)
+        require_texts(dataset, text_columns, rows or numbered_rows(name))
+    return dataset
+
+
+def load_local_file(path: Path, columns: Sequence[str] = ()) -> tuple[datasets.Dataset, RowNames | None]:
+    """A local data file as a dataset, and where its rows are in the file (a JSON file; None for the others).
+
+    ``columns``, the columns the caller needs, only make the example record in messages.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        IsADirectoryError: ``path`` is a directory.
+        ValueError: a file :func:`~marllm.envs.tasks.local_files.check_local_file` refuses (the message names the
+            file and the line) or ``datasets`` cannot parse.
+    """
+    if path.is_dir():
+        raise IsADirectoryError(f"dataset {str(path)!r} is a directory, not a data file; give a {suffix_list()} file")
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
+    rows = check_local_file(path, columns)
+    return read_local_file(path), rows
 
 
 def read_local_file(path: Path) -> datasets.Dataset:
     """A checked local file as a dataset; one ``datasets`` cannot parse raises ``ValueError`` naming it."""
-    kind = _LOCAL_FORMATS[path.suffix]
+    kind = DATA_FORMATS[path.suffix].builder
     try:
         return datasets.load_dataset(kind, data_files=str(path), split="train")
     except DatasetGenerationError as error:
@@ -63,17 +96,34 @@ def read_local_file(path: Path) -> datasets.Dataset:
         ) from error
 
 
-def require_texts(dataset: datasets.Dataset, columns: Sequence[str], source: str) -> None:
-    """Raise ``ValueError`` naming the row (counted from 0) whose value in one of ``columns`` is null, not a string,
-    or blank."""
+def text_problem(value: Any) -> str | None:
+    """What is wrong with ``value`` as a text (``"is null ..."``), or None for a string with a visible character."""
+    if value is None:
+        return "is null; it must be a non-empty string"
+    if not isinstance(value, str):
+        return f"is {type(value).__name__} {clip(repr(value))}; it must be a non-empty string"
+    if not value.strip():
+        return f"is {clip(repr(value))}: empty or only whitespace; it must hold text"
+    return None
+
+
+def numbered_rows(source: str) -> RowNames:
+    """Names row ``i`` of the dataset ``source`` as ``dataset '<source>': row i (counting from 0)``."""
+    return lambda row: f"dataset {source!r}: row {row} (counting from 0)"
+
+
+def require_texts(dataset: datasets.Dataset, columns: Sequence[str], rows: RowNames) -> None:
+    """Raise ``ValueError`` ``"<row>: '<column>' <problem>"`` for the first value in ``columns`` that is null, not a
+    string, or blank (see :func:`text_problem`); ``rows`` names the row (:func:`numbered_rows`, or a local file's
+    lines from :func:`load_local_file`)."""
     for column in columns:
         for row, value in enumerate(dataset[column]):
             problem = text_problem(value)
             if problem:
-                raise ValueError(f"dataset {source!r}: row {row} (counting from 0): {column!r} {problem}")
+                raise ValueError(f"{rows(row)}: {column!r} {problem}")
 
 
-def require_columns(dataset: datasets.Dataset, columns: list[str], source: str) -> None:
+def require_columns(dataset: datasets.Dataset, columns: Sequence[str], source: str) -> None:
     """Raise if ``dataset`` is empty or lacks a column."""
     if len(dataset) == 0:
         raise ValueError(f"dataset {source!r} is empty")

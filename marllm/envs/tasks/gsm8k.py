@@ -15,7 +15,9 @@ from pathlib import Path
 
 import datasets
 
-from marllm.envs.tasks.base import load_text_dataset
+from marllm.data_formats import JSON_SUFFIXES, suffix_list
+from marllm.envs.tasks.base import load_local_file, require_texts
+from marllm.envs.tasks.local_files import RowNames
 from marllm.rewards.math import parse_gsm8k_answer
 
 __all__ = [
@@ -42,19 +44,23 @@ OBSERVER_TEMPLATE = GSM8K_FEW_SHOT + "Question: {query}\nReference: {pioneer}\nA
 
 _REQUIRED_COLUMNS = ("question", "answer")
 _ADDED_COLUMNS = ("query", "ground_truth")
-_JSON_SUFFIXES = (".json", ".jsonl")
+_FOLDER_SUFFIXES = tuple(sorted(JSON_SUFFIXES, key=lambda suffix: suffix != ".jsonl"))  # GSM8K's .jsonl first
 
 
-def prepare_math_dataset(dataset: datasets.Dataset, source: str = "dataset") -> datasets.Dataset:
+def prepare_math_dataset(
+    dataset: datasets.Dataset, source: str = "dataset", rows: RowNames | None = None
+) -> datasets.Dataset:
     """Validate a GSM8K-format dataset and add its ``query`` and ``ground_truth`` columns.
 
     Existing ``query`` / ``ground_truth`` columns (e.g. in a file saved from an earlier prepared dataset) are
-    recomputed from ``question`` / ``answer``.
+    recomputed from ``question`` / ``answer``. ``rows`` names a row whose question is not text (default
+    ``<source>: row i has no question text``; for a local file, its line: see
+    :func:`~marllm.envs.tasks.base.load_local_file`).
 
     Raises:
         ValueError: the dataset is empty, lacks ``question`` or ``answer``, has a question that is not
             a non-empty string, or has an answer that does not end in ``#### <number>``; the message names
-            ``source`` and the offending column or row index.
+            ``source`` and the offending column or row (index, or line of a local file).
     """
     if not isinstance(dataset, datasets.Dataset):
         raise TypeError(f"{source}: expected a datasets.Dataset, got {type(dataset).__name__}")
@@ -66,11 +72,9 @@ def prepare_math_dataset(dataset: datasets.Dataset, source: str = "dataset") -> 
         )
     if len(dataset) == 0:
         raise ValueError(f"{source}: the dataset is empty")
-    questions = dataset["question"]
+    require_texts(dataset, ["question"], rows or (lambda row: f"{source}: row {row} has no question text"))
     ground_truths = []
-    for index, (question, answer) in enumerate(zip(questions, dataset["answer"], strict=True)):
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"{source}: row {index} has no question text: {question!r}")
+    for index, answer in enumerate(dataset["answer"]):
         try:
             ground_truths.append(parse_gsm8k_answer(answer))
         except (TypeError, ValueError) as error:
@@ -78,7 +82,7 @@ def prepare_math_dataset(dataset: datasets.Dataset, source: str = "dataset") -> 
     stale = [column for column in _ADDED_COLUMNS if column in dataset.column_names]
     if stale:
         dataset = dataset.remove_columns(stale)
-    dataset = dataset.add_column("query", list(questions))
+    dataset = dataset.add_column("query", list(dataset["question"]))
     return dataset.add_column("ground_truth", ground_truths)
 
 
@@ -86,23 +90,23 @@ def _resolve_local(source: str, split: str) -> Path | None:
     """The local JSON/JSONL file ``source`` names, or ``None`` when ``source`` is a hub id."""
     path = Path(source).expanduser()
     if path.is_dir():
-        candidates = [path / f"{split}{suffix}" for suffix in _JSON_SUFFIXES]
+        candidates = [path / f"{split}{suffix}" for suffix in _FOLDER_SUFFIXES]
         for candidate in candidates:
             if candidate.is_file():
                 return candidate
         present = sorted(child.name for child in path.iterdir())
         raise FileNotFoundError(
-            f"GSM8K folder {str(path)!r} has no {split}.jsonl or {split}.json for split {split!r}; "
+            f"GSM8K folder {str(path)!r} has no {' or '.join(c.name for c in candidates)} for split {split!r}; "
             f"it contains {present}"
         )
-    if path.suffix in _JSON_SUFFIXES:
+    if path.suffix in JSON_SUFFIXES:
         if not path.is_file():
             raise FileNotFoundError(f"GSM8K file not found: {str(path)!r}")
         return path
     if path.exists():
         raise ValueError(
-            f"GSM8K source {str(path)!r} is a local file but not .json/.jsonl; "
-            "give a .json or .jsonl file, a folder holding <split>.jsonl, or a hub dataset id"
+            f"GSM8K source {str(path)!r} is a local file but not {'/'.join(JSON_SUFFIXES)}; "
+            f"give a {suffix_list(JSON_SUFFIXES)} file, a folder holding <split>.jsonl, or a hub dataset id"
         )
     return None
 
@@ -124,10 +128,8 @@ def load_gsm8k(source: str = "openai/gsm8k", split: str = "train", config: str =
             names the line), or data that fails :func:`prepare_math_dataset`'s checks.
     """
     local = _resolve_local(source, split)
-    if local is not None:
-        dataset = load_text_dataset(str(local), split, text_columns=["question"])
-        name = str(local)
-    else:
+    if local is None:
         dataset = datasets.load_dataset(source, config, split=split)
-        name = f"{source} ({config}, {split})"
-    return prepare_math_dataset(dataset, source=name)
+        return prepare_math_dataset(dataset, source=f"{source} ({config}, {split})")
+    dataset, rows = load_local_file(local, _REQUIRED_COLUMNS)
+    return prepare_math_dataset(dataset, source=str(local), rows=rows)

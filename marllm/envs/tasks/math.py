@@ -13,6 +13,7 @@ from typing import Literal
 import datasets
 from transformers import PreTrainedTokenizerBase
 
+from marllm.data_formats import JSON_SUFFIXES, suffix_list
 from marllm.envs.tasks.arithmetic import arithmetic_dataset
 from marllm.envs.tasks.base import TaskParts
 from marllm.envs.tasks.gsm8k import OBSERVER_TEMPLATE, PIONEER_TEMPLATE, load_gsm8k
@@ -61,8 +62,8 @@ class MathTask:
     def check_references(self) -> None:
         """For gsm8k, check that ``dataset`` exists, locally or in the cache while the hub is offline."""
         if self.name == "gsm8k":
-            local = "a local .json or .jsonl file, a folder holding <split>.jsonl"
-            check_dataset_reference(self.dataset, "task.dataset", local)
+            local = f"a local {suffix_list(JSON_SUFFIXES)} file, a folder holding <split>.jsonl"
+            check_dataset_reference(self.dataset, "task.dataset", local, directory=True)
 
     def load_split(self, split: str) -> datasets.Dataset:
         """Problems of one split with ``question``, ``answer``, ``query`` and ``ground_truth`` columns."""

@@ -16,7 +16,8 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from marllm.assets import offline_assets, resolve_dataset
-from marllm.envs.tasks.base import TaskParts, load_text_dataset, require_columns, require_texts
+from marllm.data_formats import suffix_list
+from marllm.envs.tasks.base import TaskParts, load_text_dataset, local_file
 from marllm.offline.sentiment_classifier import VOCABULARY_FILE, SentimentClassifier
 from marllm.references import check_dataset_reference, check_model_reference
 from marllm.rewards.sentiment import ClassifierReward, TextScoreReward
@@ -69,11 +70,19 @@ class SentimentTask:
             raise ValueError(f"task.reward_batch_size must be >= 1, got {self.reward_batch_size}")
 
     def build(self, tokenizer: PreTrainedTokenizerBase, seed: int, device: str = "auto") -> TaskParts:
-        """Load reviews, cut them into queries with ``tokenizer``, and load the reward model."""
-        train = self.queries(self.load_split(self.split), tokenizer, seed)
+        """Load reviews, cut them into queries with ``tokenizer``, and load the reward model.
+
+        A local file is one split: when both splits name it, it is read once.
+        """
+        source = resolve_dataset(self.dataset, self.split)
+        reviews = self._load(source, self.split)
+        train = self.queries(reviews, tokenizer, seed)
         evaluation = None
         if self.eval_split is not None and self.eval_split != self.split:
-            evaluation = self.queries(self.load_split(self.eval_split), tokenizer, seed + 1)
+            eval_source = resolve_dataset(self.dataset, self.eval_split)
+            if eval_source != source or local_file(source) is None:
+                reviews = self._load(eval_source, self.eval_split)
+            evaluation = self.queries(reviews, tokenizer, seed + 1)
         return TaskParts(
             dataset=train,
             templates=self.default_templates(),
@@ -86,19 +95,24 @@ class SentimentTask:
 
     def check_references(self) -> None:
         """Check that ``dataset`` and ``reward_model`` exist, locally or in the cache while the hub is offline."""
-        local = "a local .csv, .json, .jsonl, .parquet or .txt file"
+        local = f"a local {suffix_list()} file"
         check_dataset_reference(self.dataset, "task.dataset", local, asset="offline-reviews")
         check_model_reference(self.reward_model, "task.reward_model", asset="offline-sentiment")
 
     def load_split(self, split: str) -> datasets.Dataset:
-        """The reviews of ``split``; a local file is checked line by line first (``text_column``: non-blank text)."""
-        return load_text_dataset(resolve_dataset(self.dataset, split), split, text_columns=[self.text_column])
+        """The reviews of ``split``, checked: a non-empty dataset whose ``text_column`` holds non-blank text."""
+        return self._load(resolve_dataset(self.dataset, split), split)
+
+    def _load(self, source: str, split: str) -> datasets.Dataset:
+        """The reviews in ``source`` (the resolved ``dataset``), checked as :meth:`load_split` says."""
+        return load_text_dataset(source, split, text_columns=[self.text_column], name=f"{self.dataset}:{split}")
 
     def queries(self, reviews: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, seed: int) -> datasets.Dataset:
-        """Keep reviews of at least ``min_text_chars`` and add a ``query`` column: their first k tokens."""
+        """Keep reviews of at least ``min_text_chars`` and add a ``query`` column: their first k tokens.
+
+        ``reviews``: as :meth:`load_split` returns them, checked (``text_column`` holds non-blank strings).
+        """
         source = f"{self.dataset}:{self.split}"
-        require_columns(reviews, [self.text_column], source)
-        require_texts(reviews, [self.text_column], source)
         column = self.text_column
         reviews = reviews.filter(lambda batch: [len(t) >= self.min_text_chars for t in batch[column]], batched=True)
         if len(reviews) == 0:
@@ -116,7 +130,7 @@ class SentimentTask:
 
     def reward(self, device: str = "auto") -> TextScoreReward:
         """The classifier's positive logit on query + response."""
-        assets = offline_assets(self.reward_model)
+        assets = offline_assets(self.reward_model, "offline-sentiment", "task.reward_model")
         directory = assets.reward_model_dir if assets is not None else Path(self.reward_model)
         if (directory / VOCABULARY_FILE).is_file():
             # marllm's own n-gram classifier (the offline reward model, or one saved elsewhere)

@@ -1,0 +1,261 @@
+"""The run directory: the files a training run writes there, its recorded status, and the checks before a run starts.
+
+A run directory holds ``config.yaml``, ``run.json`` (what the run is and how far it got), ``metrics.jsonl`` and
+``samples.jsonl`` (one line per iteration, appended as it goes), ``tensorboard/``, ``training_state/`` (the
+checkpoints a run resumes from, see :mod:`marllm.checkpoint`), and when training ends ``checkpoints/`` (each learner
+exported for ``marllm eval``), ``eval_samples.jsonl`` and ``pass_at_k.json``. Nothing else in it is marllm's.
+
+``run.json``'s ``status`` is ``running`` while a process trains (it stays so when the process is killed),
+``interrupted`` after SIGINT/SIGTERM, ``failed`` after an error, and ``finished`` once everything, end-of-run
+evaluation included, is written; ``completed_iterations`` counts the iterations logged so far.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+CONFIG_FILE = "config.yaml"
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+EVAL_FILE = "eval_samples.jsonl"
+PASS_AT_K_FILE = "pass_at_k.json"
+TENSORBOARD_DIR = "tensorboard"
+EXPORT_DIR = "checkpoints"
+TRAINING_STATE_DIR = "training_state"  # marllm.checkpoint.CHECKPOINTS_DIR (kept light: the report imports this module)
+
+# Everything ``overwrite`` removes; anything else in a run directory is left alone.
+RUN_FILES = (
+    CONFIG_FILE,
+    RUN_FILE,
+    METRICS_FILE,
+    SAMPLES_FILE,
+    EVAL_FILE,
+    PASS_AT_K_FILE,
+    TENSORBOARD_DIR,
+    EXPORT_DIR,
+    TRAINING_STATE_DIR,
+)
+# Written after training ends: they describe a finished training, so a resumed run drops them until it ends.
+END_OF_RUN_FILES = (EVAL_FILE, PASS_AT_K_FILE)
+
+Status = Literal["running", "interrupted", "failed", "finished"]
+# "unknown": a run.json from before statuses were recorded, with fewer metric lines than its iterations.
+STATUSES = ("running", "interrupted", "failed", "finished", "unknown")
+
+
+class RunDirError(ValueError):
+    """A run directory cannot be used as asked (it already holds a run, it has nothing to resume from, ...)."""
+
+
+@dataclass(frozen=True)
+class RunState:
+    """How far the run of a directory got.
+
+    Attributes:
+        status: one of :data:`STATUSES`.
+        completed: iterations logged in ``metrics.jsonl``.
+        planned: the run's ``iterations`` (None when no ``run.json`` says).
+    """
+
+    status: str
+    completed: int
+    planned: int | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    def describe(self) -> str:
+        """E.g. ``"5 of 20 iterations, interrupted"``."""
+        done = f"{self.completed} of {self.planned}" if self.planned is not None else str(self.completed)
+        status = "running or killed" if self.status == "running" else self.status
+        if self.status == "unknown":
+            status = "stopped early (no status recorded)"
+        return f"{done} iterations, {status}"
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run: a ``run.json``, a ``metrics.jsonl`` or training checkpoints."""
+    state = run_dir / TRAINING_STATE_DIR
+    has_state = state.is_dir() and any(state.iterdir())
+    return (run_dir / RUN_FILE).is_file() or (run_dir / METRICS_FILE).is_file() or has_state
+
+
+def read_run_state(run_dir: Path) -> RunState | None:
+    """The state of the run in ``run_dir``; None when it holds none.
+
+    A ``run.json`` without ``status`` was written before statuses were recorded: that run counts as finished when
+    its metrics have as many iterations as it planned, else its status is ``unknown``. A run with metrics but no
+    ``run.json`` counts as finished (nothing says how many iterations it planned).
+    """
+    if not holds_run(run_dir):
+        return None
+    completed = count_iterations(run_dir / METRICS_FILE)
+    return run_state(read_run_info(run_dir), completed)
+
+
+def run_state(info: Mapping[str, Any], completed: int) -> RunState:
+    """The state of a run from its ``run.json`` (``info``, empty when there is none) and its logged iterations."""
+    planned = info.get("iterations")
+    planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
+    status = info.get("status")
+    if status not in STATUSES:
+        status = "finished" if planned is None or completed >= planned else "unknown"
+    return RunState(status, completed, planned)
+
+
+def read_run_info(run_dir: Path) -> dict[str, Any]:
+    """``run.json`` as a dict (empty when it is missing or not a JSON object)."""
+    path = run_dir / RUN_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def count_iterations(metrics_path: Path) -> int:
+    """The number of distinct iterations logged in a ``metrics.jsonl`` (0 when it is missing)."""
+    return len({record.get("iteration") for record in iter_jsonl(metrics_path)})
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, skipping lines that are not one (such as a line cut short by a
+    killed process); nothing when the file is missing."""
+    for _, record in _jsonl_lines(path):
+        yield record
+
+
+def _jsonl_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(line text, object)`` for each line of a JSON-lines file that holds a JSON object."""
+    if not path.is_file():
+        return
+    with path.open(encoding="utf-8") as handle:
+        for text in handle:
+            try:
+                record = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield text, record
+
+
+def check_can_start(run_dir: Path) -> None:
+    """Refuse to start a new run in a directory that holds one (or is a file).
+
+    Raises:
+        RunDirError: saying how far the run there got, and how to resume it or start again.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} is a file")
+    state = read_run_state(run_dir)
+    if state is not None:
+        raise RunDirError(
+            f"{run_dir} already holds a run ({state.describe()}); continue it from its latest checkpoint with "
+            "--resume (resume=True), or delete its files and start again with --overwrite (overwrite=True)"
+        )
+
+
+def create_run_dir(run_dir: Path) -> Path | None:
+    """Create ``run_dir``; return the outermost directory this created (None if ``run_dir`` already existed)."""
+    missing = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return missing[-1] if missing else None
+
+
+def remove_run_files(run_dir: Path, names: Sequence[str] = RUN_FILES) -> None:
+    """Delete marllm's own files and directories (``names``) from ``run_dir``; anything else stays."""
+    for name in names:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader (or a crash) sees the old file or the new one, never a part."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def write_run_info(run_dir: Path, info: Mapping[str, Any]) -> None:
+    """Write ``run.json`` atomically."""
+    write_atomic(run_dir / RUN_FILE, json.dumps(dict(info), indent=2) + "\n")
+
+
+def update_run_info(run_dir: Path, **changes: Any) -> None:
+    """Change some keys of ``run.json`` (atomically), e.g. ``status`` and ``completed_iterations``."""
+    write_run_info(run_dir, {**read_run_info(run_dir), **changes})
+
+
+def keep_iterations_before(path: Path, iteration: int) -> list[dict[str, Any]]:
+    """Cut a JSON-lines log back to its lines of iterations before ``iteration`` (rewritten atomically; lines
+    that are not JSON objects are dropped). Returns the lines kept; a missing file stays missing."""
+    if not path.is_file():
+        return []
+    kept = [(text, record) for text, record in _jsonl_lines(path) if _iteration(record) < iteration]
+    write_atomic(path, "".join(text.rstrip("\n") + "\n" for text, _ in kept))
+    return [record for _, record in kept]
+
+
+def _iteration(record: Mapping[str, Any]) -> float:
+    value = record.get("iteration")
+    return value if isinstance(value, int) and not isinstance(value, bool) else float("inf")
+
+
+class RunLog:
+    """The per-iteration logs of a run: ``metrics.jsonl``, ``samples.jsonl`` and, optionally, TensorBoard scalars.
+
+    ``start`` is the first iteration this log writes: 0 starts the files afresh; a resumed run appends to files
+    already cut back to ``start`` (:func:`keep_iterations_before`), and TensorBoard hides its events from ``start``
+    on. Each line is flushed as it is written, so a killed run keeps every iteration it logged.
+    """
+
+    def __init__(self, run_dir: Path, start: int = 0, tensorboard: bool = False):
+        mode = "a" if start else "w"
+        self._metrics = (run_dir / METRICS_FILE).open(mode, encoding="utf-8")
+        self._samples = (run_dir / SAMPLES_FILE).open(mode, encoding="utf-8")
+        self._writer = _summary_writer(run_dir / TENSORBOARD_DIR, start) if tensorboard else None
+
+    def write(self, iteration: int, metrics: Mapping[str, Any], samples: Sequence[Mapping[str, Any]]) -> None:
+        """Log one iteration: its metrics line, its sample dialogues and its numeric metrics as scalars."""
+        self._metrics.write(json.dumps(dict(metrics)) + "\n")
+        self._metrics.flush()
+        for row in samples:
+            self._samples.write(json.dumps(dict(row)) + "\n")
+        self._samples.flush()
+        if self._writer is not None:
+            for key, value in metrics.items():
+                if isinstance(value, int | float) and not isinstance(value, bool) and key != "iteration":
+                    self._writer.add_scalar(key, value, iteration)
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._samples.close()
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _summary_writer(log_dir: Path, start: int) -> Any:
+    from torch.utils.tensorboard import SummaryWriter
+
+    # purge_step: events of iterations >= start (logged before a resumed run's checkpoint was cut to) are hidden.
+    return SummaryWriter(str(log_dir), purge_step=start if start else None)
