@@ -13,7 +13,7 @@ from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.config_loading import ConfigError, apply_overrides, build, read_yaml, to_dict
 from marllm.envs.tasks import TASKS, TaskConfig
 from marllm.models.lora import LoraSettings
-from marllm.models.policy import resolve_device
+from marllm.models.policy import check_device_name, resolve_device
 from marllm.references import check_model_reference
 from marllm.wrappers.shared_reward import check_coefficients, cooperation_matrix
 
@@ -44,7 +44,7 @@ class ModelConfig:
         if self.load_in_4bit and self.lora is None:
             raise ValueError("model.load_in_4bit needs model.lora: 4-bit base weights are not trained directly")
         try:
-            resolve_device(self.device)
+            check_device_name(self.device)
         except ValueError as error:
             raise ValueError(f"model.device: {error}") from error
         if self.dtype in ("bfloat16", "float16") and self.lora is None:
@@ -229,12 +229,17 @@ class TrainConfig:
         return check_coefficients(c, self.env.roles)
 
     def check_references(self) -> None:
-        """Check that the model, reward model and dataset the config names can be found, before anything loads.
+        """Check that the model, reward model, dataset and device the config names exist on this machine, before
+        anything loads (a config itself loads anywhere, e.g. a GPU config on a CPU machine).
 
         Raises:
-            ConfigError: naming the key whose path does not exist, or whose hub id is not in the local cache while
-                the hub is offline.
+            ConfigError: naming the key whose path does not exist, whose hub id is not in the local cache while the
+                hub is offline, or whose device this machine lacks.
         """
+        try:
+            resolve_device(self.model.device)
+        except ValueError as error:
+            raise ConfigError(f"model.device: {error}") from error
         check_model_reference(self.model.name_or_path, "model.name_or_path", asset="offline-base")
         self.task.check_references()
 

@@ -230,20 +230,25 @@ def test_damaged_weights_and_missing_tokenizer_files_name_the_model(tiny_lm_dir,
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_without_cuda_is_a_config_error_naming_model_device():
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_a_config_error_naming_model_device(tmp_path, capsys):
+    config = load_config(CORY, ["model.device=cuda"])  # a GPU config loads anywhere (to inspect, or send elsewhere)
     with pytest.raises(ConfigError) as error:
-        load_config(CORY, ["model.device=cuda"])
+        config.check_references()  # what build() checks first, before anything loads
     message = str(error.value)
     assert "model.device: 'cuda' needs a CUDA GPU, but torch" in message
     assert "finds none on this machine; available here: ['auto', 'cpu']" in message
+    assert main(["train", str(CORY), "--run-dir", str(tmp_path / "run"), "model.device=cuda"]) == 2
+    assert "config error: model.device: 'cuda' needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_an_unknown_or_absent_device_lists_the_available_ones():
-    with pytest.raises(ConfigError, match=r"model.device: 'gpu' is not a device name; available here: \['auto', 'cpu'"):
+    with pytest.raises(ConfigError, match=r"model.device: 'gpu' is not a device name; give auto, cpu, cuda"):
         load_config(CORY, ["model.device=gpu"])
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    with pytest.raises(ConfigError, match=r"model.device: 'cuda:7\d*'"):
-        load_config(CORY, [f"model.device=cuda:{70 + count}"])
+    with pytest.raises(ConfigError, match=r"model.device: 'cuda:7\d*'.*available"):
+        load_config(CORY, [f"model.device=cuda:{70 + count}"]).check_references()
 
 
 # --- YAML files -------------------------------------------------------------------------------------------------

@@ -17,6 +17,26 @@ from marllm.references import model_load_error
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def check_device_name(device: str) -> None:
+    """``device`` must be ``auto`` or name a device type marllm runs on (``cpu``, ``cuda``, ``cuda:N``, ``mps``);
+    whether this machine has it is :func:`resolve_device`'s question, so that a GPU config loads anywhere.
+
+    Raises:
+        ValueError: ``device`` is not such a name.
+    """
+    if device == "auto":
+        return
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        kind = None
+    if kind not in DEVICE_TYPES:
+        raise ValueError(f"{device!r} is not a device name; give auto, cpu, cuda, cuda:N or mps")
+
+
 def resolve_device(device: str) -> torch.device:
     """``"auto"`` is CUDA when available, else CPU; ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` must exist here.
 
