@@ -15,7 +15,7 @@ import datasets
 from datasets.exceptions import DatasetGenerationError
 
 from marllm.data_formats import DATA_FORMATS, suffix_list
-from marllm.envs.tasks.local_files import RowNames, check_local_file, clip
+from marllm.envs.tasks.local_files import RowNames, check_local_file, text_problem
 from marllm.envs.text_env import RewardFn
 
 
@@ -94,17 +94,6 @@ def read_local_file(path: Path) -> datasets.Dataset:
         raise ValueError(
             f"dataset file {str(path)!r} could not be read as {kind}: {type(cause).__name__}: {cause}"
         ) from error
-
-
-def text_problem(value: Any) -> str | None:
-    """What is wrong with ``value`` as a text (``"is null ..."``), or None for a string with a visible character."""
-    if value is None:
-        return "is null; it must be a non-empty string"
-    if not isinstance(value, str):
-        return f"is {type(value).__name__} {clip(repr(value))}; it must be a non-empty string"
-    if not value.strip():
-        return f"is {clip(repr(value))}: empty or only whitespace; it must hold text"
-    return None
 
 
 def numbered_rows(source: str) -> RowNames:

@@ -19,7 +19,7 @@ from typing import Any
 
 from marllm.data_formats import DATA_FORMATS
 
-__all__ = ["RowNames", "check_local_file", "clip"]
+__all__ = ["RowNames", "check_local_file", "clip", "text_problem"]
 
 RowNames = Callable[[int], str]
 """Names row ``i`` (counted from 0) of a dataset in an error message, e.g. ``"dataset file 'a.jsonl': line 3"``."""
@@ -29,8 +29,8 @@ def check_local_file(path: Path, columns: Sequence[str] = ()) -> RowNames | None
     """Read ``path`` once and raise ``ValueError`` naming it and the line when it cannot be a dataset.
 
     Refused: a suffix not in :data:`~marllm.data_formats.DATA_FORMATS`; an empty file; bytes that are not UTF-8; in
-    a JSON file a line (or list item) that is not a JSON object.
-    ``columns``, the columns the caller needs, only make the example record that messages show.
+    a JSON file a line (or list item) that is not a JSON object, or whose value in one of ``columns`` (the text
+    columns the caller needs, which also make the example record that messages show) is neither a string nor null.
 
     Returns:
         For a JSON file, the names of its rows as ``datasets`` reads them (``dataset file '…': line 3``, or
@@ -124,3 +124,20 @@ def _check_record(path: Path, where: str, record: Any, columns: Sequence[str]) -
             f"{_file(path)}: {where} holds a JSON {type(record).__name__}, not an object; "
             f"{_expected('.jsonl', columns)}"
         )
+    for column in columns:
+        value = record.get(column)
+        # A number or a list among strings makes datasets' (Arrow's) type inference fail with its own error, or not,
+        # depending on its version: named here, before it parses. Null and blank texts are require_texts' to name.
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{_file(path)}: {where}: {column!r} {text_problem(value)}")
+
+
+def text_problem(value: Any) -> str | None:
+    """What is wrong with ``value`` as a text (``"is null ..."``), or None for a string with a visible character."""
+    if value is None:
+        return "is null; it must be a non-empty string"
+    if not isinstance(value, str):
+        return f"is {type(value).__name__} {clip(repr(value))}; it must be a non-empty string"
+    if not value.strip():
+        return f"is {clip(repr(value))}: empty or only whitespace; it must hold text"
+    return None
