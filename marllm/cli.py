@@ -1,4 +1,4 @@
-"""``marllm`` command line: train, report, prepare, main (the offline CORY-vs-PPO job)."""
+"""``marllm`` command line: train, report, prepare, eval, main (the offline CORY-vs-PPO job), study."""
 
 from __future__ import annotations
 
@@ -118,6 +118,52 @@ def _main_job(args: argparse.Namespace) -> int:
     return 0
 
 
+def _study(args: argparse.Namespace) -> int:
+    """``marllm study STUDY.yaml`` runs a study; ``marllm study report STUDY_DIR`` rebuilds its report."""
+    if args.study == "report":
+        if args.study_dir is None or args.workers is not None or args.overwrite or args.out is not None:
+            raise ConfigError("marllm study report takes a study directory and no options: marllm study report DIR")
+        return _study_report(Path(args.study_dir))
+    if args.study_dir is not None:
+        raise ConfigError(
+            f"marllm study takes one study file, got also {args.study_dir!r} (or: marllm study report DIR)"
+        )
+    from marllm.studies.execute import LocalExecutor, run_study
+    from marllm.studies.spec import load_study
+
+    study = load_study(args.study)
+    study_dir = Path(args.out) if args.out else Path("runs") / "studies" / study.name
+    try:
+        outcomes = run_study(study, study_dir, LocalExecutor(args.workers), overwrite=args.overwrite)
+    except KeyboardInterrupt:
+        again = ["marllm", "study", args.study, "--out", str(study_dir)]
+        if args.workers is not None:
+            again += ["--workers", str(args.workers)]
+        print(
+            f"\nmarllm: study {study.name} interrupted; finished runs are kept and stopped ones resume from their "
+            f"checkpoints with: {shlex.join(again)}",
+            file=sys.stderr,
+        )
+        return 130
+    failed = [outcome for outcome in outcomes if outcome.status == "failed"]
+    for outcome in failed:
+        print(f"marllm: run {outcome.name} failed: {outcome.error}", file=sys.stderr)
+    done = sum(outcome.status in ("finished", "skipped") for outcome in outcomes)
+    print(f"study {study.name}: {done} of {len(outcomes)} runs finished, {len(failed)} failed, in {study_dir}")
+    _study_report(study_dir)
+    return 1 if failed else 0
+
+
+def _study_report(study_dir: Path) -> int:
+    try:
+        from marllm.studies.report import build_study_report
+    except ImportError as error:
+        print(f"marllm: no study report (marllm.studies.report is not available: {error})", file=sys.stderr)
+        return 0
+    print(f"study report written to {build_study_report(study_dir)}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="marllm", description="Multi-agent RL fine-tuning of LLMs (CORY and beyond).")
     commands = root.add_subparsers(dest="command", required=True)
@@ -171,6 +217,19 @@ def parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true", help="train both runs again (by default an unfinished run is resumed)"
     )
     main.set_defaults(handler=_main_job)
+
+    study = commands.add_parser(
+        "study",
+        help="run a study (configs x variants x grid x seeds), or rebuild its report: marllm study report STUDY_DIR",
+    )
+    study.add_argument("study", metavar="STUDY.yaml", help="study file (or 'report' followed by a study directory)")
+    study.add_argument("study_dir", nargs="?", default=None, metavar="STUDY_DIR", help="with 'report': the study")
+    study.add_argument(
+        "--workers", type=_positive_int, default=None, help="runs at a time (default: the number of CPUs)"
+    )
+    study.add_argument("--out", default=None, help="study directory (default: runs/studies/NAME)")
+    study.add_argument("--overwrite", action="store_true", help="start every run again, even finished ones")
+    study.set_defaults(handler=_study)
     return root
 
 

@@ -1,0 +1,28 @@
+"""Studies: a study file expands configs × variants × grid × seeds into ordinary runs, run by an executor.
+
+See :mod:`marllm.studies.spec` for the study file and :mod:`marllm.studies.execute` for running one. The names
+below are imported on first use, so that ``marllm.studies.report`` loads without the training stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Executor": "marllm.studies.execute",
+    "LocalExecutor": "marllm.studies.execute",
+    "RunOutcome": "marllm.studies.execute",
+    "run_study": "marllm.studies.execute",
+    "Study": "marllm.studies.spec",
+    "StudyRun": "marllm.studies.spec",
+    "load_study": "marllm.studies.spec",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'marllm.studies' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

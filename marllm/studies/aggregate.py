@@ -1,0 +1,210 @@
+"""Statistics over the seeds of a study: curves, final values, intervals, comparisons and Pareto frontiers.
+
+Pure functions on numbers and numpy arrays; nothing here reads files. A *cell* is a variant plus its axis
+values, and its seeds are the replicates. Intervals are two-sided 95% Student-t intervals:
+
+- one cell: ``mean ± t_{0.975, n-1} · s / √n`` with the sample standard deviation ``s`` (ddof = 1);
+- a difference of two cells (Welch, seeds not paired across variants):
+  ``(m_a - m_b) ± t_{0.975, ν} · √(s_a²/n_a + s_b²/n_b)`` with the Welch–Satterthwaite degrees of freedom
+  ``ν = (s_a²/n_a + s_b²/n_b)² / ((s_a²/n_a)²/(n_a-1) + (s_b²/n_b)²/(n_b-1))``.
+
+An interval that needs a standard deviation from a single seed is undefined: its bounds are ``None``. A Welch
+difference whose seeds have no spread at all has the zero-width interval ``[diff, diff]`` and no df.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+CONFIDENCE = 0.95
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-14:
+            break
+    return h
+
+
+def incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function ``I_x(a, b)`` for ``a, b > 0`` and ``0 ≤ x ≤ 1``."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"x must be in [0, 1], got {x}")
+    if x in (0.0, 1.0):
+        return x
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """The cumulative distribution function of Student's t with ``df > 0`` (possibly fractional) degrees."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    tail = 0.5 * incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on :func:`t_cdf`)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        high *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        if t_cdf(mid, df) < p:
+            low = mid
+        else:
+            high = mid
+        if high - low < 1e-12 * max(1.0, high):
+            break
+    return 0.5 * (low + high)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Mean, sample std (ddof=1) and 95% t interval of some per-seed values; ``std``/``low``/``high`` are None
+    when fewer than two values are given (the interval is then undefined)."""
+
+    mean: float
+    std: float | None
+    low: float | None
+    high: float | None
+    n: int
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {"mean": self.mean, "std": self.std, "ci_low": self.low, "ci_high": self.high, "n": self.n}
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``mean_a - mean_b`` with its Welch 95% interval (None when either side has fewer than two seeds)."""
+
+    diff: float
+    low: float | None
+    high: float | None
+    df: float | None
+    n_a: int
+    n_b: int
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "diff": self.diff,
+            "ci_low": self.low,
+            "ci_high": self.high,
+            "df": self.df,
+            "n_a": self.n_a,
+            "n_b": self.n_b,
+        }
+
+
+def estimate(values: Sequence[float] | np.ndarray) -> Estimate:
+    """Mean, sample std and 95% Student-t interval for the mean of per-seed ``values`` (at least one)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or len(x) == 0:
+        raise ValueError("estimate needs a non-empty 1-d sequence of values")
+    mean = float(x.mean())
+    if len(x) < 2:
+        return Estimate(mean, None, None, None, 1)
+    std = float(x.std(ddof=1))
+    half = t_quantile(0.5 + CONFIDENCE / 2, len(x) - 1) * std / math.sqrt(len(x))
+    return Estimate(mean, std, mean - half, mean + half, len(x))
+
+
+def welch_difference(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> Difference:
+    """Difference of means ``a - b`` with a Welch–Satterthwaite 95% t interval (see the module docstring)."""
+    xa, xb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(xa) == 0 or len(xb) == 0:
+        raise ValueError("welch_difference needs at least one value on each side")
+    diff = float(xa.mean() - xb.mean())
+    if len(xa) < 2 or len(xb) < 2:
+        return Difference(diff, None, None, None, len(xa), len(xb))
+    va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return Difference(diff, diff, diff, None, len(xa), len(xb))
+    df = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))
+    half = t_quantile(0.5 + CONFIDENCE / 2, df) * se
+    return Difference(diff, diff - half, diff + half, float(df), len(xa), len(xb))
+
+
+def final_value(values: Sequence[float] | np.ndarray, last_k: int = 5) -> float:
+    """The mean of the last ``last_k`` values of one seed's curve (all of them when the curve is shorter)."""
+    if last_k < 1:
+        raise ValueError(f"last_k must be at least 1, got {last_k}")
+    x = np.asarray(values, dtype=np.float64)
+    if len(x) == 0:
+        raise ValueError("final_value needs at least one value")
+    return float(x[-last_k:].mean())
+
+
+def mean_curve(
+    series: Sequence[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Across seeds, at each iteration: ``(iterations, mean, std, n)``.
+
+    ``series`` holds one ``(iterations, values)`` pair per seed. An iteration is included when at least one seed
+    logs it; ``n`` counts the seeds there and ``std`` (ddof=1) is NaN where ``n < 2``.
+    """
+    by_iteration: dict[int, list[float]] = {}
+    for iterations, values in series:
+        for it, value in zip(np.asarray(iterations).tolist(), np.asarray(values).tolist(), strict=True):
+            by_iteration.setdefault(int(it), []).append(float(value))
+    its = np.array(sorted(by_iteration), dtype=np.int64)
+    groups = [np.array(by_iteration[i]) for i in its.tolist()]
+    mean = np.array([g.mean() for g in groups], dtype=np.float64)
+    std = np.array([g.std(ddof=1) if len(g) > 1 else np.nan for g in groups], dtype=np.float64)
+    n = np.array([len(g) for g in groups], dtype=np.int64)
+    return its, mean, std, n
+
+
+def mean_over_learners(series: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """One seed's ``(iterations, values)`` averaged over its learners, at the iterations every learner logs."""
+    if not series:
+        return np.array([], dtype=np.int64), np.array([], dtype=np.float64)
+    common = series[0][0]
+    for iterations, _ in series[1:]:
+        common = np.intersect1d(common, iterations)
+    rows = []
+    for iterations, values in series:
+        lookup = dict(zip(np.asarray(iterations).tolist(), np.asarray(values).tolist(), strict=True))
+        rows.append([lookup[i] for i in common.tolist()])
+    return np.asarray(common, dtype=np.int64), np.asarray(rows, dtype=np.float64).mean(axis=0)
+
+
+def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
+    """The keys of the non-dominated ``(reward, kl)`` points: higher reward and lower KL are better.
+
+    A point is dominated when another is at least as good in both and strictly better in one; points tied in
+    both coordinates do not dominate each other, so all of them stay. The result is sorted by KL, then reward.
+    """
+    keep = []
+    for key, (reward, kl) in points.items():
+        dominated = any(
+            r >= reward and k <= kl and (r > reward or k < kl) for other, (r, k) in points.items() if other != key
+        )
+        if not dominated:
+            keep.append(key)
+    return sorted(keep, key=lambda key: (points[key][1], points[key][0]))

@@ -1,0 +1,337 @@
+"""Running a study: its directory, what each run needs (skip, resume, start over), and a local process pool.
+
+The study directory holds ``study.yaml`` (the study file, base inline), ``study.json`` (the expanded runs) and
+``runs/<name>/``, one ordinary run directory per run (``error.txt`` in it when the run failed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal, Protocol
+
+import yaml
+
+from marllm.config_loading import ConfigError
+from marllm.run_dir import read_run_info, write_atomic
+from marllm.studies.spec import Study, StudyRun
+
+STUDY_FILE = "study.yaml"
+EXPANSION_FILE = "study.json"
+ERROR_FILE = "error.txt"
+
+Action = Literal["skip", "resume", "start"]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How one run of a study ended.
+
+    Attributes:
+        name: the run's name.
+        status: ``finished``, ``skipped`` (finished before), ``failed`` or ``interrupted``.
+        error: the one-line error of a failed run (or the summary of an interrupted one).
+        seconds: wall time in its worker.
+    """
+
+    name: str
+    status: str
+    error: str | None = None
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """A progress event: ``kind`` is ``started`` (outcome None) or ``ended``."""
+
+    kind: Literal["started", "ended"]
+    name: str
+    outcome: RunOutcome | None = None
+
+
+class Executor(Protocol):
+    """Runs the runs of a study (a local process pool here; a cluster executor could come later)."""
+
+    def run(
+        self, runs: Sequence[StudyRun], study_dir: Path, on_event: Callable[[RunEvent], None], overwrite: bool = False
+    ) -> list[RunOutcome]:
+        """Run each run in ``study_dir/runs/<name>`` (skipping finished ones) and return an outcome per run."""
+        ...
+
+
+def prepare_study_dir(study: Study, runs: Sequence[StudyRun], study_dir: Path, overwrite: bool = False) -> None:
+    """Write ``study.yaml`` and ``study.json``; a directory that holds another study's expansion is refused.
+
+    Raises:
+        ConfigError: ``study_dir`` holds a study whose expansion differs (and ``overwrite`` is not set).
+    """
+    expansion = study.expansion(runs)
+    existing = study_dir / EXPANSION_FILE
+    if existing.is_file() and not overwrite:
+        try:
+            before = json.loads(existing.read_text(encoding="utf-8"))
+        except ValueError:
+            before = None
+        if not isinstance(before, dict) or before.get("runs") != expansion["runs"]:
+            raise ConfigError(
+                f"{study_dir} holds a study whose runs differ from study {study.name}'s; give another --out, or "
+                "start every run again with --overwrite"
+            )
+        check_run_configs(runs, study_dir)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(study_dir / STUDY_FILE, yaml.safe_dump(study.to_file_dict(), sort_keys=False))
+    write_atomic(existing, json.dumps(expansion, indent=2) + "\n")
+
+
+def check_run_configs(runs: Sequence[StudyRun], study_dir: Path) -> None:
+    """Refuse a study whose runs would train differently from the runs already in ``study_dir`` (a changed base
+    config, say): a finished run would be kept as it is. Keys a resumed run may change (``iterations``, logging …)
+    may differ.
+
+    Raises:
+        ConfigError: naming the first such run and its changed keys.
+    """
+    from marllm.config import resume_differences
+    from marllm.run_dir import CONFIG_FILE
+
+    for run in runs:
+        path = study_dir / run.relative_dir / CONFIG_FILE
+        if not path.is_file() or plan(run, path.parent) == "start":  # a run started over may change
+            continue
+        try:
+            saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue  # an unreadable run is started over
+        changed = resume_differences(saved, run.config) if isinstance(saved, dict) else []
+        if changed:
+            raise ConfigError(
+                f"run {run.name} in {study_dir} was trained with another config ({'; '.join(changed)}); give another "
+                "--out, or start every run again with --overwrite"
+            )
+
+
+def plan(run: StudyRun, run_dir: Path, overwrite: bool = False) -> Action:
+    """What ``run`` needs: ``skip`` (finished all its iterations), ``resume`` (stopped, with a checkpoint) or
+    ``start`` (new, failed, or stopped before its first checkpoint: started over)."""
+    if overwrite or not run_dir.is_dir():
+        return "start"
+    info = read_run_info(run_dir)
+    status = info.get("status")
+    if status == "finished" and info.get("completed_iterations") == run.config.iterations:
+        return "skip"
+    if status == "failed" or (run_dir / ERROR_FILE).exists():
+        return "start"
+    from marllm.checkpoint import latest_checkpoint
+
+    return "resume" if latest_checkpoint(run_dir) is not None else "start"
+
+
+def run_one(config_data: dict[str, Any], run_dir: str, action: Action) -> RunOutcome:
+    """Train one run (in a worker process); a failure is written to ``error.txt`` and returned, not raised."""
+    from marllm.config import config_from_dict
+    from marllm.interrupts import TrainingInterrupted
+    from marllm.train import train
+
+    global _busy
+    path = Path(run_dir)
+    _busy, started = True, time.monotonic()
+    name = path.name
+    if _stopping is not None and _stopping.is_set():  # the study was interrupted before this run began
+        _busy = False
+        return RunOutcome(name, "interrupted", "not started: the study was interrupted")
+    try:
+        (path / ERROR_FILE).unlink(missing_ok=True)
+        train(config_from_dict(config_data), path, resume=action == "resume", overwrite=action == "start")
+    except TrainingInterrupted as stop:
+        return RunOutcome(name, "interrupted", stop.summary(), time.monotonic() - started)
+    except KeyboardInterrupt:
+        return RunOutcome(name, "interrupted", "interrupted before training began", time.monotonic() - started)
+    except Exception as error:  # noqa: BLE001 - a failed run is recorded and the study goes on
+        message = _one_line(error)
+        with contextlib.suppress(OSError):  # e.g. the run directory is a file: the outcome still says why
+            path.mkdir(parents=True, exist_ok=True)
+            write_atomic(path / ERROR_FILE, message + "\n")
+        return RunOutcome(name, "failed", message, time.monotonic() - started)
+    finally:
+        _busy = False
+    return RunOutcome(name, "finished", None, time.monotonic() - started)
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+_busy = False  # in a worker: whether it is running a run (SIGINT stops a run, an idle worker ignores it)
+_stopping: Any = None  # in a worker: the study's stop event (set by the parent on Ctrl-C)
+
+
+def _worker_init(stopping: Any = None) -> None:
+    """Each worker: one thread for torch, no progress bars of its own (the study shows one), and its own process
+    group, so that a terminal's Ctrl-C reaches only the parent, which passes one SIGINT on to the workers (a second
+    one would stop a run without its checkpoint)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    global _stopping
+    _stopping = stopping
+    os.setpgrp()
+    signal.signal(signal.SIGINT, _idle_sigint)
+    import datasets
+    import torch
+    import transformers
+
+    torch.set_num_threads(1)
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _idle_sigint(number: int, frame: FrameType | None) -> None:
+    """SIGINT in a worker outside ``train()`` (which handles it itself): stop a run that is loading, ignore it
+    when idle."""
+    if _busy:
+        raise KeyboardInterrupt
+
+
+class LocalExecutor:
+    """Runs a study's runs in a pool of ``workers`` spawned processes (default: ``os.cpu_count()``)."""
+
+    def __init__(self, workers: int | None = None):
+        self.workers = max(1, workers or os.cpu_count() or 1)
+
+    def run(
+        self, runs: Sequence[StudyRun], study_dir: Path, on_event: Callable[[RunEvent], None], overwrite: bool = False
+    ) -> list[RunOutcome]:
+        """Run every run; on KeyboardInterrupt, pass SIGINT to the workers (each checkpoints and stops), wait for
+        them, and raise KeyboardInterrupt again."""
+        outcomes: dict[str, RunOutcome] = {}
+        todo: list[tuple[StudyRun, Action]] = []
+        for run in runs:
+            action = plan(run, study_dir / run.relative_dir, overwrite)
+            if action == "skip":
+                outcomes[run.name] = RunOutcome(run.name, "skipped")
+                on_event(RunEvent("ended", run.name, outcomes[run.name]))
+            else:
+                todo.append((run, action))
+        if todo:
+            outcomes.update(self._run_pool(todo, study_dir, on_event))
+        return [outcomes[run.name] for run in runs]
+
+    def _run_pool(
+        self, todo: list[tuple[StudyRun, Action]], study_dir: Path, on_event: Callable[[RunEvent], None]
+    ) -> dict[str, RunOutcome]:
+        outcomes: dict[str, RunOutcome] = {}
+        threads = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"  # spawned workers inherit it before they import torch
+        context = multiprocessing.get_context("spawn")
+        stopping = context.Event()
+        workers = min(self.workers, len(todo))
+        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(stopping,))
+        pending: dict[Future, str] = {}
+        queue = list(reversed(todo))
+        try:
+            while queue or pending:
+                while queue and len(pending) < workers:  # no more than the workers can start: nothing waits queued
+                    run, action = queue.pop()
+                    run_dir = str(study_dir / run.relative_dir)
+                    with _sigint_ignored():  # a worker spawned here starts immune until its initializer runs
+                        pending[pool.submit(run_one, run.config.to_dict(), run_dir, action)] = run.name
+                    on_event(RunEvent("started", run.name))
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    name = pending.pop(future)
+                    outcomes[name] = _result(future, name)
+                    on_event(RunEvent("ended", name, outcomes[name]))
+        except KeyboardInterrupt:
+            stopping.set()
+            for future in pending:
+                future.cancel()
+            for process in list(getattr(pool, "_processes", {}).values()):
+                if process.is_alive() and process.pid is not None:
+                    os.kill(process.pid, signal.SIGINT)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            if threads is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = threads
+        return outcomes
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT for a moment (a process spawned meanwhile inherits that until it installs its own handler)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _result(future: Future, name: str) -> RunOutcome:
+    try:
+        return future.result()
+    except BaseException as error:  # noqa: BLE001 - a worker that died (killed, out of memory) fails its run only
+        return RunOutcome(name, "failed", f"worker failed: {_one_line(error)}")
+
+
+class StudyProgress:
+    """One tqdm bar on stderr for a whole study: runs done, running and failed, with an ETA."""
+
+    def __init__(self, total: int, workers: int, enabled: bool = True):
+        from tqdm.auto import tqdm
+
+        self.workers = workers
+        self.running = self.failed = 0
+        self.bar = tqdm(total=total, desc="study", unit="run", disable=not enabled)
+
+    def __call__(self, event: RunEvent) -> None:
+        if event.kind == "started":
+            self.running += 1
+        else:
+            if event.outcome is not None and event.outcome.status != "skipped":
+                self.running -= 1
+            if event.outcome is not None and event.outcome.status == "failed":
+                self.failed += 1
+            self.bar.update(1)
+        self.bar.set_postfix(running=min(self.running, self.workers), failed=self.failed, refresh=True)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_study(
+    study: Study,
+    study_dir: Path,
+    executor: Executor | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> list[RunOutcome]:
+    """Expand and validate ``study`` (before any run starts), write its directory, and run its runs.
+
+    Finished runs are skipped, stopped runs with a checkpoint resumed, and failed or never-checkpointed runs started
+    over (``overwrite``: every run started over). A failed run does not stop the study.
+
+    Raises:
+        ConfigError: an override of some run is invalid, or ``study_dir`` holds another study.
+        KeyboardInterrupt: Ctrl-C, after the running runs have checkpointed and stopped.
+    """
+    runs = study.runs()
+    prepare_study_dir(study, runs, study_dir, overwrite)
+    executor = executor or LocalExecutor()
+    display = StudyProgress(len(runs), getattr(executor, "workers", len(runs)), progress)
+    try:
+        return executor.run(runs, study_dir, display, overwrite)
+    finally:
+        display.close()

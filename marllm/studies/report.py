@@ -1,0 +1,411 @@
+"""The report of a study: seeds aggregated per cell, comparisons between variants, and the reward–KL frontier.
+
+:func:`build_study_report` reads ``STUDY_DIR/study.json`` and the run directories it names and writes
+``STUDY_DIR/report/``: ``report.md``, PNG figures and ``summary.json`` with every number shown.
+
+Conventions:
+
+- A *cell* is a variant plus its axis values; its finished runs are its seeds. Runs that failed, did not finish or
+  cannot be read are listed at the top of the report and left out of every aggregate.
+- Each metric (task reward, KL, combined reward) is reported per learner and for ``mean``, the average over the
+  run's learners at each iteration (for a single-learner run, ``mean`` is that learner), so that a CORY cell (llm1,
+  llm2) and a PPO cell (llm1) are compared on ``mean``.
+- A seed's final value is the mean of its last ``last_k`` logged iterations; see :mod:`marllm.studies.aggregate`
+  for the intervals.
+- Comparisons: each ``[a, b]`` pair of ``study.json``'s ``compare`` (when absent or empty, every other variant
+  against the first variant in run order) is reported as ``a − b`` (Welch) for each metric on ``mean``, between
+  cells with the same axis values, or between every pair of their cells when no axis values match.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from marllm.reporting.plots import curve_colors
+from marllm.reporting.runs import Run, load_run
+from marllm.reporting.tables import escape_cell, fmt, markdown_table
+from marllm.studies.aggregate import (
+    estimate,
+    final_value,
+    mean_curve,
+    mean_over_learners,
+    pareto_front,
+    welch_difference,
+)
+
+STUDY_FILE = "study.json"
+REPORT_DIR = "report"
+METRICS = {"task_reward": "task reward", "kl": "KL", "combined_reward": "combined reward"}
+MEAN = "mean"
+_FIGSIZE = (7.0, 4.2)
+_DPI = 120
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+@dataclass
+class Cell:
+    """A variant at one set of axis values, with its finished runs (the seeds)."""
+
+    variant: str
+    axes: dict[str, Any]
+    runs: list[Run] = field(default_factory=list)
+    seeds: list[Any] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        settings = ", ".join(f"{key}={_show(value)}" for key, value in self.axes.items())
+        return f"{self.variant} ({settings})" if settings else self.variant
+
+    @property
+    def learners(self) -> list[str]:
+        found: dict[str, None] = {}
+        for run in self.runs:
+            found.update(dict.fromkeys(run.learners))
+        return list(found)
+
+    @property
+    def series_names(self) -> list[str]:
+        """The learners, then ``mean`` (equal to the learner for a single-learner cell)."""
+        return [*self.learners, MEAN]
+
+    def seed_series(self, metric: str, learner: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One ``(iterations, values)`` per seed; ``mean`` averages the run's learners."""
+        out = []
+        for run in self.runs:
+            if learner == MEAN:
+                series = mean_over_learners([run.series(f"{name}/{metric}") for name in run.learners])
+            else:
+                series = run.series(f"{learner}/{metric}")
+            if len(series[1]):
+                out.append(series)
+        return out
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def build_study_report(study_dir: Path, last_k: int = 5) -> Path:
+    """Write ``study_dir/report/report.md`` with its figures and ``summary.json``; returns the markdown path."""
+    study_dir = Path(study_dir)
+    study = json.loads((study_dir / STUDY_FILE).read_text(encoding="utf-8"))
+    cells, excluded = _collect(study_dir, study)
+    out = study_dir / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    colors = dict(zip((c.label for c in cells), curve_colors(max(len(cells), 1)), strict=False))
+    summary_cells = [_summarize_cell(cell, last_k) for cell in cells]
+    comparisons = _comparisons(study, cells, summary_cells)
+    finals = {s["label"]: s["final"] for s in summary_cells}
+    pareto = _pareto(cells, finals)
+    figures = []
+    for metric, title in METRICS.items():
+        name = f"curves_{metric}.png"
+        if _plot_curves(cells, summary_cells, colors, metric, title, out / name):
+            figures.append((f"{title} (mean ± std over seeds)", name))
+    for axis in _grid_axes(cells):
+        name = f"axis_{axis.replace('.', '_')}.png"
+        if _plot_axis(cells, finals, axis, out / name):
+            figures.append((f"final metrics against {axis}", name))
+    if _plot_reward_vs_kl(cells, finals, pareto, colors, out / "reward_vs_kl.png"):
+        figures.append(("final task reward vs final KL, with each variant's frontier", "reward_vs_kl.png"))
+    summary = {
+        "name": study.get("name", study_dir.name),
+        "last_k": last_k,
+        "excluded_runs": excluded,
+        "cells": summary_cells,
+        "comparisons": comparisons,
+        "pareto": pareto,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False))
+    path = out / "report.md"
+    path.write_text(_markdown(summary, figures), encoding="utf-8")
+    return path
+
+
+def _collect(study_dir: Path, study: dict[str, Any]) -> tuple[list[Cell], list[dict[str, Any]]]:
+    """Finished runs grouped into cells in order of first appearance; the other runs with the reason."""
+    cells: dict[str, Cell] = {}
+    excluded = []
+    for entry in study.get("runs", []):
+        variant, axes = str(entry.get("variant", entry["name"])), dict(entry.get("axes") or {})
+        cell = cells.setdefault(json.dumps([variant, sorted(axes.items())], default=str), Cell(variant, axes))
+        row = {"run": entry["name"], "variant": variant, "seed": entry.get("seed")}
+        try:
+            run = load_run(study_dir / entry.get("run_dir", f"runs/{entry['name']}"))
+        except (OSError, ValueError) as err:
+            excluded.append({**row, "reason": f"unreadable: {err}"})
+            continue
+        if not run.finished:
+            excluded.append({**row, "reason": run.note})
+            continue
+        cell.runs.append(run)
+        cell.seeds.append(entry.get("seed"))
+    return list(cells.values()), excluded
+
+
+def _summarize_cell(cell: Cell, last_k: int) -> dict[str, Any]:
+    curves: dict[str, dict[str, Any]] = {}
+    finals: dict[str, dict[str, Any]] = {}
+    for metric in METRICS:
+        for learner in cell.series_names:
+            seeds = cell.seed_series(metric, learner)
+            if not seeds:
+                continue
+            its, mean, std, n = mean_curve(seeds)
+            curves.setdefault(metric, {})[learner] = {
+                "iterations": its.tolist(),
+                "mean": mean.tolist(),
+                "std": [None if np.isnan(s) else float(s) for s in std],
+                "n": n.tolist(),
+            }
+            per_seed = [final_value(values, last_k) for _, values in seeds]
+            finals.setdefault(metric, {})[learner] = {**estimate(per_seed).as_dict(), "per_seed": per_seed}
+    return {
+        "label": cell.label,
+        "variant": cell.variant,
+        "axes": cell.axes,
+        "n_seeds": len(cell.runs),
+        "seeds": cell.seeds,
+        "runs": [run.path.name for run in cell.runs],
+        "final": finals,
+        "curves": curves,
+    }
+
+
+def _comparisons(study: dict[str, Any], cells: list[Cell], summaries: list[dict[str, Any]]) -> list[dict]:
+    variants = list(dict.fromkeys(cell.variant for cell in cells))
+    pairs = study.get("compare") or [[v, variants[0]] for v in variants[1:]]
+    out = []
+    for a, b in pairs:
+        cells_a = [(c, s) for c, s in zip(cells, summaries, strict=True) if c.variant == a and c.runs]
+        cells_b = [(c, s) for c, s in zip(cells, summaries, strict=True) if c.variant == b and c.runs]
+        for cell_a, sum_a in cells_a:
+            matching = [(c, s) for c, s in cells_b if c.axes == cell_a.axes] or cells_b
+            for cell_b, sum_b in matching:
+                for metric in METRICS:
+                    fa, fb = sum_a["final"].get(metric, {}), sum_b["final"].get(metric, {})
+                    if MEAN not in fa or MEAN not in fb:
+                        continue
+                    diff = welch_difference(fa[MEAN]["per_seed"], fb[MEAN]["per_seed"])
+                    out.append(
+                        {"a": cell_a.label, "b": cell_b.label, "metric": metric, "learner": MEAN, **diff.as_dict()}
+                    )
+    return out
+
+
+def _pareto(cells: list[Cell], finals: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Per variant, the labels of its non-dominated cells on final (task reward, KL) of ``mean``."""
+    out: dict[str, list[str]] = {}
+    for variant in dict.fromkeys(cell.variant for cell in cells):
+        points = {}
+        for cell in cells:
+            final = finals[cell.label]
+            if cell.variant == variant and MEAN in final.get("task_reward", {}) and MEAN in final.get("kl", {}):
+                points[cell.label] = (final["task_reward"][MEAN]["mean"], final["kl"][MEAN]["mean"])
+        if points:
+            out[variant] = pareto_front(points)
+    return out
+
+
+def _grid_axes(cells: list[Cell]) -> list[str]:
+    """Axes that take more than one value across the cells."""
+    values: dict[str, set[str]] = {}
+    for cell in cells:
+        for key, value in cell.axes.items():
+            values.setdefault(key, set()).add(_show(value))
+    return [key for key, seen in values.items() if len(seen) > 1]
+
+
+def _plot_curves(cells, summaries, colors, metric: str, title: str, path: Path) -> bool:
+    fig = Figure(figsize=_FIGSIZE, layout="constrained")
+    ax = fig.add_subplot()
+    drawn = False
+    for cell, summary in zip(cells, summaries, strict=True):
+        shown = cell.learners if len(cell.learners) > 1 else [MEAN]
+        for style, learner in zip(_LINESTYLES * 8, shown, strict=False):
+            curve = summary["curves"].get(metric, {}).get(learner)
+            if curve is None:
+                continue
+            its, mean = np.array(curve["iterations"]), np.array(curve["mean"])
+            std = np.array([np.nan if s is None else s for s in curve["std"]], dtype=np.float64)
+            suffix = f"-{learner.upper()}" if learner != MEAN else ""
+            color = colors[cell.label]
+            ax.plot(
+                its,
+                mean,
+                color=color,
+                linestyle=style,
+                linewidth=2,
+                label=f"{cell.label}{suffix} (n={summary['n_seeds']})",
+            )
+            ax.fill_between(its, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+            drawn = True
+    if not drawn:
+        return False
+    ax.set(xlabel="iteration", ylabel=title, title=f"{title}: mean ± std over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=_DPI)
+    return True
+
+
+def _errors(entry: dict[str, Any]) -> float:
+    return 0.0 if entry["std"] is None else entry["std"]
+
+
+def _plot_axis(cells: list[Cell], finals, axis: str, path: Path) -> bool:
+    """Final ``mean`` metrics against one axis's values, error bars = std over seeds, one line per variant."""
+    fig = Figure(figsize=(_FIGSIZE[0], 2.2 * _FIGSIZE[1]), layout="constrained")
+    panels = fig.subplots(len(METRICS), 1, sharex=True)
+    ticks = sorted({_show(c.axes[axis]) for c in cells if axis in c.axes})
+    numeric = all(isinstance(c.axes.get(axis), (int, float)) for c in cells if axis in c.axes)
+    variants = list(dict.fromkeys(c.variant for c in cells))
+    drawn = False
+    for ax, (metric, title) in zip(panels, METRICS.items(), strict=True):
+        for variant, color in zip(variants, curve_colors(len(variants)), strict=True):
+            rows = []
+            for cell in cells:
+                entry = finals[cell.label].get(metric, {}).get(MEAN)
+                if cell.variant == variant and axis in cell.axes and entry is not None:
+                    x = cell.axes[axis] if numeric else ticks.index(_show(cell.axes[axis]))
+                    rows.append((x, entry["mean"], _errors(entry)))
+            if not rows:
+                continue
+            rows.sort()
+            x, y, err = zip(*rows, strict=True)
+            ax.errorbar(x, y, yerr=err, color=color, marker="o", capsize=4, label=variant)
+            drawn = True
+        ax.set(ylabel=f"final {title}")
+        ax.grid(alpha=0.3)
+    if not drawn:
+        return False
+    if not numeric:
+        panels[-1].set_xticks(range(len(ticks)), ticks)
+    panels[-1].set(xlabel=axis)
+    panels[0].set(title=f"Final metrics (mean of learners) vs {axis}\nbars = std over seeds")
+    panels[0].legend()
+    fig.savefig(path, dpi=_DPI)
+    return True
+
+
+def _plot_reward_vs_kl(cells: list[Cell], finals, pareto, colors, path: Path) -> bool:
+    fig = Figure(figsize=_FIGSIZE, layout="constrained")
+    ax = fig.add_subplot()
+    points: dict[str, tuple[float, float]] = {}
+    for cell in cells:
+        reward = finals[cell.label].get("task_reward", {}).get(MEAN)
+        kl = finals[cell.label].get("kl", {}).get(MEAN)
+        if reward is None or kl is None:
+            continue
+        points[cell.label] = (kl["mean"], reward["mean"])
+        ax.errorbar(
+            kl["mean"],
+            reward["mean"],
+            xerr=_errors(kl),
+            yerr=_errors(reward),
+            color=colors[cell.label],
+            marker="o",
+            capsize=4,
+            label=f"{cell.label} (n={reward['n']})",
+        )
+    if not points:
+        return False
+    variants = list(pareto)
+    for variant, color in zip(variants, curve_colors(len(variants)), strict=True):
+        front = [points[label] for label in pareto[variant]]
+        ax.step(
+            [p[0] for p in front],
+            [p[1] for p in front],
+            where="post",
+            color=color,
+            alpha=0.6,
+            linestyle="--",
+            marker="o",
+            markersize=14,
+            fillstyle="none",
+            label=f"{variant} frontier",
+        )
+    ax.set(
+        xlabel="final KL",
+        ylabel="final task reward",
+        title="Final task reward vs KL (up and left is better); bars = std over seeds",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=_DPI)
+    return True
+
+
+def _interval(entry: dict[str, Any]) -> str:
+    if entry["ci_low"] is None:
+        return "undefined (n = 1)" if entry.get("n", entry.get("n_a")) == 1 or entry.get("n_b") == 1 else "–"
+    return f"[{fmt(entry['ci_low'])}, {fmt(entry['ci_high'])}]"
+
+
+def _markdown(summary: dict[str, Any], figures: list[tuple[str, str]]) -> str:
+    k = summary["last_k"]
+    lines = [f"# Study: {summary['name']}", ""]
+    if summary["excluded_runs"]:
+        lines += ["## Runs left out (failed, unfinished or unreadable)", ""]
+        lines += [
+            f"- {row['run']} ({row['variant']}, seed {row['seed']}): {row['reason']}"
+            for row in summary["excluded_runs"]
+        ]
+        lines.append("")
+    lines += [
+        "## Cells",
+        "",
+        markdown_table(
+            ["cell", "seeds (n)", "runs"],
+            [
+                [c["label"], f"{', '.join(map(str, c['seeds']))} ({c['n_seeds']})", ", ".join(c["runs"])]
+                for c in summary["cells"]
+            ],
+        ),
+        "",
+    ]
+    lines += [
+        f"## Final values (mean over the last {k} iterations per seed, then across seeds)",
+        "",
+        "std is the sample std (ddof = 1); the interval is the 95% Student-t interval for the mean.",
+        "",
+    ]
+    rows = []
+    for cell in summary["cells"]:
+        for metric, title in METRICS.items():
+            for learner, entry in cell["final"].get(metric, {}).items():
+                std = "–" if entry["std"] is None else fmt(entry["std"])
+                rows.append(
+                    [
+                        escape_cell(cell["label"]),
+                        title,
+                        escape_cell(learner),
+                        f"{fmt(entry['mean'])} ± {std}",
+                        _interval(entry),
+                        str(entry["n"]),
+                    ]
+                )
+    header = ["cell", "metric", "learner", "mean ± std", "95% interval", "n"]
+    lines += [markdown_table(header, rows, escape=False), ""]
+    lines += ["## Comparisons (Welch: difference of means, Welch–Satterthwaite t interval)", ""]
+    for row in summary["comparisons"]:
+        lines.append(
+            f"- {row['a']} − {row['b']}, {METRICS[row['metric']]} ({row['learner']}) over the last {k} "
+            f"iterations: {fmt(row['diff'])} {_interval(row)} (n = {row['n_a']}, {row['n_b']})"
+        )
+    if not summary["comparisons"]:
+        lines.append("No comparison: fewer than two variants with finished runs.")
+    lines += ["", "## Reward–KL frontier (non-dominated cells per variant, by final mean task reward and KL)", ""]
+    lines += [f"- {variant}: {', '.join(labels)}" for variant, labels in summary["pareto"].items()]
+    lines.append("")
+    if figures:
+        lines += ["## Figures", ""]
+        for caption, name in figures:
+            lines += [f"### {caption}", "", f"![{caption}]({name})", ""]
+    return "\n".join(lines)

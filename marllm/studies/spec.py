@@ -1,0 +1,284 @@
+"""Study files: configs × variants × grid × seeds, read strictly and expanded into ordinary runs.
+
+A study file is YAML::
+
+    name: cory_vs_ppo
+    base: ../cory_offline.yaml        # a config path relative to the study file, or an inline mapping
+    overrides: [iterations=50]        # optional, applied to every run
+    variants:                         # optional: named dotted overrides (default: one variant, "base")
+      ppo: ["env.roles=[pioneer]", "env.templates=null", "agents.learners=[llm1]"]
+      ppo_too: {env.roles: [pioneer], env.templates: null, agents.learners: [llm1]}   # the same, as a mapping
+      cory: []
+    grid:                             # optional: every combination of these values
+      agents.reward_coefficients: [-1, 0, 1]
+    seeds: [0, 1, 2]                  # optional (default [0])
+    compare: [[cory, ppo]]            # optional: variant pairs the report compares
+    resources: {cpus: 1, gpus: 0}     # optional, per run; recorded for remote executors
+
+Each run applies, in order: ``overrides``, its variant's overrides, its grid values, ``seed=S`` and
+``logging.progress=false`` (the study shows one progress display). A variant whose own overrides set a grid key
+is not crossed with that axis (its value stands). An override list is YAML: quote an override
+that holds brackets, or give the overrides as a mapping of dotted keys (``overrides`` too).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from marllm.config import TrainConfig, config_from_dict
+from marllm.config_loading import ConfigError, apply_overrides, read_yaml
+
+STUDY_KEYS = ("name", "base", "overrides", "variants", "grid", "seeds", "compare", "resources")
+RESOURCE_KEYS = ("cpus", "gpus")
+RUNS_DIR = "runs"
+DEFAULT_VARIANT = "base"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One run of a study.
+
+    Attributes:
+        name: filesystem-safe, unique in the study; its run directory is ``STUDY_DIR/runs/<name>``.
+        variant: the variant's name.
+        axes: the grid value of each grid key for this run.
+        seed: the run's seed.
+        overrides: every dotted override applied to the base config, in order.
+        config: the built config.
+    """
+
+    name: str
+    variant: str
+    axes: dict[str, Any]
+    seed: int
+    overrides: list[str]
+    config: TrainConfig
+
+    @property
+    def relative_dir(self) -> str:
+        """The run directory relative to the study directory."""
+        return f"{RUNS_DIR}/{self.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run as recorded in ``study.json`` (without the config: each run directory holds it)."""
+        return {
+            "name": self.name,
+            "variant": self.variant,
+            "axes": dict(self.axes),
+            "seed": self.seed,
+            "overrides": list(self.overrides),
+            "run_dir": self.relative_dir,
+        }
+
+
+@dataclass
+class Study:
+    """A parsed study file (see the module docstring); :meth:`runs` expands and validates it."""
+
+    name: str
+    base: dict[str, Any]
+    overrides: list[str] = field(default_factory=list)
+    variants: dict[str, list[str]] = field(default_factory=lambda: {DEFAULT_VARIANT: []})
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    compare: list[list[str]] = field(default_factory=list)
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def runs(self) -> list[StudyRun]:
+        """Every run (variants × grid × seeds, in that nesting), each config built and checked. A variant that sets
+        a grid key itself (``ppo: [agents.reward_coefficients=null]``) is not crossed with that axis.
+
+        Raises:
+            ConfigError: an override of some run is invalid; the message names the study, the variant, the grid
+                values and the seed, then the key.
+        """
+        runs: list[StudyRun] = []
+        names: set[str] = set()
+        for variant, variant_overrides in self.variants.items():
+            keys = self.variant_axes(variant)
+            for combo in itertools.product(*(self.grid[key] for key in keys)):
+                axes = dict(zip(keys, combo, strict=True))
+                for seed in self.seeds:
+                    overrides = [
+                        *self.overrides,
+                        *variant_overrides,
+                        *(f"{key}={_inline(value)}" for key, value in axes.items()),
+                        f"seed={seed}",
+                        "logging.progress=false",
+                    ]
+                    config = self._build(variant, axes, seed, overrides)
+                    name = _unique(run_name(variant, axes, seed), names)
+                    runs.append(StudyRun(name, variant, axes, seed, overrides, config))
+        return runs
+
+    def variant_axes(self, variant: str) -> list[str]:
+        """The grid keys ``variant`` is crossed with: those its own overrides do not set."""
+        own = {override.partition("=")[0] for override in self.variants[variant]}
+        return [key for key in self.grid if key not in own]
+
+    def _build(self, variant: str, axes: Mapping[str, Any], seed: int, overrides: Sequence[str]) -> TrainConfig:
+        where = [f"study {self.name}", f"variant {variant!r}"]
+        where += [f"{key}={_inline(value)}" for key, value in axes.items()]
+        where.append(f"seed {seed}")
+        try:
+            return config_from_dict(apply_overrides(copy.deepcopy(self.base), overrides))
+        except ConfigError as error:
+            raise ConfigError(f"{', '.join(where)}: {error}") from error
+
+    def to_file_dict(self) -> dict[str, Any]:
+        """The study as a study file with its base config inline (what ``STUDY_DIR/study.yaml`` holds)."""
+        data: dict[str, Any] = {"name": self.name, "base": self.base, "overrides": self.overrides}
+        data.update(variants=self.variants, grid=self.grid, seeds=self.seeds, compare=self.compare)
+        data["resources"] = self.resources
+        return data
+
+    def expansion(self, runs: Sequence[StudyRun] | None = None) -> dict[str, Any]:
+        """What ``STUDY_DIR/study.json`` holds: the name, the expanded runs and the compared pairs."""
+        runs = self.runs() if runs is None else runs
+        return {"name": self.name, "runs": [run.to_dict() for run in runs], "compare": self.compare}
+
+
+def run_name(variant: str, axes: Mapping[str, Any], seed: int) -> str:
+    """E.g. ``cory__agents.reward_coefficients=-0.5__seed1``, with characters unsafe in file names replaced."""
+    parts = [variant, *(f"{key}={_inline(value)}" for key, value in axes.items()), f"seed{seed}"]
+    return "__".join(_UNSAFE.sub("_", part).strip("._") or "_" for part in parts)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, count = name, 1
+    while candidate in taken:
+        count += 1
+        candidate = f"{name}_{count}"
+    taken.add(candidate)
+    return candidate
+
+
+def _inline(value: Any) -> str:
+    """A grid value as override text (JSON is YAML: ``-0.5``, ``null``, ``[1, 2]``, ``"text"``)."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def load_study(path: str | Path) -> Study:
+    """Read a study file; ``base`` as a path is read relative to the study file.
+
+    Raises:
+        ConfigError: the file is missing, not strict YAML, or holds an unknown key or a value of the wrong shape.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"study file {str(path)!r} does not exist")
+    try:
+        data = read_yaml(path)
+    except ConfigError as error:
+        if "not valid YAML" in str(error):
+            error.add_note(
+                'in a study file, quote an override that holds brackets ("env.roles=[pioneer]"), or give the '
+                "overrides as a mapping ({env.roles: [pioneer]})"
+            )
+        raise
+    return study_from_dict(data, path.parent)
+
+
+def study_from_dict(data: Mapping[str, Any], root: Path = Path(".")) -> Study:
+    """Build a :class:`Study` from study-file data (``root``: where a relative ``base`` path is read from)."""
+    unknown = [key for key in data if key not in STUDY_KEYS]
+    if unknown:
+        raise ConfigError(f"unknown study key {unknown[0]!r}{_hint(unknown[0], STUDY_KEYS)}; valid: {list(STUDY_KEYS)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name or _UNSAFE.search(name):
+        raise ConfigError(f"study name must be a non-empty string of letters, digits and ._=+-, got {name!r}")
+    study = Study(name=name, base=_base(data.get("base"), root))
+    study.overrides = _overrides(data.get("overrides", []), "overrides")
+    variants = data.get("variants", {DEFAULT_VARIANT: []})
+    if not isinstance(variants, Mapping) or not variants:
+        raise ConfigError(f"study variants must be a non-empty mapping of name: [overrides], got {variants!r}")
+    study.variants = {}
+    for variant, overrides in variants.items():
+        if not isinstance(variant, str) or not variant:
+            raise ConfigError(f"study variant names must be non-empty strings, got {variant!r}")
+        study.variants[variant] = _overrides(overrides if overrides is not None else [], f"variants.{variant}")
+    study.grid = _grid(data.get("grid", {}))
+    study.seeds = _seeds(data.get("seeds", [0]))
+    study.compare = _compare(data.get("compare", []), list(study.variants))
+    study.resources = _resources(data.get("resources", {}))
+    return study
+
+
+def _base(base: Any, root: Path) -> dict[str, Any]:
+    if isinstance(base, str):
+        return read_yaml(root / base)
+    if isinstance(base, Mapping) and base:
+        return copy.deepcopy(dict(base))
+    raise ConfigError(f"study base must be a config file path (relative to the study file) or a mapping, got {base!r}")
+
+
+def _overrides(value: Any, key: str) -> list[str]:
+    if isinstance(value, Mapping):  # {dotted.key: value, ...}
+        return [f"{name}={_inline(item)}" for name, item in value.items()]
+    if not isinstance(value, list) or not all(isinstance(item, str) and "=" in item for item in value):
+        raise ConfigError(
+            f"study {key} must be a list of dotted overrides like iterations=50, or a mapping like "
+            f"{{iterations: 50}}, got {value!r}"
+        )
+    return list(value)
+
+
+def _grid(grid: Any) -> dict[str, list[Any]]:
+    if grid is None:
+        return {}
+    if not isinstance(grid, Mapping):
+        raise ConfigError(f"study grid must be a mapping of dotted key: [values], got {grid!r}")
+    for key, values in grid.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"study grid keys must be dotted config keys, got {key!r}")
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"study grid.{key} must be a non-empty list of values, got {values!r}")
+    return {key: list(values) for key, values in grid.items()}
+
+
+def _seeds(seeds: Any) -> list[int]:
+    valid = isinstance(seeds, list) and seeds and all(type(s) is int and s >= 0 for s in seeds)
+    if not valid or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"study seeds must be a non-empty list of distinct integers >= 0, got {seeds!r}")
+    return list(seeds)
+
+
+def _compare(pairs: Any, variants: list[str]) -> list[list[str]]:
+    if pairs is None:
+        return []
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise ConfigError(f"study compare must be a list of [variant, variant] pairs, got {pairs!r}")
+    for pair in pairs:
+        for variant in pair:
+            if variant not in variants:
+                raise ConfigError(f"study compare names variant {variant!r}, which is not one of {variants}")
+    return [list(pair) for pair in pairs]
+
+
+def _resources(resources: Any) -> dict[str, float]:
+    if resources is None:
+        return {}
+    if not isinstance(resources, Mapping):
+        raise ConfigError(f"study resources must be a mapping like {{cpus: 1, gpus: 0}}, got {resources!r}")
+    for key, value in resources.items():
+        if key not in RESOURCE_KEYS:
+            raise ConfigError(
+                f"unknown study key 'resources.{key}'{_hint(str(key), RESOURCE_KEYS)}; valid: {list(RESOURCE_KEYS)}"
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ConfigError(f"study resources.{key} must be a number >= 0, got {value!r}")
+    return dict(resources)
+
+
+def _hint(key: str, valid: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
