@@ -253,3 +253,15 @@ def test_study_report_action_is_parsed(tmp_path, monkeypatch):
     assert main(["study", "report", str(tmp_path)]) == 0
     assert seen == [tmp_path]
     assert main(["study", "report"]) == 2
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples" / "studies").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_built_in_study_expands_to_valid_configs(path):
+    study = load_study(path)
+    runs = study.runs()  # builds and checks every run's config
+    assert len(runs) == len({run.name for run in runs}) >= 6
+    assert all(run.config.logging.progress is False for run in runs)
+    for run in runs:
+        assert run.config.seed == run.seed
+        if run.variant in ("ppo", "one"):  # the single-agent baseline of a study is examples/ppo_offline.yaml's
+            assert run.config.env.roles == ["pioneer"] and run.config.agents.reward_coefficients is None

@@ -148,11 +148,13 @@ def text_openings(tokenizer: PreTrainedTokenizerBase, texts: list[str], counts: 
     offset of its first ``count`` tokens, so each opening is a prefix of its text. A slow tokenizer's decoded prefix
     loses a trailing partial character instead.
     """
+    # Only the first max(counts) tokens matter: truncating keeps them as they are and skips the rest of each review.
+    cut = {"add_special_tokens": False, "truncation": True, "max_length": max(counts, default=1)}
     if not tokenizer.is_fast:
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(texts, **cut)["input_ids"]
         heads = [row[:count] for row, count in zip(ids, counts, strict=True)]
         return [text.rstrip("\ufffd") for text in tokenizer.batch_decode(heads)]
-    offsets = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    offsets = tokenizer(texts, return_offsets_mapping=True, **cut)["offset_mapping"]
     return [
         text[: max((end for _, end in spans[:count]), default=0)]
         for text, spans, count in zip(texts, offsets, counts, strict=True)
