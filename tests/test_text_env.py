@@ -261,6 +261,8 @@ def test_seed_at_construction_equals_a_first_seeded_reset():
     for bad in (-1, 1.5, True, "0"):
         with pytest.raises(ValueError, match="seed must be a non-negative int or None"):
             make(seed=bad)
+        with pytest.raises(ValueError, match="seed must be a non-negative int or None"):
+            make().reset(seed=bad)
 
 
 @pytest.mark.parametrize("num_rows,batch_size", [(7, 3), (7, 7), (2, 5), (6, 2)])

@@ -96,11 +96,7 @@ class SequentialTextEnv(AECEnv):
             role: DictSpace({"prompt": TextBatch(batch_size, MAX_TEXT_LENGTH)}) for role in self.roles
         }
         self.action_spaces = {role: TextBatch(batch_size, MAX_TEXT_LENGTH) for role in self.roles}
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
-        self._rng = np.random.default_rng(seed)
-        self._order = np.empty(0, dtype=np.int64)
-        self._cursor = 0
+        self._seed(seed)
         self.samples: list[dict[str, Any]] = []
         self.prompts: dict[str, tuple[str, ...]] = {}
         self.responses: dict[str, tuple[str, ...]] = {}
@@ -113,9 +109,7 @@ class SequentialTextEnv(AECEnv):
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         if seed is not None:
-            self._rng = np.random.default_rng(seed)
-            self._order = np.empty(0, dtype=np.int64)
-            self._cursor = 0
+            self._seed(seed)
         self.samples = [dict(self.dataset[int(i)]) for i in self._draw_indices()]
         self.agents = list(self.possible_agents)
         self.rewards = {role: 0.0 for role in self.agents}
@@ -127,6 +121,14 @@ class SequentialTextEnv(AECEnv):
         self.prompts = {self.roles[0]: self._render(self.roles[0])}
         self._turn = 0
         self.agent_selection = self.roles[0]
+
+    def _seed(self, seed: int | None) -> None:
+        """Restart the data order from a generator seeded with ``seed`` (None: from OS entropy)."""
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        self._rng = np.random.default_rng(seed)
+        self._order = np.empty(0, dtype=np.int64)
+        self._cursor = 0
 
     def _draw_indices(self) -> np.ndarray:
         """The next ``batch_size`` rows of a shuffled pass over the data (a new pass is shuffled when one ends)."""
