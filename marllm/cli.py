@@ -7,6 +7,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from marllm.config_loading import ConfigError
 from marllm.interrupts import TrainingInterrupted
@@ -84,19 +85,36 @@ def _eval(args: argparse.Namespace) -> int:
     import json
 
     from marllm.config import load_config
-    from marllm.evaluation.deployed import evaluate_pass_at_k
 
     config = load_config(args.config, args.overrides)
-    try:
-        ks = [int(k) for k in args.pass_k.split(",")]
-    except ValueError as error:
-        raise ConfigError(f"--pass-k must be comma-separated integers like 1,5,10, got {args.pass_k!r}") from error
+    if args.cross_play and (args.pass_k is not None or args.samples is not None):
+        raise ConfigError("--pass-k and --samples belong to pass@k; --cross-play scores one answer per query")
     config.check_references()
-    results = []
-    for checkpoint in args.checkpoint or ["base"]:
-        result = evaluate_pass_at_k(config, checkpoint, ks, args.samples, args.limit, args.batch_size, config.seed)
-        results.append(result.to_dict())
-        print(json.dumps(result.to_dict()))
+    if args.cross_play:
+        from marllm.evaluation.cross_play import cross_play_of_checkpoints
+
+        result = cross_play_of_checkpoints(
+            config, args.checkpoint or ["base"], args.limit, args.batch_size, config.seed
+        )
+        print(f"task reward over {result.num_queries} held-out queries, mean (standard error); columns: the model "
+              f"answering, rows: its role and the partner that played the earlier roles")
+        print(result.to_markdown())
+        results: Any = result.to_dict()
+    else:
+        from marllm.evaluation.deployed import evaluate_pass_at_k
+
+        pass_k = args.pass_k or "1"
+        try:
+            ks = [int(k) for k in pass_k.split(",")]
+        except ValueError as error:
+            raise ConfigError(f"--pass-k must be comma-separated integers like 1,5,10, got {pass_k!r}") from error
+        results = []
+        for checkpoint in args.checkpoint or ["base"]:
+            result = evaluate_pass_at_k(
+                config, checkpoint, ks, args.samples or 1, args.limit, args.batch_size, config.seed
+            )
+            results.append(result.to_dict())
+            print(json.dumps(result.to_dict()))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=2))
@@ -195,16 +213,28 @@ def parser() -> argparse.ArgumentParser:
     prepare.add_argument("--force", action="store_true", help="rebuild even if the assets are up to date")
     prepare.set_defaults(handler=_prepare)
 
-    evaluate = commands.add_parser("eval", help="pass@k of the base model or trained agents deployed alone")
-    evaluate.add_argument("config", help="the run's YAML config (task, model, generation settings)")
+    evaluate = commands.add_parser(
+        "eval", help="pass@k of the base model or trained agents deployed alone, or their cross-play matrix"
+    )
+    evaluate.add_argument("config", help="the run's YAML config (task, roles, templates, model, generation settings)")
     evaluate.add_argument("overrides", nargs="*", help="dotted overrides")
     evaluate.add_argument(
-        "--checkpoint", action="append", help="RUN_DIR/checkpoints/LEARNER, or 'base' (repeatable; default: base)"
+        "--checkpoint",
+        action="append",
+        help="RUN_DIR/checkpoints/LEARNER, 'base', or (with --cross-play) a RUN_DIR for all its learners "
+        "(repeatable; default: base)",
     )
-    evaluate.add_argument("--pass-k", default="1", help="comma-separated k values, e.g. 1,5,10")
-    evaluate.add_argument("--samples", type=_positive_int, default=1, help="samples per problem (n >= max k)")
     evaluate.add_argument(
-        "--limit", type=_positive_int, default=None, help="evaluate only the first N problems (default: all)"
+        "--cross-play",
+        action="store_true",
+        help="put every checkpoint in every role beside every other as partner and print the task-reward matrix",
+    )
+    evaluate.add_argument("--pass-k", default=None, help="comma-separated k values, e.g. 1,5,10 (default: 1)")
+    evaluate.add_argument(
+        "--samples", type=_positive_int, default=None, help="samples per problem (n >= max k; default: 1)"
+    )
+    evaluate.add_argument(
+        "--limit", type=_positive_int, default=None, help="evaluate only the first N problems or queries (default: all)"
     )
     evaluate.add_argument("--batch-size", type=_positive_int, default=64, help="sequences per generate call")
     evaluate.add_argument("--out", default=None, help="also write the results as JSON here")

@@ -243,10 +243,27 @@ class TrainConfig:
         check_model_reference(self.model.name_or_path, "model.name_or_path", asset="offline-base")
         self.task.check_references()
 
+    def role_templates(self, defaults: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The prompt template of each role, in speaking order: ``env.templates``, else ``defaults`` (a built
+        task's templates; by default the task config's).
+
+        Raises:
+            ValueError: the task has no default template for some role and ``env.templates`` is not given.
+        """
+        if self.env.templates is not None:
+            return {role: self.env.templates[role] for role in self.env.roles}
+        if defaults is None:
+            defaults = self.task.default_templates()
+        missing = [r for r in self.env.roles if r not in defaults]
+        if missing:
+            raise ValueError(
+                f"the task has default templates for roles {sorted(defaults)} only; give env.templates for {missing}"
+            )
+        return {role: defaults[role] for role in self.env.roles}
+
     def deployed_template(self) -> str:
         """The prompt of an agent deployed alone: the first role's template (CORY's pioneer: the query only)."""
-        templates = self.env.templates or self.task.default_templates()
-        return templates[self.env.roles[0]]
+        return self.role_templates()[self.env.roles[0]]
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir) if self.run_dir else Path("runs") / self.name

@@ -86,19 +86,10 @@ class TrainResult:
 
 def build_env(config: TrainConfig, task: TaskParts) -> AECEnv:
     """The text env of ``config``, wrapped by SharedReward (if rewards are shared) and RolePermutation."""
-    templates = config.env.templates
-    if templates is None:
-        missing = [r for r in config.env.roles if r not in task.templates]
-        if missing:
-            raise ValueError(
-                f"the task has default templates for roles {sorted(task.templates)} only; give env.templates for "
-                f"{missing}"
-            )
-        templates = {role: task.templates[role] for role in config.env.roles}
     env = text_env(
         dataset=task.dataset,
         roles=config.env.roles,
-        templates=templates,
+        templates=config.role_templates(task.templates),
         reward_fn=task.reward_fn,
         batch_size=config.env.batch_size,
     )

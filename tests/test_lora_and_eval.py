@@ -213,3 +213,25 @@ def test_pass_at_k_logging_settings_are_checked(long_context_lm_dir, gsm8k_dir, 
         math_config(long_context_lm_dir, gsm8k_dir, logging={"pass_at_k": [5], "pass_at_k_samples": 2})
     with pytest.raises(ConfigError, match="needs a task with a 0/1 reward, not 'sentiment'"):
         config_from_dict({"model": {"name_or_path": str(tiny_lm_dir)}, "logging": {"pass_at_k": [1]}})
+
+
+def test_eval_cli_cross_play_matrix_of_a_trained_run(tmp_path, long_context_lm_dir, gsm8k_dir, capsys):
+    import yaml
+
+    config = math_config(long_context_lm_dir, gsm8k_dir)
+    train(config, tmp_path / "cory")
+    config_path = tmp_path / "math.yaml"
+    config_path.write_text(yaml.safe_dump(config.to_dict()))
+    out = tmp_path / "cross_play.json"
+    args = ["eval", str(config_path), "--cross-play", "--checkpoint", "base", "--checkpoint", str(tmp_path / "cory")]
+    assert cli_main([*args, "--limit", "3", "--batch-size", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "over 3 held-out queries" in printed and "| | base | cory/llm1 | cory/llm2 |" in printed
+    result = json.loads(out.read_text())
+    assert result["models"] == ["base", "cory/llm1", "cory/llm2"] and result["num_queries"] == 3
+    rows = [cell["row"] for cell in result["cells"]]
+    assert rows == ["alone"] * 3 + [f"observer after {m}" for m in result["models"] for _ in range(3)]
+    # gsm8k's reward is 0/1, so each mean over 3 queries is a multiple of 1/3
+    assert all(round(cell["task_reward"] * 3, 6) in (0, 1, 2, 3) for cell in result["cells"])
+    assert cli_main([*args, "--pass-k", "1"]) == 2
+    assert "--pass-k and --samples belong to pass@k" in capsys.readouterr().err
