@@ -251,3 +251,58 @@ def test_study_report_grid_axis_figure_and_one_seed_cells(tmp_path):
     assert summary["pareto"]["ppo"] == ["ppo (ppo.init_kl_coef=0.2)"]
     reward = summary["cells"][0]["final"]["task_reward"]["mean"]["mean"]
     assert reward == pytest.approx(finals[0.1][0])
+
+
+def test_study_report_follows_exchanged_roles_and_pairs_their_gap_within_seeds(tmp_path):
+    """llm1 and llm2 swap roles every iteration; the observer's task reward is the pioneer's plus 0.5 + seed/10 at
+    iteration 0, shrinking by 0.05 per iteration."""
+
+    def pioneer(seed, i):
+        return 0.2 * seed + 0.01 * i
+
+    def observer(seed, i):
+        return pioneer(seed, i) + 0.5 + 0.1 * seed - 0.05 * i
+
+    runs = []
+    for seed in SEEDS:
+        name = f"cory_s{seed}"
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        (run_dir / "run.json").write_text(json.dumps(
+            {"name": "cory", "learners": ["llm1", "llm2"], "iterations": N_ITERATIONS, "status": "finished"}
+        ))
+        lines = []
+        for i in range(N_ITERATIONS):
+            roles = ("pioneer", "observer") if i % 2 == 0 else ("observer", "pioneer")
+            line: dict = {"iteration": i}
+            for learner, role in zip(("llm1", "llm2"), roles, strict=True):
+                reward = pioneer(seed, i) if role == "pioneer" else observer(seed, i)
+                line |= {f"{learner}/task_reward": reward, f"{learner}/kl": 1.0, f"{learner}/role": role}
+            lines.append(json.dumps(line))
+        (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        runs.append({"name": name, "variant": "cory", "axes": {}, "seed": seed, "run_dir": f"runs/{name}"})
+    (tmp_path / "study.json").write_text(json.dumps({"name": "roles", "runs": runs}))
+    path = build_study_report(tmp_path, last_k=LAST_K)
+    cell = json.loads((tmp_path / "report" / "summary.json").read_text())["cells"][0]
+
+    last = range(N_ITERATIONS - LAST_K, N_ITERATIONS)
+    as_pioneer = [sum(pioneer(s, i) for i in last) / LAST_K for s in SEEDS]
+    assert cell["final"]["task_reward"]["as pioneer"]["per_seed"] == pytest.approx(as_pioneer)
+    [gap] = cell["role_gaps"]
+    assert (gap["role"], gap["minus"]) == ("observer", "pioneer")
+    start = [0.5 + 0.1 * s for s in SEEDS]
+    end = [sum(0.5 + 0.1 * s - 0.05 * i for i in last) / LAST_K for s in SEEDS]
+    assert gap["first_iteration"]["per_seed"] == pytest.approx(start)
+    assert gap["final"]["per_seed"] == pytest.approx(end)
+    assert gap["final"]["ci_low"] == pytest.approx(estimate(end).low)
+    text = path.read_text()
+    assert "## By role" in text and "observer − pioneer, task reward at the first iteration 0.7" in text
+    # the learners' own series mix both roles: each learner's final is the mean of the two roles' values
+    both = cell["final"]["task_reward"]
+    assert both["mean"]["mean"] == pytest.approx((both["as pioneer"]["mean"] + both["as observer"]["mean"]) / 2)
+
+
+def test_study_report_has_no_role_series_without_an_exchange(study):
+    _, summary = study
+    for cell in summary["cells"]:
+        assert not any(name.startswith("as ") for name in cell["final"]["task_reward"]) and cell["role_gaps"] == []

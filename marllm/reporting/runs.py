@@ -95,6 +95,28 @@ class Run:
         suffix = "" if self.learners == (model,) else f"-{model.upper()}"
         return self._with_notes(f"{self.label}{suffix}")
 
+    def roles_held(self, learner: str) -> list[str]:
+        """The roles ``learner`` played (its ``LEARNER/role`` values), in order of first appearance."""
+        held: dict[str, None] = {}
+        for line in self.metrics:
+            role = line.get(f"{learner}/role")
+            if isinstance(role, str):
+                held.setdefault(role)
+        return list(held)
+
+    def role_series(self, metric: str, role: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(iterations, values)`` of ``metric`` for whichever learner played ``role`` at each iteration."""
+        xs, ys = [], []
+        for line in self.metrics:
+            for learner in self.learners:
+                if line.get(f"{learner}/role") == role:
+                    value = as_number(line.get(f"{learner}/{metric}"))
+                    if value is not None:
+                        xs.append(line["iteration"])
+                        ys.append(value)
+                    break
+        return np.array(xs, dtype=np.int64), np.array(ys, dtype=np.float64)
+
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """``(iterations, values)`` of one metric key over the iterations where it holds a finite number."""
         xs, ys = [], []

@@ -43,6 +43,7 @@ STUDY_FILE = "study.json"
 REPORT_DIR = "report"
 METRICS = {"task_reward": "task reward", "kl": "KL", "combined_reward": "combined reward"}
 MEAN = "mean"
+ROLE_PREFIX = "as "
 _FIGSIZE = (7.0, 4.2)
 _DPI = 120
 _LINESTYLES = ("-", "--", ":", "-.")
@@ -70,16 +71,33 @@ class Cell:
         return list(found)
 
     @property
+    def exchanged_roles(self) -> list[str]:
+        """The roles in order of first appearance when the learners exchange them (some learner played more than
+        one role in some run), else ``[]``: without an exchange each role is one learner's series already."""
+        roles: dict[str, None] = {}
+        exchanged = False
+        for run in self.runs:
+            for learner in run.learners:
+                held = run.roles_held(learner)
+                exchanged |= len(held) > 1
+                roles.update(dict.fromkeys(held))
+        return list(roles) if exchanged else []
+
+    @property
     def series_names(self) -> list[str]:
-        """The learners, then ``mean`` (equal to the learner for a single-learner cell)."""
-        return [*self.learners, MEAN]
+        """The learners, ``as ROLE`` for each exchanged role, then ``mean`` (equal to the learner for a
+        single-learner cell)."""
+        return [*self.learners, *(ROLE_PREFIX + role for role in self.exchanged_roles), MEAN]
 
     def seed_series(self, metric: str, learner: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        """One ``(iterations, values)`` per seed; ``mean`` averages the run's learners."""
+        """One ``(iterations, values)`` per seed; ``mean`` averages the run's learners, ``as ROLE`` follows the
+        learner that played ROLE at each iteration."""
         out = []
         for run in self.runs:
             if learner == MEAN:
                 series = mean_over_learners([run.series(f"{name}/{metric}") for name in run.learners])
+            elif learner.startswith(ROLE_PREFIX):
+                series = run.role_series(metric, learner.removeprefix(ROLE_PREFIX))
             else:
                 series = run.series(f"{learner}/{metric}")
             if len(series[1]):
@@ -175,7 +193,34 @@ def _summarize_cell(cell: Cell, last_k: int) -> dict[str, Any]:
         "runs": [run.path.name for run in cell.runs],
         "final": finals,
         "curves": curves,
+        "role_gaps": _role_gaps(cell, last_k),
     }
+
+
+def _role_gaps(cell: Cell, last_k: int) -> list[dict[str, Any]]:
+    """Task reward of each later exchanged role minus the first role's, paired within each seed: at the first
+    logged iteration (the untrained models) and over the last ``last_k`` iterations."""
+    roles = cell.exchanged_roles
+    gaps = []
+    for role in roles[1:]:
+        first, later = (
+            cell.seed_series("task_reward", ROLE_PREFIX + roles[0]),
+            cell.seed_series("task_reward", ROLE_PREFIX + role),
+        )
+        if len(first) != len(later) or not first:
+            continue
+        start = [b[1][0] - a[1][0] for a, b in zip(first, later, strict=True)]
+        end = [final_value(b[1], last_k) - final_value(a[1], last_k) for a, b in zip(first, later, strict=True)]
+        gaps.append(
+            {
+                "role": role,
+                "minus": roles[0],
+                "metric": "task_reward",
+                "first_iteration": {**estimate(start).as_dict(), "per_seed": start},
+                "final": {**estimate(end).as_dict(), "per_seed": end},
+            }
+        )
+    return gaps
 
 
 def _comparisons(study: dict[str, Any], cells: list[Cell], summaries: list[dict[str, Any]]) -> list[dict]:
@@ -401,6 +446,20 @@ def _markdown(summary: dict[str, Any], figures: list[tuple[str, str]]) -> str:
         )
     if not summary["comparisons"]:
         lines.append("No comparison: fewer than two variants with finished runs.")
+    gap_lines = [
+        f"- {escape_cell(cell['label'])}: {gap['role']} − {gap['minus']}, task reward at the first iteration "
+        f"{fmt(gap['first_iteration']['mean'])} {_interval(gap['first_iteration'])}, over the last {k} iterations "
+        f"{fmt(gap['final']['mean'])} {_interval(gap['final'])} (n = {gap['final']['n']})"
+        for cell in summary["cells"]
+        for gap in cell.get("role_gaps", [])
+    ]
+    if gap_lines:
+        lines += [
+            "",
+            "## By role (whichever learner plays it; differences paired within each seed, 95% t interval)",
+            "",
+            *gap_lines,
+        ]
     lines += ["", "## Reward–KL frontier (non-dominated cells per variant, by final mean task reward and KL)", ""]
     lines += [f"- {variant}: {', '.join(labels)}" for variant, labels in summary["pareto"].items()]
     lines.append("")
