@@ -4,6 +4,7 @@ import contextlib
 import importlib
 import io
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,26 @@ def test_readme_python_example_runs_and_is_deterministic(index, tiny_lm_dir):
 
 def test_lazy_exports_and_all_agree():
     assert sorted(marllm._EXPORTS) == sorted(set(marllm.__all__) - {"__version__"})
+
+
+def readme_cli_commands() -> list[list[str]]:
+    """Every ``.venv/bin/marllm ...`` line of the README's bash blocks, continuations joined, comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] == [".venv/bin/marllm"]:
+                commands.append(words[1:])
+    assert commands, "the README shows no marllm command"
+    return commands
+
+
+@pytest.mark.parametrize("argv", readme_cli_commands(), ids=lambda argv: " ".join(argv[:2]))
+def test_readme_commands_parse_and_name_files_that_exist(argv):
+    from marllm.cli import _parse
+
+    args = _parse(argv)  # exits (SystemExit) on an unknown option or a missing argument, as `marllm` does
+    assert callable(args.handler)
+    for word in argv:
+        if word.startswith("examples/"):
+            assert (ROOT / word).is_file(), f"the README names {word}, which does not exist"
