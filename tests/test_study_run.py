@@ -265,3 +265,23 @@ def test_every_built_in_study_expands_to_valid_configs(path):
         assert run.config.seed == run.seed
         if run.variant in ("ppo", "one"):  # the single-agent baseline of a study is examples/ppo_offline.yaml's
             assert run.config.env.roles == ["pioneer"] and run.config.agents.reward_coefficients is None
+
+
+def test_a_missing_model_fails_before_any_run_naming_the_variant_and_key(tmp_path, base_file):
+    study = load_study(
+        write_study(
+            tmp_path,
+            {
+                "name": "bases",
+                "base": "../configs/base.yaml",
+                "variants": {"cory": [], "other_base": [f"model.name_or_path={tmp_path / 'no-such-model'}"]},
+                "seeds": [0, 1],
+            },
+        )
+    )
+    study_dir = tmp_path / "out"
+    with pytest.raises(ConfigError) as caught:
+        run_study(study, study_dir, LocalExecutor(1), progress=False)
+    message = str(caught.value)
+    assert message.startswith("study bases, variant 'other_base', seed 0: model.name_or_path")
+    assert "no-such-model" in message and not study_dir.exists()

@@ -324,10 +324,12 @@ def run_study(
     over (``overwrite``: every run started over). A failed run does not stop the study.
 
     Raises:
-        ConfigError: an override of some run is invalid, or ``study_dir`` holds another study.
+        ConfigError: an override of some run is invalid, a model, dataset or device it names is missing, or
+            ``study_dir`` holds another study.
         KeyboardInterrupt: Ctrl-C, after the running runs have checkpointed and stopped.
     """
     runs = study.runs()
+    study.check_references(runs)
     prepare_study_dir(study, runs, study_dir, overwrite)
     executor = executor or LocalExecutor()
     display = StudyProgress(len(runs), getattr(executor, "workers", len(runs)), progress)

@@ -125,14 +125,36 @@ class Study:
         own = {override.partition("=")[0] for override in self.variants[variant]}
         return [key for key in self.grid if key not in own]
 
-    def _build(self, variant: str, axes: Mapping[str, Any], seed: int, overrides: Sequence[str]) -> TrainConfig:
+    def check_references(self, runs: Sequence[StudyRun]) -> None:
+        """Check that the model, reward model, dataset and device of every run exist on this machine (each distinct
+        set once), so that a missing one stops the study before its first run rather than failing every run.
+
+        Raises:
+            ConfigError: naming the study, the variant, the grid values and the seed of the first run concerned,
+                then the key.
+        """
+        checked: set[str] = set()
+        for run in runs:
+            references = repr((run.config.model, run.config.task))
+            if references in checked:
+                continue
+            checked.add(references)
+            try:
+                run.config.check_references()
+            except ConfigError as error:
+                raise ConfigError(f"{self._where(run.variant, run.axes, run.seed)}: {error}") from error
+
+    def _where(self, variant: str, axes: Mapping[str, Any], seed: int) -> str:
         where = [f"study {self.name}", f"variant {variant!r}"]
         where += [f"{key}={_inline(value)}" for key, value in axes.items()]
         where.append(f"seed {seed}")
+        return ", ".join(where)
+
+    def _build(self, variant: str, axes: Mapping[str, Any], seed: int, overrides: Sequence[str]) -> TrainConfig:
         try:
             return config_from_dict(apply_overrides(copy.deepcopy(self.base), overrides))
         except ConfigError as error:
-            raise ConfigError(f"{', '.join(where)}: {error}") from error
+            raise ConfigError(f"{self._where(variant, axes, seed)}: {error}") from error
 
     def to_file_dict(self) -> dict[str, Any]:
         """The study as a study file with its base config inline (what ``STUDY_DIR/study.yaml`` holds)."""
