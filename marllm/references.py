@@ -12,6 +12,7 @@ A reference is one of:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
@@ -55,15 +56,16 @@ def hub_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def check_model_reference(name: str, key: str, asset: str | None = None) -> None:
-    """Check the model ``name`` given for config key ``key``; ``asset`` is the ``marllm:`` name that may stand there.
+def check_model_reference(name: str, key: str, asset: str | Sequence[str] | None = None) -> None:
+    """Check the model ``name`` given for config key ``key``; ``asset`` is the ``marllm:`` name (or names) that may
+    stand there. A ``marllm:`` name is only checked, not prepared: that happens on first use.
 
     Raises:
         MissingReferenceError: a path that is missing, a file, or a directory without ``config.json``; a name that
             is neither a path nor a hub id; a hub id missing from the cache while the hub is offline.
     """
     valid = "a local model directory (holding config.json), a hub id such as 'gpt2' or 'org/name'"
-    valid += f", or {PREFIX}{asset}" if asset else ""
+    valid += f", or {_asset_names(asset)}" if asset else ""
     if name.startswith(PREFIX):
         _check_asset(name, key, asset, valid)
     elif looks_like_path(name):
@@ -114,7 +116,12 @@ def model_load_error(name: str, what: str, error: Exception, key: str = "model.n
     return OSError(f"could not load the {what} of model {name!r}: {first}")
 
 
-def _check_asset(name: str, key: str, asset: str | None, valid: str) -> None:
+def _asset_names(asset: str | Sequence[str]) -> str:
+    """``marllm:a`` or ``marllm:a or marllm:b``."""
+    return " or ".join(PREFIX + name for name in ((asset,) if isinstance(asset, str) else asset))
+
+
+def _check_asset(name: str, key: str, asset: str | Sequence[str] | None, valid: str) -> None:
     if asset is None:
         raise MissingReferenceError(f"{key}: no marllm asset fits here, got {name!r}; give {valid}")
     try:

