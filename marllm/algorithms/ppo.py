@@ -52,7 +52,13 @@ from marllm.checkpoint import (
     write_json,
     write_tensors,
 )
-from marllm.models.generation import GeneratedBatch, generate_responses, logprob_logits, reference_logprob_logits
+from marllm.models.generation import (
+    GeneratedBatch,
+    check_chat_template,
+    generate_responses,
+    logprob_logits,
+    reference_logprob_logits,
+)
 from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
 
@@ -119,6 +125,7 @@ class PPOLearner:
         self.adapter = adapter
         self.config = config or PPOConfig()
         self.generation = generation or GenerationConfig()
+        check_chat_template(self.tokenizer, self.generation.chat_template, f"learner {name!r}")
         self.device = next(model.parameters()).device
         self.value_head = ValueHead(model.config.hidden_size).to(self.device)
         # Dropout stays off in rollout and update alike, so the first PPO ratio of a batch is exactly 1.

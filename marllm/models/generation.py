@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import (
+    BatchEncoding,
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
     PreTrainedModel,
@@ -74,6 +75,32 @@ class GeneratedBatch:
     prompt_mask: torch.Tensor
     response: torch.Tensor
     mask: torch.Tensor
+
+
+def check_chat_template(tokenizer: PreTrainedTokenizerBase, chat_template: bool, owner: str = "generation") -> None:
+    """With ``generation.chat_template`` on, the tokenizer must have a chat template."""
+    if chat_template and not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ValueError(
+            f"{owner}: generation.chat_template is true but the tokenizer of {name!r} has no chat template; set "
+            "generation.chat_template: false to feed prompts as plain text, or use an instruct model's tokenizer"
+        )
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], chat_template: bool, owner: str = "generation"
+) -> BatchEncoding:
+    """Left-padded ``input_ids`` and ``attention_mask`` of ``prompts``, each as plain text or, with
+    ``chat_template``, as a user turn of the tokenizer's chat template ending in its generation prompt."""
+    if not chat_template:
+        return tokenizer(list(prompts), return_tensors="pt", padding=True)
+    check_chat_template(tokenizer, chat_template, owner)
+    rendered = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
+    # The template writes its own special tokens (BOS, turn markers): the tokenizer must not add them again.
+    return tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
 def check_prompt_lengths(
@@ -321,7 +348,7 @@ def generate_responses(
     Sampling goes through :func:`sampling_processors` and nothing else: ``generate``'s own processors are all left off.
     """
     device = next(model.parameters()).device
-    encoded = tokenizer(list(prompts), return_tensors="pt", padding=True)
+    encoded = encode_prompts(tokenizer, prompts, generation.chat_template, owner)
     prompt_ids = encoded["input_ids"].to(device)  # (B, P), left-padded
     prompt_mask = encoded["attention_mask"].to(device)
     check_prompt_lengths(prompts, prompt_mask, budget, context, owner)

@@ -36,6 +36,9 @@ class GenerationConfig:
             KL(μ ‖ μ_0) is finite, 0 while the policy equals the reference, estimated without bias by k1 and exactly
             by ``kl_penalty: full``; the entropy metric is μ's. Costs one pass of the processors per response
             position in the rollout and in each PPO forward.
+        chat_template: render each prompt as the user turn of the tokenizer's chat template followed by its
+            generation prompt, so that the response is the assistant turn (instruct models); False feeds the prompt
+            text as it is. The tokenizer must have a chat template.
     """
 
     min_new_tokens: int = 4
@@ -46,6 +49,7 @@ class GenerationConfig:
     repetition_penalty: float = 1.1
     stop_at_eos: bool = True
     logprobs_from: Literal["tempered", "sampling"] = "tempered"
+    chat_template: bool = False
 
     def __post_init__(self) -> None:
         positive("generation", self, "min_new_tokens", "max_new_tokens", "temperature", "repetition_penalty")
@@ -58,3 +62,5 @@ class GenerationConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"generation.top_p must be in (0, 1], got {self.top_p}")
         choice("generation", self, "logprobs_from", ("tempered", "sampling"))
+        if not isinstance(self.chat_template, bool):
+            raise ValueError(f"generation.chat_template must be true or false, got {self.chat_template!r}")
