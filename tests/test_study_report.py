@@ -297,6 +297,8 @@ def test_study_report_follows_exchanged_roles_and_pairs_their_gap_within_seeds(t
     assert gap["final"]["ci_low"] == pytest.approx(estimate(end).low)
     text = path.read_text()
     assert "## By role" in text and "observer − pioneer, task reward at the first iteration 0.7" in text
+    assert (path.parent / "curves_task_reward_by_role.png").stat().st_size > 0
+    assert "](curves_task_reward_by_role.png)" in text
     # the learners' own series mix both roles: each learner's final is the mean of the two roles' values
     both = cell["final"]["task_reward"]
     assert both["mean"]["mean"] == pytest.approx((both["as pioneer"]["mean"] + both["as observer"]["mean"]) / 2)
@@ -306,3 +308,4 @@ def test_study_report_has_no_role_series_without_an_exchange(study):
     _, summary = study
     for cell in summary["cells"]:
         assert not any(name.startswith("as ") for name in cell["final"]["task_reward"]) and cell["role_gaps"] == []
+    assert not (study[0].parent / "curves_task_reward_by_role.png").exists()

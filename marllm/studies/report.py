@@ -126,6 +126,10 @@ def build_study_report(study_dir: Path, last_k: int = 5) -> Path:
         name = f"curves_{metric}.png"
         if _plot_curves(cells, summary_cells, colors, metric, title, out / name):
             figures.append((f"{title} (mean ± std over seeds)", name))
+    if any(cell.exchanged_roles for cell in cells):
+        name = "curves_task_reward_by_role.png"
+        if _plot_curves(cells, summary_cells, colors, "task_reward", "task reward", out / name, by_role=True):
+            figures.append(("task reward by role, whichever learner plays it (mean ± std over seeds)", name))
     for axis in _grid_axes(cells):
         name = f"axis_{axis.replace('.', '_')}.png"
         if _plot_axis(cells, finals, axis, out / name):
@@ -267,19 +271,27 @@ def _grid_axes(cells: list[Cell]) -> list[str]:
     return [key for key, seen in values.items() if len(seen) > 1]
 
 
-def _plot_curves(cells, summaries, colors, metric: str, title: str, path: Path) -> bool:
+def _plot_curves(cells, summaries, colors, metric: str, title: str, path: Path, by_role: bool = False) -> bool:
+    """Mean ± std curves of ``metric``: each learner of a cell (``mean`` for a single learner), or, ``by_role``, each
+    exchanged role of a cell (cells without an exchange are left out)."""
     fig = Figure(figsize=_FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
     drawn = False
     for cell, summary in zip(cells, summaries, strict=True):
-        shown = cell.learners if len(cell.learners) > 1 else [MEAN]
+        if by_role:
+            shown = [ROLE_PREFIX + role for role in cell.exchanged_roles]
+        else:
+            shown = cell.learners if len(cell.learners) > 1 else [MEAN]
         for style, learner in zip(_LINESTYLES * 8, shown, strict=False):
             curve = summary["curves"].get(metric, {}).get(learner)
             if curve is None:
                 continue
             its, mean = np.array(curve["iterations"]), np.array(curve["mean"])
             std = np.array([np.nan if s is None else s for s in curve["std"]], dtype=np.float64)
-            suffix = f"-{learner.upper()}" if learner != MEAN else ""
+            if learner.startswith(ROLE_PREFIX):
+                suffix = f" {learner}"
+            else:
+                suffix = f"-{learner.upper()}" if learner != MEAN else ""
             color = colors[cell.label]
             ax.plot(
                 its,
