@@ -91,11 +91,16 @@ class AgentsConfig:
             ``C = [[1, λ], [λ, 1]]`` (generalised to N), or null for no sharing (each agent its own reward).
             CORY: 1.0 (r1 + r2).
         role_period: resets between role permutations (CORY's T_REx = 5); null never permutes.
+        models: per learner id, the base model it starts from (a hub id, a local directory or a ``marllm:`` causal
+            LM), each with its own tokenizer and frozen reference; learners not named start from
+            ``model.name_or_path``, whose tokenizer also cuts the task's queries. Agents of different bases talk
+            through text only.
     """
 
     learners: list[str] | None = None
     reward_coefficients: list[list[float]] | float | None = None
     role_period: int | None = None
+    models: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.role_period is not None and self.role_period < 1:
@@ -199,6 +204,15 @@ class TrainConfig:
             )
         if self.agents.learners is not None and len(set(self.agents.learners)) != n:
             raise ValueError(f"agents.learners must be distinct, got {self.agents.learners}")
+        if self.agents.models is not None:
+            unknown = sorted(set(self.agents.models) - set(self.learner_ids))
+            if unknown:
+                raise ValueError(
+                    f"agents.models names unknown learner(s) {unknown}; the learners are {self.learner_ids}"
+                )
+            bad = {k: v for k, v in self.agents.models.items() if not isinstance(v, str) or not v.strip()}
+            if bad:
+                raise ValueError(f"agents.models must map learner ids to model names or paths, got {bad}")
         clash = set(self.learner_ids) & set(self.env.roles)
         if clash and self.learner_ids != self.env.roles:
             raise ValueError(f"agents.learners {sorted(clash)} are also role names in env.roles; use distinct ids")
@@ -216,6 +230,11 @@ class TrainConfig:
                     f"env.templates must give one template per role {self.env.roles}; missing {missing}, "
                     f"unknown {unknown}"
                 )
+
+    def learner_models(self) -> dict[str, str]:
+        """The base model of each learner: ``agents.models``, else ``model.name_or_path``."""
+        models = self.agents.models or {}
+        return {learner: models.get(learner, self.model.name_or_path) for learner in self.learner_ids}
 
     @property
     def learner_ids(self) -> list[str]:
@@ -243,6 +262,8 @@ class TrainConfig:
         except ValueError as error:
             raise ConfigError(f"model.device: {error}") from error
         check_model_reference(self.model.name_or_path, "model.name_or_path", asset=CAUSAL_LMS)
+        for learner, model in (self.agents.models or {}).items():
+            check_model_reference(model, f"agents.models.{learner}", asset=CAUSAL_LMS)
         self.task.check_references()
 
     def role_templates(self, defaults: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -11,7 +11,7 @@ import shutil
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +100,7 @@ def build_env(config: TrainConfig, task: TaskParts) -> AECEnv:
 
 
 def build(config: TrainConfig) -> Setup:
-    """Load the base model once per learner plus one shared reference, the task, and the wrapped env.
+    """Load the base model once per learner plus one shared reference per base, the task, and the wrapped env.
 
     The model, reward model and dataset references are checked first, before anything loads.
     """
@@ -111,14 +111,14 @@ def build(config: TrainConfig) -> Setup:
     task = config.task.build(tokenizer, config.seed, config.model.device)
     env = build_env(config, task)
     learners, reference = make_learners(
-        model_path,
+        config.learner_models() if config.agents.models else model_path,
         config.learner_ids,
         config.ppo,
         config.generation,
         config.seed,
         config.model.dtype,
         config.model.device,
-        tokenizer,
+        None if config.agents.models else tokenizer,
         lora=config.model.lora,
         load_in_4bit=config.model.load_in_4bit,
         trust_remote_code=config.model.trust_remote_code,
@@ -127,7 +127,7 @@ def build(config: TrainConfig) -> Setup:
 
 
 def make_learners(
-    model: str,
+    model: str | Mapping[str, str],
     learner_ids: Sequence[str],
     ppo: PPOConfig | None = None,
     generation: GenerationConfig | None = None,
@@ -138,36 +138,57 @@ def make_learners(
     lora: LoraSettings | None = None,
     load_in_4bit: bool = False,
     trust_remote_code: bool = False,
+    references: ReferencePool | None = None,
 ) -> tuple[dict[str, PPOLearner], Any]:
-    """One PPO learner per id, all starting from ``model``: a hub id, a local directory or ``marllm:offline-base``.
+    """One PPO learner per id, each starting from its base model: ``model`` for all (a hub id, a local directory or a
+    ``marllm:`` causal LM), or a mapping learner id -> model (heterogeneous agents; each base brings its tokenizer).
 
-    Full models: each learner owns a copy and all share one frozen reference (N policies + 1 reference).
-    LoRA: one base carries one adapter per learner, and the reference is that base with adapters disabled
-    (one base + N adapters). Returns the learners (keyed by id) and the separate reference model (None for LoRA).
+    Full models: each learner owns a copy and the learners of one base share one frozen reference from
+    ``references`` (N policies + 1 reference per base). LoRA: one base carries one adapter per learner that starts
+    from it, and the reference is that base with adapters disabled. Returns the learners (keyed by id) and the
+    separate reference model: one model when every learner shares one base, None for LoRA, and a dict base ->
+    reference for several bases.
+    ``tokenizer`` (optional) is the tokenizer of a single ``model``; with several bases each loads its own.
     ``seed`` seeds each learner's initial value head, its response lengths and mini-batch order, and leaves torch's
     global generator (which samples the responses) in a state that depends on ``seed`` alone.
     ``trust_remote_code`` lets transformers run the Python code a hub model ships with (only for code you trust).
     """
-    model_path = resolve_model(model)
-    tokenizer = tokenizer or load_tokenizer(model_path, trust_remote_code=trust_remote_code)
-    if lora is not None:
-        torch.manual_seed(seed)
-        base = load_causal_lm(model_path, dtype, device, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code)
-        shared = attach_adapters(base, list(learner_ids), lora)
-        learners = {
-            learner_id: PPOLearner(
-                learner_id, shared, tokenizer, None, ppo, generation, seed=seed + i, adapter=learner_id
+    models = {learner_id: model for learner_id in learner_ids} if isinstance(model, str) else dict(model)
+    missing = [learner_id for learner_id in learner_ids if learner_id not in models]
+    if missing:
+        raise ValueError(f"make_learners: no model for learner(s) {missing}; the mapping names {sorted(models)}")
+    bases = list(dict.fromkeys(models[learner_id] for learner_id in learner_ids))
+    if tokenizer is not None and len(bases) > 1:
+        raise ValueError("make_learners: a tokenizer can be given for a single model only; each base loads its own")
+    references = references if references is not None else ReferencePool()
+    seeds = {learner_id: seed + i for i, learner_id in enumerate(learner_ids)}
+    learners: dict[str, PPOLearner] = {}
+    base_references: dict[str, Any] = {}
+    for base in bases:
+        group = [learner_id for learner_id in learner_ids if models[learner_id] == base]
+        path = resolve_model(base)
+        base_tokenizer = tokenizer or load_tokenizer(path, trust_remote_code=trust_remote_code)
+        if lora is not None:
+            torch.manual_seed(seeds[group[0]])
+            shared = load_causal_lm(path, dtype, device, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code)
+            shared = attach_adapters(shared, group, lora)
+            for learner_id in group:
+                learners[learner_id] = PPOLearner(
+                    learner_id, shared, base_tokenizer, None, ppo, generation, seeds[learner_id], adapter=learner_id
+                )
+            continue
+        reference = references.get(path, dtype, device, trust_remote_code=trust_remote_code)
+        base_references[base] = reference
+        for learner_id in group:
+            torch.manual_seed(seeds[learner_id])
+            policy = load_causal_lm(path, dtype, device, trust_remote_code=trust_remote_code)
+            learners[learner_id] = PPOLearner(
+                learner_id, policy, base_tokenizer, reference, ppo, generation, seed=seeds[learner_id]
             )
-            for i, learner_id in enumerate(learner_ids)
-        }
-        return learners, None
-    reference = ReferencePool().get(model_path, dtype, device, trust_remote_code=trust_remote_code)
-    learners = {}
-    for i, learner_id in enumerate(learner_ids):
-        torch.manual_seed(seed + i)
-        model = load_causal_lm(model_path, dtype, device, trust_remote_code=trust_remote_code)
-        learners[learner_id] = PPOLearner(learner_id, model, tokenizer, reference, ppo, generation, seed=seed + i)
-    return learners, reference
+    ordered = {learner_id: learners[learner_id] for learner_id in learner_ids}
+    if lora is not None:
+        return ordered, None
+    return ordered, base_references[bases[0]] if len(bases) == 1 else base_references
 
 
 def run_iteration(
@@ -215,17 +236,21 @@ def run_iteration(
     return metrics, dialogues
 
 
-def deployed_models(setup: Setup) -> Iterator[tuple[str, Any]]:
-    """``("base", π_0)`` then ``(learner id, its policy)``, each ready to generate on its own.
+def deployed_models(setup: Setup) -> Iterator[tuple[str, Any, Any]]:
+    """``(name, model, tokenizer)`` of each base model π_0, then of each learner's policy, each ready to generate on
+    its own. A base is named ``base`` when every learner starts from it, else ``base:MODEL``.
 
     Consume each model before asking for the next: with LoRA they are one model with different adapters active.
     """
-    any_learner = next(iter(setup.learners.values()))
-    with any_learner.reference_model() as base:
-        yield "base", base
+    models = setup.config.learner_models()
+    bases = list(dict.fromkeys(models[learner_id] for learner_id in setup.learners))
+    for base in bases:
+        first = next(learner for learner_id, learner in setup.learners.items() if models[learner_id] == base)
+        with first.reference_model() as model:
+            yield ("base" if len(bases) == 1 else f"base:{base}"), model, first.tokenizer
     for name, learner in setup.learners.items():
         learner.activate()
-        yield name, learner.model
+        yield name, learner.model, learner.tokenizer
 
 
 def evaluate_alone(setup: Setup, num_queries: int, seed: int) -> list[dict[str, Any]]:
@@ -242,10 +267,10 @@ def evaluate_alone(setup: Setup, num_queries: int, seed: int) -> list[dict[str, 
     prompts = [template(sample, {}) for sample in samples]
     budget = config.generation.max_new_tokens
     rows = []
-    for name, model in deployed_models(setup):
+    for name, model, tokenizer in deployed_models(setup):
         torch.manual_seed(seed)
         texts = generate_responses(
-            model, setup.tokenizer, prompts, budget, config.generation, context_length(model), name
+            model, tokenizer, prompts, budget, config.generation, context_length(model), name
         ).texts
         rewards = setup.task.reward_fn(samples, list(texts))
         for sample, prompt, response, reward in zip(samples, prompts, texts, rewards, strict=True):
@@ -560,10 +585,10 @@ def evaluate_pass_at_k_alone(setup: Setup) -> list[dict[str, Any]]:
     log = config.logging
     problems = eval_problems(config, log.pass_at_k_problems)
     results = []
-    for name, model in deployed_models(setup):
+    for name, model, tokenizer in deployed_models(setup):
         result = pass_at_k_of_model(
             model,
-            setup.tokenizer,
+            tokenizer,
             config,
             problems,
             name,

@@ -253,7 +253,7 @@ def cross_play_of_checkpoints(
     ``config``'s task, with its roles, templates, task reward and generation settings.
 
     ``checkpoints`` holds ``base``, ``RUN_DIR/checkpoints/LEARNER`` directories and run directories (every learner
-    of the run). Learners saved as LoRA adapters are loaded onto ``config``'s base model.
+    of the run). Each model answers with its own tokenizer (see :func:`load_deployed_model`).
     """
     if num_queries is not None and num_queries < 1:
         raise ValueError(f"cross-play needs at least one query, got num_queries={num_queries}")
@@ -261,8 +261,8 @@ def cross_play_of_checkpoints(
     labels = [checkpoint_label(p) for p in paths]
     by_label = dict(zip(labels, paths, strict=True))
     base_path = resolve_model(config.model.name_or_path)
-    tokenizer = load_tokenizer(base_path, trust_remote_code=config.model.trust_remote_code)
-    task = config.task.build(tokenizer, config.seed, config.model.device)
+    task_tokenizer = load_tokenizer(base_path, trust_remote_code=config.model.trust_remote_code)
+    task = config.task.build(task_tokenizer, config.seed, config.model.device)
     source = task.eval_dataset if task.eval_dataset is not None else task.dataset
     count = len(source) if num_queries is None else min(num_queries, len(source))
     rows = [dict(source[i]) for i in range(count)]
@@ -272,7 +272,7 @@ def cross_play_of_checkpoints(
     budget = config.generation.max_new_tokens
 
     def load(label: str) -> Generate:
-        model, _ = load_deployed_model(config, by_label[label])
+        model, _, tokenizer = load_deployed_model(config, by_label[label])
 
         def generate(prompts: Sequence[str]) -> list[str]:
             texts: list[str] = []

@@ -41,22 +41,31 @@ class PassAtKResult:
         }
 
 
-def load_deployed_model(config: TrainConfig, checkpoint: str | Path | None) -> tuple[PreTrainedModel, str]:
-    """The base model (``checkpoint`` None or ``"base"``) or a trained learner from ``checkpoints/<learner>``.
+def load_deployed_model(config: TrainConfig, checkpoint: str | Path | None) -> tuple[PreTrainedModel, str, Any]:
+    """The base model (``checkpoint`` None or ``"base"``) or a trained learner from ``checkpoints/<learner>``, with
+    its label and tokenizer.
 
-    A learner directory holds ``policy/`` as a full model (config.json) or as a LoRA adapter on the config's base.
+    A learner directory holds ``policy/`` as a full model (config.json) or as a LoRA adapter on the learner's base
+    (``agents.models`` of the directory's learner id, else ``model.name_or_path``), with the tokenizer it was
+    trained with; the base's tokenizer stands in for a directory saved without one.
     """
-    base_path = resolve_model(config.model.name_or_path)
+    trust = config.model.trust_remote_code
     if checkpoint is None or str(checkpoint) == "base":
-        return load_causal_lm(base_path, config.model.dtype, config.model.device), "base"
+        base_path = resolve_model(config.model.name_or_path)
+        model = load_causal_lm(base_path, config.model.dtype, config.model.device, trust_remote_code=trust)
+        return model, "base", load_tokenizer(base_path, trust_remote_code=trust)
     directory = Path(checkpoint)
     policy = directory / "policy" if (directory / "policy").is_dir() else directory
     if not policy.is_dir():
         raise FileNotFoundError(f"checkpoint {str(checkpoint)!r} does not exist (expected RUN_DIR/checkpoints/LEARNER)")
+    base_path = resolve_model(config.learner_models().get(directory.name, config.model.name_or_path))
+    has_tokenizer = any((policy / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+    tokenizer = load_tokenizer(str(policy) if has_tokenizer else base_path, trust_remote_code=trust)
     if (policy / "config.json").is_file():
-        return load_causal_lm(str(policy), config.model.dtype, config.model.device), str(checkpoint)
-    base = load_causal_lm(base_path, config.model.dtype, config.model.device)
-    return load_adapter_checkpoint(base, policy), str(checkpoint)
+        model = load_causal_lm(str(policy), config.model.dtype, config.model.device, trust_remote_code=trust)
+        return model, str(checkpoint), tokenizer
+    base = load_causal_lm(base_path, config.model.dtype, config.model.device, trust_remote_code=trust)
+    return load_adapter_checkpoint(base, policy), str(checkpoint), tokenizer
 
 
 def evaluate_pass_at_k(
@@ -71,8 +80,7 @@ def evaluate_pass_at_k(
 ) -> PassAtKResult:
     """pass@k of the base model or a saved learner on the task's eval split (see :func:`pass_at_k_of_model`)."""
     check_pass_at_k_request(config, ks, samples)
-    model, label = load_deployed_model(config, checkpoint)
-    tokenizer = load_tokenizer(resolve_model(config.model.name_or_path))
+    model, label, tokenizer = load_deployed_model(config, checkpoint)
     problems = eval_problems(config, limit)
     return pass_at_k_of_model(model, tokenizer, config, problems, label, ks, samples, batch_size, seed, progress)
 
