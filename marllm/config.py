@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marllm.algorithms.critic_free_config import ALGORITHMS, CriticFreeConfig
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import CAUSAL_LMS
 from marllm.config_loading import ConfigError, apply_overrides, build, read_yaml, to_dict
@@ -68,17 +69,23 @@ class EnvConfig:
         templates: prompt template per role (``str.format`` over sample fields and earlier roles); null takes the
             task's defaults.
         batch_size: dialogues per episode (= samples per PPO batch).
+        group_size: each query is asked this many times in consecutive dialogues (``batch_size / group_size``
+            queries per batch): the groups GRPO and RLOO compare. Must divide ``batch_size``.
     """
 
     roles: list[str] = field(default_factory=lambda: ["pioneer", "observer"])
     templates: dict[str, str] | None = None
     batch_size: int = 256
+    group_size: int = 1
 
     def __post_init__(self) -> None:
         if not self.roles or len(set(self.roles)) != len(self.roles):
             raise ValueError(f"env.roles must be a non-empty list of distinct names, got {self.roles}")
         if self.batch_size < 1:
             raise ValueError(f"env.batch_size must be >= 1, got {self.batch_size}")
+        if self.group_size < 1 or self.batch_size % self.group_size:
+            raise ValueError(f"env.group_size must be >= 1 and divide env.batch_size ({self.batch_size}), got "
+                             f"{self.group_size}")
 
 
 @dataclass
@@ -95,12 +102,16 @@ class AgentsConfig:
             LM), each with its own tokenizer and frozen reference; learners not named start from
             ``model.name_or_path``, whose tokenizer also cuts the task's queries. Agents of different bases talk
             through text only.
+        algorithm: how every learner learns, ``ppo``, ``grpo``, ``rloo`` or ``reinforce_pp``, or a mapping learner
+            id -> algorithm (learners not named use ``ppo``). The ``ppo`` section's optimisation settings apply to
+            all; ``critic_free`` holds the GRPO family's own.
     """
 
     learners: list[str] | None = None
     reward_coefficients: list[list[float]] | float | None = None
     role_period: int | None = None
     models: dict[str, str] | None = None
+    algorithm: str | dict[str, str] = "ppo"
 
     def __post_init__(self) -> None:
         if self.role_period is not None and self.role_period < 1:
@@ -185,6 +196,7 @@ class TrainConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    critic_free: CriticFreeConfig = field(default_factory=CriticFreeConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -213,6 +225,7 @@ class TrainConfig:
             bad = {k: v for k, v in self.agents.models.items() if not isinstance(v, str) or not v.strip()}
             if bad:
                 raise ValueError(f"agents.models must map learner ids to model names or paths, got {bad}")
+        self._check_algorithms()
         clash = set(self.learner_ids) & set(self.env.roles)
         if clash and self.learner_ids != self.env.roles:
             raise ValueError(f"agents.learners {sorted(clash)} are also role names in env.roles; use distinct ids")
@@ -230,6 +243,30 @@ class TrainConfig:
                     f"env.templates must give one template per role {self.env.roles}; missing {missing}, "
                     f"unknown {unknown}"
                 )
+
+    def _check_algorithms(self) -> None:
+        algorithm = self.agents.algorithm
+        if isinstance(algorithm, dict):
+            unknown = sorted(set(algorithm) - set(self.learner_ids))
+            if unknown:
+                raise ValueError(
+                    f"agents.algorithm names unknown learner(s) {unknown}; the learners are {self.learner_ids}"
+                )
+        for learner, name in self.learner_algorithms().items():
+            if name not in ALGORITHMS:
+                raise ValueError(f"agents.algorithm of {learner!r} must be one of {list(ALGORITHMS)}, got {name!r}")
+            if name in ("grpo", "rloo") and self.env.group_size < 2:
+                raise ValueError(
+                    f"agents.algorithm {name} (learner {learner!r}) compares the responses to one query: set "
+                    f"env.group_size >= 2, got {self.env.group_size}"
+                )
+
+    def learner_algorithms(self) -> dict[str, str]:
+        """Each learner's algorithm: ``agents.algorithm`` (one for all, or per learner id; ``ppo`` if not named)."""
+        algorithm = self.agents.algorithm
+        if isinstance(algorithm, str):
+            return dict.fromkeys(self.learner_ids, algorithm)
+        return {learner: algorithm.get(learner, "ppo") for learner in self.learner_ids}
 
     def learner_models(self) -> dict[str, str]:
         """The base model of each learner: ``agents.models``, else ``model.name_or_path``."""

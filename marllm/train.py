@@ -22,6 +22,8 @@ import yaml
 from pettingzoo import AECEnv
 from tqdm.auto import tqdm
 
+from marllm.algorithms.critic_free_config import CriticFreeConfig
+from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import NonFiniteLossError, PPOLearner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import resolve_model
@@ -92,6 +94,7 @@ def build_env(config: TrainConfig, task: TaskParts) -> AECEnv:
         templates=config.role_templates(task.templates),
         reward_fn=task.reward_fn,
         batch_size=config.env.batch_size,
+        group_size=config.env.group_size,
     )
     coefficients = config.coefficient_matrix()
     if coefficients is not None:
@@ -122,6 +125,9 @@ def build(config: TrainConfig) -> Setup:
         lora=config.model.lora,
         load_in_4bit=config.model.load_in_4bit,
         trust_remote_code=config.model.trust_remote_code,
+        algorithm=config.learner_algorithms(),
+        critic_free=config.critic_free,
+        group_size=config.env.group_size,
     )
     return Setup(config, env, learners, task, reference, tokenizer)
 
@@ -139,6 +145,9 @@ def make_learners(
     load_in_4bit: bool = False,
     trust_remote_code: bool = False,
     references: ReferencePool | None = None,
+    algorithm: str | Mapping[str, str] = "ppo",
+    critic_free: CriticFreeConfig | None = None,
+    group_size: int = 1,
 ) -> tuple[dict[str, PPOLearner], Any]:
     """One PPO learner per id, each starting from its base model: ``model`` for all (a hub id, a local directory or a
     ``marllm:`` causal LM), or a mapping learner id -> model (heterogeneous agents; each base brings its tokenizer).
@@ -152,7 +161,23 @@ def make_learners(
     ``seed`` seeds each learner's initial value head, its response lengths and mini-batch order, and leaves torch's
     global generator (which samples the responses) in a state that depends on ``seed`` alone.
     ``trust_remote_code`` lets transformers run the Python code a hub model ships with (only for code you trust).
+    ``algorithm`` (one for all, or per learner id; ``ppo`` where not named) picks :class:`PPOLearner` or a
+    :class:`CriticFreeLearner` (``grpo``, ``rloo``, ``reinforce_pp``) with ``critic_free`` settings and the env's
+    ``group_size``.
     """
+    algorithms = (
+        dict.fromkeys(learner_ids, algorithm)
+        if isinstance(algorithm, str)
+        else {learner_id: algorithm.get(learner_id, "ppo") for learner_id in learner_ids}
+    )
+
+    def learner(learner_id: str, *args: Any, **kwargs: Any) -> PPOLearner:
+        if algorithms[learner_id] == "ppo":
+            return PPOLearner(learner_id, *args, **kwargs)
+        return CriticFreeLearner(
+            learner_id, *args, algorithm=algorithms[learner_id], group_size=group_size, settings=critic_free, **kwargs
+        )
+
     models = {learner_id: model for learner_id in learner_ids} if isinstance(model, str) else dict(model)
     missing = [learner_id for learner_id in learner_ids if learner_id not in models]
     if missing:
@@ -173,7 +198,7 @@ def make_learners(
             shared = load_causal_lm(path, dtype, device, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code)
             shared = attach_adapters(shared, group, lora)
             for learner_id in group:
-                learners[learner_id] = PPOLearner(
+                learners[learner_id] = learner(
                     learner_id, shared, base_tokenizer, None, ppo, generation, seeds[learner_id], adapter=learner_id
                 )
             continue
@@ -182,8 +207,8 @@ def make_learners(
         for learner_id in group:
             torch.manual_seed(seeds[learner_id])
             policy = load_causal_lm(path, dtype, device, trust_remote_code=trust_remote_code)
-            learners[learner_id] = PPOLearner(
-                learner_id, policy, base_tokenizer, reference, ppo, generation, seed=seeds[learner_id]
+            learners[learner_id] = learner(
+                learner_id, policy, base_tokenizer, reference, ppo, generation, seeds[learner_id]
             )
     ordered = {learner_id: learners[learner_id] for learner_id in learner_ids}
     if lora is not None:

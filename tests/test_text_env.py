@@ -491,3 +491,27 @@ def test_reward_function_returning_non_numbers(values):
     environment = make(roles=("pioneer",), batch_size=2, reward_fn=lambda s, r: values)
     with pytest.raises(RewardFunctionError, match=r"returned \w+ \(dtype .*\) for role 'pioneer', not one number per"):
         run_episode(environment, [("a", "b")])
+
+
+def test_groups_repeat_each_query_in_consecutive_dialogues_and_pass_the_api():
+    rows = [{"query": f"q{i}"} for i in range(5)]
+    environment = make(rows=rows, batch_size=6, group_size=3)
+    api_test(environment, num_cycles=3)
+    environment.reset(seed=2)
+    drawn = []
+    for _ in range(5):
+        batch = queries(environment)
+        groups = [batch[i : i + 3] for i in range(0, 6, 3)]
+        assert all(len(set(group)) == 1 for group in groups) and groups[0][0] != groups[1][0]
+        drawn += [group[0] for group in groups]
+        environment.reset()
+    # the distinct queries still walk through shuffled passes over the data: 10 draws are two whole passes
+    assert sorted(drawn[:5]) == sorted(drawn[5:]) == [r["query"] for r in rows]
+
+
+@pytest.mark.parametrize(("group_size", "message"), [(4, "group_size 4 must divide batch_size 6"),
+                                                    (0, "group_size must be a positive int"),
+                                                    (True, "group_size must be a positive int")])
+def test_bad_group_sizes_are_refused(group_size, message):
+    with pytest.raises(ValueError, match=message):
+        make(batch_size=6, group_size=group_size)

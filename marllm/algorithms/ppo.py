@@ -103,7 +103,12 @@ class PPOLearner:
         seed: seeds the response-length sampler and the mini-batch shuffling.
         adapter: the LoRA adapter of ``model`` (a peft model shared by several learners) that this learner trains;
             None trains all of ``model``'s trainable parameters.
+
+    Subclasses change the algorithm through :meth:`_advantages` (what the update trains towards) and
+    :meth:`_objective` (the loss of a mini-batch); ``uses_critic = False`` drops the value head.
     """
+
+    uses_critic: bool = True
 
     def __init__(
         self,
@@ -127,7 +132,7 @@ class PPOLearner:
         self.generation = generation or GenerationConfig()
         check_chat_template(self.tokenizer, self.generation.chat_template, f"learner {name!r}")
         self.device = next(model.parameters()).device
-        self.value_head = ValueHead(model.config.hidden_size).to(self.device)
+        self.value_head = ValueHead(model.config.hidden_size).to(self.device) if self.uses_critic else None
         # Dropout stays off in rollout and update alike, so the first PPO ratio of a batch is exactly 1.
         self.model.eval()
         if adapter is not None:
@@ -149,7 +154,7 @@ class PPOLearner:
                 "in float32 on a half-precision base"
             )
         self.optimizer = torch.optim.Adam(
-            trainable + list(self.value_head.parameters()),
+            trainable + (list(self.value_head.parameters()) if self.value_head is not None else []),
             lr=self.config.learning_rate,
             eps=self.config.adam_eps,
         )
@@ -225,7 +230,8 @@ class PPOLearner:
             del logits, ref_logits  # before the next chunk's forward
             columns["logprobs"].append(floor_logprobs(logprobs))
             columns["ref_logprobs"].append(floor_logprobs(ref_logprobs))
-            columns["values"].append(values.float())
+            if values is not None:
+                columns["values"].append(values.float())
             columns["kl_full"].append(kl_full)
         tensors = Batch(
             input_ids=input_ids,
@@ -315,12 +321,7 @@ class PPOLearner:
         score_statistics = copy.deepcopy(self.score_statistics)
         scores = self._transform_scores(rollout.received_rewards)
         with torch.no_grad():
-            b.rewards = token_rewards(
-                torch.as_tensor(scores, dtype=torch.float32, device=self.device), b.kl, b.mask, kl_coef
-            )
-            b.advantages, b.returns = gae(b.rewards, b.values, b.mask, cfg.gamma, cfg.lam)
-            if cfg.whiten_advantages:
-                b.advantages = masked_whiten(b.advantages, b.mask)
+            self._advantages(b, torch.as_tensor(scores, dtype=torch.float32, device=self.device), kl_coef)
 
         batch_size = len(rollout.responses)
         losses: dict[str, list[float]] = defaultdict(list)
@@ -351,9 +352,7 @@ class PPOLearner:
             "kl_coef": kl_coef,
             "combined_reward": task_reward - kl_coef * kl_full_sum,
             "response_length": mask.sum(1).mean().item(),
-            "returns/mean": masked_mean(b.returns, mask).item(),
-            "values/mean": masked_mean(b.values, mask).item(),
-            "explained_variance": explained_variance(b.values, b.returns, mask),
+            **self._advantage_stats(b),
             "time/generation_s": rollout.timings["generation_s"],
             "time/forward_s": rollout.timings["forward_s"],
             "time/update_s": time.perf_counter() - started,
@@ -363,6 +362,25 @@ class PPOLearner:
             stats["nonfinite_skipped"] = float(nonfinite is not None)
         return stats
 
+    def _advantages(self, b: Batch, scores: torch.Tensor, kl_coef: float) -> None:
+        """Set ``b.advantages`` (B, L) for the update, from the (transformed) scores (B,) and the KL penalty.
+
+        PPO: token rewards (the score at the last response token, −η·KL at every token), GAE against the value head
+        (Schulman et al., 2016) and, if ``whiten_advantages``, whitening over the batch's response tokens.
+        """
+        cfg = self.config
+        b.rewards = token_rewards(scores, b.kl, b.mask, kl_coef)
+        b.advantages, b.returns = gae(b.rewards, b.values, b.mask, cfg.gamma, cfg.lam)
+        if cfg.whiten_advantages:
+            b.advantages = masked_whiten(b.advantages, b.mask)
+
+    def _advantage_stats(self, b: Batch) -> dict[str, float]:
+        return {
+            "returns/mean": masked_mean(b.returns, b.mask).item(),
+            "values/mean": masked_mean(b.values, b.mask).item(),
+            "explained_variance": explained_variance(b.values, b.returns, b.mask),
+        }
+
     def _ppo_steps(self, b: Batch, prompt_length: int, batch_size: int, losses: dict[str, list[float]]) -> None:
         """``ppo_epochs`` passes of optimiser steps over the batch ``b``, appending each mini-batch's loss parts to
         ``losses``. Raises :class:`NonFiniteLossError` before applying a step whose loss or gradient is not finite."""
@@ -371,7 +389,7 @@ class PPOLearner:
             b_inds = self._rng.permutation(batch_size)
             for start in range(0, batch_size, cfg.backward_batch_size):
                 step_inds = b_inds[start : start + cfg.backward_batch_size]
-                step_tokens = max(float(b.mask[step_inds].sum()), 1.0)
+                step_mask = b.mask[step_inds]
                 self.optimizer.zero_grad(set_to_none=True)
                 applied = 0
                 for mb_start in range(0, len(step_inds), cfg.mini_batch_size):
@@ -390,20 +408,13 @@ class PPOLearner:
                             f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.num_updates}, "
                             f"epoch {_epoch}; the optimiser step was not applied"
                         )
-                    if cfg.loss_reduction == "step_token_mean":
-                        # The loss is a token mean over this mini-batch; weighted by the mini-batch's share of the
-                        # step's tokens, the accumulated loss is the token mean over the whole step.
-                        weight = float(mb.mask.sum()) / step_tokens
-                    else:
-                        weight = 1.0 / cfg.gradient_accumulation_steps
-                    (loss * weight).backward()
+                    (loss * self._minibatch_weight(mb.mask, step_mask)).backward()
                     applied += 1
                 # Every mini-batch skipped: no step at all, so Adam's momentum does not move the weights either.
                 if applied:
                     self._optimizer_step(_epoch)
 
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg = self.config
         logits, values = response_forward(self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head)
         # The LM head's backward does not read its output: the gradient can take the logits' place.
         sequences = (mb.input_ids, mb.attention_mask, prompt_length)
@@ -414,14 +425,31 @@ class PPOLearner:
         del logits
         # With logprobs_from="sampling" a token the updated policy's top-k/top-p no longer keeps has log-prob −inf.
         logprobs = floor_logprobs(logprobs)
+        loss, parts = self._objective(mb, logprobs, values)
+        with torch.no_grad():
+            parts["entropy"] = masked_mean(token_entropy, mb.mask).item()
+            parts["ratio"] = masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask).item()
+        return loss, parts
+
+    def _minibatch_weight(self, minibatch_mask: torch.Tensor, step_mask: torch.Tensor) -> float:
+        """The weight of a mini-batch's loss in its optimiser step's accumulated gradient."""
+        if self.config.loss_reduction == "step_token_mean":
+            # The loss is a token mean over this mini-batch; weighted by the mini-batch's share of the step's
+            # tokens, the accumulated loss is the token mean over the whole step.
+            return float(minibatch_mask.sum()) / max(float(step_mask.sum()), 1.0)
+        return 1.0 / self.config.gradient_accumulation_steps
+
+    def _objective(
+        self, mb: Batch, logprobs: torch.Tensor, values: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """PPO's loss of a mini-batch: the clipped surrogate plus ``vf_coef`` × the clipped value loss."""
+        cfg = self.config
         pg_loss, clipfrac, approx_kl = clipped_policy_loss(
             logprobs, mb.logprobs, mb.advantages, mb.mask, cfg.clip_range
         )
+        assert values is not None  # uses_critic
         v_loss, v_clipfrac = clipped_value_loss(values.float(), mb.values, mb.returns, mb.mask, cfg.clip_range_value)
         loss = pg_loss + cfg.vf_coef * v_loss
-        with torch.no_grad():
-            entropy = masked_mean(token_entropy, mb.mask)
-            ratio = masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask).item()
         parts = {
             "loss/policy": pg_loss.item(),
             "loss/value": v_loss.item(),
@@ -429,8 +457,6 @@ class PPOLearner:
             "clipfrac": clipfrac.item(),
             "value_clipfrac": v_clipfrac.item(),
             "approx_kl": approx_kl.item(),
-            "entropy": entropy.item(),
-            "ratio": ratio,
         }
         return loss, parts
 
@@ -532,7 +558,8 @@ class PPOLearner:
                 f"learner {self.name!r} holds {len(self.rollouts)} rollout(s) not trained on yet; save its state "
                 "between iterations (after update())"
             )
-        tensors = {f"value_head/{name}": tensor for name, tensor in self.value_head.state_dict().items()}
+        head = self.value_head.state_dict() if self.value_head is not None else {}
+        tensors = {f"value_head/{name}": tensor for name, tensor in head.items()}
         optimizer_tensors, optimizer_meta = optimizer_state(self.optimizer, self._optimizer_names())
         tensors.update(optimizer_tensors)
         statistics = self.score_statistics
@@ -552,7 +579,7 @@ class PPOLearner:
     def _checked_training_state(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> dict[str, Any]:
         """Check the training state against this learner; return the optimiser's ``load_state_dict`` argument."""
         head = {key.removeprefix("value_head/"): t for key, t in tensors.items() if key.startswith("value_head/")}
-        check_tensors(self.value_head.state_dict(), head, "value head")
+        check_tensors(self.value_head.state_dict() if self.value_head is not None else {}, head, "value head")
         unknown = [key for key in tensors if not key.startswith(("value_head/", "optimizer/"))]
         if unknown:
             raise CheckpointError(f"the learner state has entries this learner does not know: {unknown[:5]}")
@@ -563,8 +590,9 @@ class PPOLearner:
     def _set_training_state(
         self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], optimizer: dict[str, Any]
     ) -> None:
-        head = {key.removeprefix("value_head/"): t for key, t in tensors.items() if key.startswith("value_head/")}
-        self.value_head.load_state_dict(head)
+        if self.value_head is not None:
+            head = {key.removeprefix("value_head/"): t for key, t in tensors.items() if key.startswith("value_head/")}
+            self.value_head.load_state_dict(head)
         self.optimizer.load_state_dict(optimizer)
         self.kl_controller.value = float(meta["kl_coef"])
         statistics = meta["score_statistics"]
@@ -594,7 +622,8 @@ class PPOLearner:
     def _optimizer_names(self) -> list[list[str]]:
         """A name for every parameter the optimiser holds, group by group (``policy/…`` or ``value_head/…``)."""
         names = {id(p): f"policy/{name}" for name, p in self.model.named_parameters()}
-        names.update({id(p): f"value_head/{name}" for name, p in self.value_head.named_parameters()})
+        if self.value_head is not None:
+            names.update({id(p): f"value_head/{name}" for name, p in self.value_head.named_parameters()})
         return [[names[id(p)] for p in group["params"]] for group in self.optimizer.param_groups]
 
     def _load_legacy_state(self, directory: Path) -> None:
@@ -610,7 +639,9 @@ class PPOLearner:
                 f"plain values (or is damaged), and unpickling anything else could run code; "
                 f"torch.load(weights_only=True) refused it: {reason}"
             ) from error
-        self.value_head.load_state_dict(load_file(str(directory / "value_head.safetensors"), device=str(self.device)))
+        if self.value_head is not None:
+            head = load_file(str(directory / "value_head.safetensors"), device=str(self.device))
+            self.value_head.load_state_dict(head)
         self.optimizer.load_state_dict(state["optimizer"])
         self.kl_controller.value = state["kl_coef"]
         self.score_statistics.mean = state["score_mean"]

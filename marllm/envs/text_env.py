@@ -59,6 +59,9 @@ class SequentialTextEnv(AECEnv):
         seed: seeds the order in which batches are drawn, as a first ``reset(seed=seed)`` would, so that a loop whose
             resets carry no seed is reproducible; None (Gymnasium's convention) draws the order from OS entropy
             until a reset passes a seed.
+        group_size: each drawn query is asked this many times, in consecutive dialogues, so that a batch holds
+            ``batch_size / group_size`` queries in groups of ``group_size`` (what GRPO-style learners compare; every
+            role's responses come in the same groups). Must divide ``batch_size``.
     """
 
     metadata = {"name": "sequential_text_v0", "render_modes": ["ansi"], "is_parallelizable": False}
@@ -73,6 +76,7 @@ class SequentialTextEnv(AECEnv):
         query_column: str = "query",
         render_mode: str | None = None,
         seed: int | None = None,
+        group_size: int = 1,
     ):
         super().__init__()
         self.roles = _check_roles(roles)
@@ -82,6 +86,13 @@ class SequentialTextEnv(AECEnv):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.batch_size = batch_size
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+        if batch_size % group_size:
+            raise ValueError(
+                f"group_size {group_size} must divide batch_size {batch_size} (a batch holds whole groups of one query)"
+            )
+        self.group_size = group_size
         self.templates = _check_templates(templates, self.roles, columns)
         if not callable(reward_fn):
             raise TypeError(f"reward_fn must be callable (samples, responses) -> floats, got {reward_fn!r}")
@@ -131,9 +142,10 @@ class SequentialTextEnv(AECEnv):
         self._cursor = 0
 
     def _draw_indices(self) -> np.ndarray:
-        """The next ``batch_size`` rows of a shuffled pass over the data (a new pass is shuffled when one ends)."""
+        """The next ``batch_size / group_size`` rows of a shuffled pass over the data (a new pass is shuffled when one
+        ends), each repeated ``group_size`` times in a row."""
         picked = []
-        needed = self.batch_size
+        needed = self.batch_size // self.group_size
         while needed:
             if self._cursor >= len(self._order):
                 self._order = self._rng.permutation(self._num_rows)
@@ -142,7 +154,7 @@ class SequentialTextEnv(AECEnv):
             self._cursor += len(take)
             needed -= len(take)
             picked.append(take)
-        return np.concatenate(picked)
+        return np.repeat(np.concatenate(picked), self.group_size)
 
     def _render(self, role: str) -> tuple[str, ...]:
         template = self.templates[role]

@@ -1,0 +1,44 @@
+"""Settings of the critic-free learners (GRPO, RLOO, REINFORCE++) and the algorithm names, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from marllm.field_checks import choice
+
+ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_pp")
+"""The learner algorithms a config may name (``agents.algorithm``)."""
+
+CRITIC_FREE = ("grpo", "rloo", "reinforce_pp")
+
+
+@dataclass
+class CriticFreeConfig:
+    """Settings of the GRPO-family learners (the ``critic_free`` config section).
+
+    Attributes:
+        kl_in: where the KL to the reference enters. ``"reward"``: as PPO does, −η·KL per token in the reward (the
+            estimator of ``ppo.kl_penalty``; for GRPO and RLOO summed over the response and subtracted from the
+            outcome reward before the group baseline). ``"loss"``: as GRPO's paper does, η × the ``kl_estimator``
+            per token added to the loss, the reward being the task score alone.
+        kl_estimator: the per-token estimator of the KL as a loss term: ``"k3"`` (Schulman, 2020: exp(x) − x − 1
+            with x = log π_0 − log π, non-negative, unbiased) or ``"k1"`` (log π − log π_0, whose gradient is zero
+            in expectation: a loss term that does nothing on average).
+        loss_aggregation: ``"token-mean"`` (mean over every response token of the mini-batch, DAPO) or
+            ``"seq-mean-token-mean"`` (mean over each response, then over responses: GRPO's paper).
+        scale_by_std: GRPO divides each group's centred rewards by their standard deviation; false keeps the
+            centring only (Dr. GRPO).
+    """
+
+    kl_in: Literal["reward", "loss"] = "reward"
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    scale_by_std: bool = True
+
+    def __post_init__(self) -> None:
+        choice("critic_free", self, "kl_in", ("reward", "loss"))
+        choice("critic_free", self, "kl_estimator", ("k1", "k3"))
+        choice("critic_free", self, "loss_aggregation", ("token-mean", "seq-mean-token-mean"))
+        if not isinstance(self.scale_by_std, bool):
+            raise ValueError(f"critic_free.scale_by_std must be true or false, got {self.scale_by_std!r}")

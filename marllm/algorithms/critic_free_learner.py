@@ -1,0 +1,128 @@
+"""Learners of the critic-free policy-gradient family: GRPO, RLOO and REINFORCE++.
+
+They act, keep rollouts, clip and step exactly as :class:`~marllm.algorithms.ppo.PPOLearner` does (and take its
+``ppo`` settings for the optimiser, epochs, mini-batches, clip range, KL coefficient and score transform); they differ
+in what they train towards: no value head, and an advantage from the other responses to the same query (GRPO,
+RLOO) or from the whole batch (REINFORCE++). The math is in :mod:`marllm.algorithms.critic_free`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tianshou.data import Batch
+
+from marllm.algorithms.core import masked_mean
+from marllm.algorithms.critic_free import (
+    aggregation_weights,
+    clipped_policy_gradient_loss,
+    grpo_advantages,
+    per_token,
+    reinforce_plus_plus_advantages,
+    rloo_advantages,
+)
+from marllm.algorithms.critic_free_config import CRITIC_FREE, CriticFreeConfig
+from marllm.algorithms.ppo import PPOLearner
+
+
+class CriticFreeLearner(PPOLearner):
+    """A GRPO, RLOO or REINFORCE++ learner: :class:`PPOLearner` without a value head and with another advantage.
+
+    Args:
+        algorithm: ``"grpo"``, ``"rloo"`` or ``"reinforce_pp"``.
+        group_size: responses per query in a batch (the env's ``group_size``: consecutive dialogues share a query).
+            GRPO and RLOO compare the responses of a group and need at least 2; REINFORCE++ ignores groups.
+        settings: :class:`CriticFreeConfig`.
+        The other arguments are :class:`PPOLearner`'s.
+    """
+
+    uses_critic = False
+
+    def __init__(
+        self,
+        *args: Any,
+        algorithm: str = "grpo",
+        group_size: int = 1,
+        settings: CriticFreeConfig | None = None,
+        **kwargs: Any,
+    ):
+        if algorithm not in CRITIC_FREE:
+            raise ValueError(f"a critic-free learner's algorithm must be one of {list(CRITIC_FREE)}, got {algorithm!r}")
+        if algorithm in ("grpo", "rloo") and group_size < 2:
+            raise ValueError(
+                f"{algorithm} compares the responses to the same query: it needs env.group_size >= 2, got "
+                f"{group_size}"
+            )
+        super().__init__(*args, **kwargs)
+        self.algorithm = algorithm
+        self.group_size = group_size
+        self.settings = settings or CriticFreeConfig()
+        self._kl_coef = 0.0
+
+    def _advantages(self, b: Batch, scores: torch.Tensor, kl_coef: float) -> None:
+        self._kl_coef = kl_coef
+        kl_in_reward = self.settings.kl_in == "reward"
+        if self.algorithm == "reinforce_pp":
+            # Hu (2025): token rewards (the score at the last token, −η·KL at every token), returns-to-go with
+            # γ = 1, normalised over every response token of the batch: the batch is the baseline.
+            kl = b.kl if kl_in_reward else torch.zeros_like(b.kl)
+            b.advantages, b.returns = reinforce_plus_plus_advantages(scores, kl, b.mask, kl_coef)
+            return
+        if len(scores) % self.group_size:
+            raise ValueError(
+                f"learner {self.name!r} ({self.algorithm}): a batch of {len(scores)} responses is not whole groups of "
+                f"{self.group_size}; set env.group_size to the learner's group size"
+            )
+        outcome = scores - kl_coef * b.kl.sum(1) if kl_in_reward else scores
+        if self.algorithm == "grpo":
+            advantages = grpo_advantages(outcome, self.group_size, self.settings.scale_by_std)
+        else:
+            advantages = rloo_advantages(outcome, self.group_size)
+        b.advantages = per_token(advantages, b.mask)
+        # What the advantage is measured against: the outcome (score, less the KL when it is in the reward).
+        b.returns = per_token(outcome, b.mask)
+
+    def _advantage_stats(self, b: Batch) -> dict[str, float]:
+        stats = {
+            "returns/mean": masked_mean(b.returns, b.mask).item(),
+            "advantages/abs_mean": masked_mean(b.advantages.abs(), b.mask).item(),
+        }
+        if self.algorithm != "reinforce_pp":
+            # Groups whose responses all score the same give every token a zero advantage: no learning signal.
+            outcomes = (b.returns * b.mask).sum(1) / b.mask.sum(1).clamp(min=1)
+            grouped = outcomes.view(-1, self.group_size)
+            stats["groups/constant_fraction"] = (grouped == grouped[:, :1]).all(1).float().mean().item()
+        return stats
+
+    def _objective(
+        self, mb: Batch, logprobs: torch.Tensor, values: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        kl_in_loss = self.settings.kl_in == "loss"
+        result = clipped_policy_gradient_loss(
+            logprobs,
+            mb.logprobs,
+            mb.advantages,
+            mb.mask,
+            self.config.clip_range,
+            self.settings.loss_aggregation,
+            ref_logprobs=mb.ref_logprobs if kl_in_loss else None,
+            kl_coef=self._kl_coef if kl_in_loss else 0.0,
+            kl_estimator=self.settings.kl_estimator,
+        )
+        parts = {
+            "loss/policy": result.pg_loss.item(),
+            "loss/kl": result.kl_loss.item(),
+            "loss/total": result.loss.item(),
+            "clipfrac": result.clipfrac.item(),
+            "approx_kl": result.approx_kl.item(),
+        }
+        return result.loss, parts
+
+    def _minibatch_weight(self, minibatch_mask: torch.Tensor, step_mask: torch.Tensor) -> float:
+        if self.config.loss_reduction == "step_token_mean" and self.settings.loss_aggregation != "token-mean":
+            # A mean over responses: a mini-batch weighs by its share of the step's (non-empty) responses.
+            mode = self.settings.loss_aggregation
+            step = max(float(aggregation_weights(step_mask, mode).sum()), 1.0)
+            return float(aggregation_weights(minibatch_mask, mode).sum()) / step
+        return super()._minibatch_weight(minibatch_mask, step_mask)

@@ -1,0 +1,152 @@
+"""GRPO, RLOO and REINFORCE++ learners on a tiny GPT-2: they learn, keep no value head, and refuse bad groups."""
+
+import numpy as np
+import pytest
+import torch
+
+from marllm.algorithms import GenerationConfig, PPOConfig
+from marllm.algorithms.critic_free_config import CriticFreeConfig
+from marllm.algorithms.critic_free_learner import CriticFreeLearner
+from tests.conftest import make_tiny_gpt2
+
+GROUP = 4
+
+
+def make_learner(tokenizer, algorithm, seed=0, group_size=GROUP, settings=None, **ppo):
+    config = {"mini_batch_size": 8, "learning_rate": 3e-3, "init_kl_coef": 0.01, "kl_control": "fixed"}
+    config.update(ppo)
+    model = make_tiny_gpt2(tokenizer, seed=seed)
+    reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
+    return CriticFreeLearner(
+        "llm1", model, tokenizer, reference, PPOConfig(**config), GenerationConfig(4, 8), seed=seed,
+        algorithm=algorithm, group_size=group_size, settings=settings,
+    )
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "settings"),
+    [
+        ("grpo", CriticFreeConfig()),
+        ("grpo", CriticFreeConfig(kl_in="loss", loss_aggregation="seq-mean-token-mean")),
+        ("grpo", CriticFreeConfig(scale_by_std=False)),
+        ("rloo", CriticFreeConfig()),
+        ("reinforce_pp", CriticFreeConfig()),
+    ],
+    ids=["grpo", "grpo-kl-loss-seq-mean", "dr-grpo", "rloo", "reinforce_pp"],
+)
+def test_learner_learns_to_say_a_token(tokenizer, algorithm, settings):
+    """Reward = share of response tokens equal to ' good' (as PPO's learning test); it must rise within 40 updates."""
+    torch.manual_seed(0)
+    # Most early groups score all zero (no signal): a larger step than PPO's test (3e-3) makes up for it. Over seeds
+    # 0-1 the reward rose from ~0.01 to 0.44-1.0 for GRPO, RLOO and REINFORCE++ alike.
+    learner = make_learner(
+        tokenizer, algorithm, settings=settings, ppo_epochs=4, score_transform="none", learning_rate=1e-2
+    )
+    target = tokenizer.encode(" good")[0]
+
+    def reward(responses):
+        ids = [tokenizer.encode(r) for r in responses]
+        return [sum(t == target for t in row) / max(len(row), 1) for row in ids]
+
+    history = []
+    for _ in range(40):
+        responses = learner.act({"prompt": ["this movie was"] * 16})
+        learner.finish(reward(responses))
+        history.append(learner.update()["task_reward"])
+    start, end = np.mean(history[:5]), np.mean(history[-5:])
+    assert end > start + 0.2, f"reward did not rise: first 5 {history[:5]}, last 5 {history[-5:]}"
+
+
+def test_no_value_head_and_a_checkpoint_round_trip(tokenizer):
+    learner = make_learner(tokenizer, "grpo")
+    assert learner.value_head is None
+    assert all(p.requires_grad for group in learner.optimizer.param_groups for p in group["params"])
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])
+    learner.update()
+    tensors, meta = learner.state_dict()
+    assert not any(key.startswith("value_head/") for key in tensors)
+    fresh = make_learner(tokenizer, "grpo", seed=1)
+    fresh.load_state_dict(tensors, meta)
+    for a, b in zip(learner.model.parameters(), fresh.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert fresh.optimizer.state_dict()["state"].keys() == learner.optimizer.state_dict()["state"].keys()
+
+
+def test_groups_with_equal_rewards_give_no_signal(tokenizer):
+    learner = make_learner(tokenizer, "grpo", settings=CriticFreeConfig(kl_in="loss"), score_transform="none")
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])  # the second group all equal
+    stats = learner.update()
+    assert stats["groups/constant_fraction"] == 0.5 and stats["returns/mean"] == pytest.approx(0.375, abs=0.1)
+    assert "loss/value" not in stats and "loss/kl" in stats
+
+
+def test_group_sizes_are_checked(tokenizer):
+    for algorithm in ("grpo", "rloo"):
+        with pytest.raises(ValueError, match=f"{algorithm} compares the responses .* env.group_size >= 2, got 1"):
+            make_learner(tokenizer, algorithm, group_size=1)
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        make_learner(tokenizer, "dpo")
+    learner = make_learner(tokenizer, "rloo", group_size=3)
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish([0.0] * 8)
+    with pytest.raises(ValueError, match="a batch of 8 responses is not whole groups of 3"):
+        learner.update()
+    make_learner(tokenizer, "reinforce_pp", group_size=1)  # REINFORCE++ needs no groups
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="critic_free.kl_in must be one of"):
+        CriticFreeConfig(kl_in="value")
+    with pytest.raises(ValueError, match="critic_free.loss_aggregation must be one of"):
+        CriticFreeConfig(loss_aggregation="sum")
+
+
+def tiny_cory_data(lm, classifier, reviews, agents, env):
+    """examples/cory_imdb.yaml made tiny, with ``agents`` and ``env`` settings on top."""
+    import yaml
+
+    from tests.test_train import ROOT, tiny_overrides
+
+    data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
+    for section, values in tiny_overrides(lm, classifier, reviews).items():
+        data[section].update(values)
+    data["agents"].update(agents)
+    data["env"].update(env)
+    return data
+
+
+def test_config_mixes_algorithms_and_trains_cory_with_grpo(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
+    from marllm.config import config_from_dict
+    from marllm.train import build, train
+
+    agents = {"algorithm": {"llm2": "grpo"}, "role_period": 1}
+    data = tiny_cory_data(tiny_lm_dir, tiny_classifier_dir, reviews_file, agents, {"group_size": 2})
+    config = config_from_dict({**data, "iterations": 2})
+    setup = build(config)
+    assert type(setup.learners["llm1"]).__name__ == "PPOLearner" and setup.learners["llm1"].value_head is not None
+    assert isinstance(setup.learners["llm2"], CriticFreeLearner) and setup.learners["llm2"].algorithm == "grpo"
+    setup.env.reset(seed=0)
+    samples = [s["query"] for s in setup.env.unwrapped.samples]
+    assert samples[0::2] == samples[1::2]  # the env asks every query twice, in consecutive dialogues
+    result = train(config, tmp_path / "run")
+    assert [m["llm2/role"] for m in result.history] == ["observer", "pioneer"]
+    assert all("llm2/groups/constant_fraction" in m and "llm1/explained_variance" in m for m in result.history)
+
+
+@pytest.mark.parametrize(
+    ("agents", "env", "message"),
+    [
+        ({"algorithm": "dpo"}, {}, "agents.algorithm of 'llm1' must be one of"),
+        ({"algorithm": {"llm3": "grpo"}}, {"group_size": 2}, r"agents.algorithm names unknown learner\(s\) \['llm3'\]"),
+        ({"algorithm": "rloo"}, {}, "agents.algorithm rloo .* set env.group_size >= 2, got 1"),
+        ({}, {"group_size": 3}, r"env.group_size must be >= 1 and divide env.batch_size \(4\), got 3"),
+    ],
+)
+def test_algorithm_settings_are_checked(tiny_lm_dir, tiny_classifier_dir, reviews_file, agents, env, message):
+    from marllm.config import config_from_dict
+    from marllm.config_loading import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(tiny_cory_data(tiny_lm_dir, tiny_classifier_dir, reviews_file, agents, env))
