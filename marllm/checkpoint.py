@@ -44,7 +44,7 @@ from safetensors.torch import load_file, save_file
 if TYPE_CHECKING:
     from pettingzoo import AECEnv
 
-    from marllm.algorithms.ppo import PPOLearner
+    from marllm.algorithms.learner import Learner
 
 CHECKPOINTS_DIR = "training_state"
 """The directory under the run directory that holds the checkpoints."""
@@ -81,7 +81,7 @@ class CheckpointInfo:
 def save_checkpoint(
     run_dir: Path,
     iteration: int,
-    learners: Mapping[str, PPOLearner],
+    learners: Mapping[str, Learner],
     env: AECEnv,
     keep: int = 2,
     extra: dict[str, Any] | None = None,
@@ -141,7 +141,7 @@ def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:
     return None
 
 
-def load_checkpoint(path: Path, learners: Mapping[str, PPOLearner], env: AECEnv) -> CheckpointInfo:
+def load_checkpoint(path: Path, learners: Mapping[str, Learner], env: AECEnv) -> CheckpointInfo:
     """Restore the learners, the env chain and the global random generators from the checkpoint at ``path``.
 
     ``learners`` and ``env`` must be built as for the run that saved it (same learner ids, model shapes, dataset,
@@ -292,7 +292,7 @@ def _check_save_arguments(iteration: int, learners: Mapping[str, Any], keep: int
 
 
 def _write_contents(
-    directory: Path, iteration: int, learners: Mapping[str, PPOLearner], env: AECEnv, extra: dict[str, Any]
+    directory: Path, iteration: int, learners: Mapping[str, Learner], env: AECEnv, extra: dict[str, Any]
 ) -> None:
     rng_tensors, rng_meta = _global_rng_state()
     state: dict[str, Any] = {"learners": {}, "env": [], "rng": rng_meta}

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
+from marllm.algorithms.learner import Learner
 from marllm.algorithms.ppo import NonFiniteLossError, PPOLearner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import resolve_model
@@ -70,7 +71,7 @@ class Setup:
 
     config: TrainConfig
     env: AECEnv
-    learners: dict[str, PPOLearner]
+    learners: dict[str, Learner]
     task: TaskParts
     reference: Any
     tokenizer: Any
@@ -217,9 +218,9 @@ def make_learners(
 
 
 def run_iteration(
-    env: AECEnv, learners: dict[str, PPOLearner], seed: int | None = None
+    env: AECEnv, learners: Mapping[str, Learner], seed: int | None = None
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """One episode (a batch of dialogues) then one independent PPO update per learner.
+    """One episode (a batch of dialogues) then one independent update per learner (any :class:`Learner`).
 
     Returns the iteration's metrics (``<learner>/<name>`` and ``time/*``) and, per learner, its dialogue record
     (role, prompts, responses, task rewards).
