@@ -150,3 +150,17 @@ def test_algorithm_settings_are_checked(tiny_lm_dir, tiny_classifier_dir, review
 
     with pytest.raises(ConfigError, match=message):
         config_from_dict(tiny_cory_data(tiny_lm_dir, tiny_classifier_dir, reviews_file, agents, env))
+
+
+def test_the_grpo_example_is_the_main_jobs_cory_with_grpo_learners():
+    from marllm.config import load_config
+    from tests.test_train import ROOT
+
+    grpo = load_config(ROOT / "examples" / "cory_grpo_offline.yaml")
+    cory = load_config(ROOT / "examples" / "cory_offline.yaml")
+    assert set(grpo.learner_algorithms().values()) == {"grpo"} and grpo.env.group_size == 4
+    assert grpo.critic_free.kl_in == "loss" and grpo.critic_free.loss_aggregation == "seq-mean-token-mean"
+    for config in (grpo, cory):
+        config.name, config.env.group_size, config.agents.algorithm = "", 1, "ppo"
+        config.critic_free = type(config.critic_free)()
+    assert grpo.to_dict() == cory.to_dict()
