@@ -178,20 +178,26 @@ def test_study_dir_refuses_another_expansion(tmp_path):
     assert [run.name for run in study_from_dict(copied).runs()] == [run.name for run in second.runs()]
 
 
-def test_study_runs_in_two_workers_then_redoes_only_failed_runs(tmp_path, base_file, reviews_file, capsys, monkeypatch):
+def test_study_runs_in_two_workers_then_redoes_only_failed_runs(
+    tmp_path, base_file, tiny_classifier_dir, capsys, monkeypatch
+):
     import marllm.studies.report as report
 
     reports = []
     monkeypatch.setattr(
         report, "build_study_report", lambda path: reports.append(path) or path / "report" / "report.md"
     )
-    late = tmp_path / "late.jsonl"  # the cory runs' dataset: missing at first, so they fail at run time
+    # The cory runs' reward model: a directory whose config.json is empty at first, so that it passes the check
+    # made before the study starts and fails when a run loads it.
+    late = tmp_path / "late_classifier"
+    late.mkdir()
+    (late / "config.json").write_text("{}")
     study_file = write_study(
         tmp_path,
         {
             "name": "tiny",
             "base": "../configs/base.yaml",
-            "variants": {"ppo": PPO, "cory": [f"task.dataset={late}"]},
+            "variants": {"ppo": PPO, "cory": [f"task.reward_model={late}"]},
             "seeds": [0, 1],
             "compare": [["cory", "ppo"]],
         },
@@ -207,11 +213,11 @@ def test_study_runs_in_two_workers_then_redoes_only_failed_runs(tmp_path, base_f
         assert info["status"] == "finished" and info["completed_iterations"] == 2
         assert yaml.safe_load((out / "runs" / name / "config.yaml").read_text())["logging"]["progress"] is False
     for name in names[2:]:
-        assert "late.jsonl" in (out / "runs" / name / "error.txt").read_text()
+        assert "late_classifier" in (out / "runs" / name / "error.txt").read_text()
     assert "run cory__seed0 failed" in capsys.readouterr().err
     finished = {name: (out / "runs" / name / "metrics.jsonl").stat().st_mtime_ns for name in names[:2]}
 
-    shutil.copy(reviews_file, late)  # fixed: only the failed runs run again
+    shutil.copytree(tiny_classifier_dir, late, dirs_exist_ok=True)  # fixed: only the failed runs run again
     assert main(argv) == 0
     for name in names:
         assert json.loads((out / "runs" / name / "run.json").read_text())["status"] == "finished"

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from marllm.models.policy import resolve_device
+from marllm.references import model_load_error
 
 
 class TextScoreReward:
@@ -58,10 +59,17 @@ class ClassifierReward(TextScoreReward):
         max_length: int = 512,
     ):
         self.device = resolve_device(device)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+        except (OSError, ValueError) as error:
+            raise model_load_error(model_name_or_path, "tokenizer", error, key="task.reward_model") from error
         # Encoder classifiers read absolute positions from the left: pad on the right whatever the saved setting.
         self.tokenizer.padding_side = "right"
-        self.model = AutoModelForSequenceClassification.from_pretrained(model_name_or_path).to(self.device).eval()
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(model_name_or_path)
+        except (OSError, ValueError) as error:
+            raise model_load_error(model_name_or_path, "weights", error, key="task.reward_model") from error
+        self.model = model.to(self.device).eval()
         labels = {str(name): int(index) for index, name in self.model.config.id2label.items()}
         if positive_label not in labels:
             raise ValueError(
