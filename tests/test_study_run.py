@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,34 @@ def test_a_missing_model_fails_before_any_run_naming_the_variant_and_key(tmp_pat
     message = str(caught.value)
     assert message.startswith("study bases, variant 'other_base', seed 0: model.name_or_path")
     assert "no-such-model" in message and not study_dir.exists()
+
+
+def test_sigterm_stops_a_study_with_checkpoints_and_starts_no_further_run(tmp_path, base_file):
+    """What a batch scheduler's SIGTERM does to `marllm study`: the running run checkpoints, the queued one never
+    starts, the parent exits with the interrupt status and the command that resumes."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_durable_runs import SUBPROCESS_ENV
+
+    study_file = write_study(
+        tmp_path, {"name": "long", "base": "../configs/base.yaml", "overrides": ["iterations=200"], "seeds": [0, 1]}
+    )
+    out = tmp_path / "study"
+    command = [sys.executable, "-m", "marllm.cli", "study", str(study_file), "--workers", "1", "--out", str(out)]
+    process = subprocess.Popen(command, cwd=ROOT, env=SUBPROCESS_ENV, stderr=subprocess.PIPE, text=True)
+    first = out / "runs" / "base__seed0"
+    deadline = time.monotonic() + 120
+    while process.poll() is None and time.monotonic() < deadline:
+        if (first / "metrics.jsonl").is_file() and (first / "metrics.jsonl").read_text().count("\n") >= 1:
+            process.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == 130, stderr
+    info = json.loads((first / "run.json").read_text())
+    assert info["status"] == "interrupted" and 1 <= info["completed_iterations"] < 200
+    assert (first / "training_state").is_dir()
+    assert not (out / "runs" / "base__seed1" / "metrics.jsonl").exists()
+    assert "interrupted; finished runs are kept" in stderr

@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -211,8 +212,9 @@ class LocalExecutor:
     def run(
         self, runs: Sequence[StudyRun], study_dir: Path, on_event: Callable[[RunEvent], None], overwrite: bool = False
     ) -> list[RunOutcome]:
-        """Run every run; on KeyboardInterrupt, pass SIGINT to the workers (each checkpoints and stops), wait for
-        them, and raise KeyboardInterrupt again."""
+        """Run every run; on KeyboardInterrupt (Ctrl-C, or SIGTERM to this process, as a batch scheduler sends it),
+        pass SIGINT to the workers (each checkpoints and stops), start no further run, wait for them, and raise
+        KeyboardInterrupt again."""
         outcomes: dict[str, RunOutcome] = {}
         todo: list[tuple[StudyRun, Action]] = []
         for run in runs:
@@ -238,6 +240,7 @@ class LocalExecutor:
         pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(stopping,))
         pending: dict[Future, str] = {}
         queue = list(reversed(todo))
+        previous_sigterm = _sigterm_interrupts()
         try:
             while queue or pending:
                 while queue and len(pending) < workers:  # no more than the workers can start: nothing waits queued
@@ -262,11 +265,25 @@ class LocalExecutor:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            if previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, previous_sigterm)
             if threads is None:
                 os.environ.pop("OMP_NUM_THREADS", None)
             else:
                 os.environ["OMP_NUM_THREADS"] = threads
         return outcomes
+
+
+def _sigterm_interrupts() -> Any:
+    """In the main thread, make SIGTERM raise KeyboardInterrupt (the Ctrl-C path); returns the handler it replaced,
+    or None where it could not install one (another thread)."""
+
+    def interrupt(number: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 @contextlib.contextmanager
