@@ -1,6 +1,5 @@
 """GRPO, RLOO and REINFORCE++ learners on a tiny GPT-2: they learn, keep no value head, and refuse bad groups."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -8,6 +7,7 @@ from marllm.algorithms import GenerationConfig, PPOConfig
 from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from tests.conftest import make_tiny_gpt2
+from tests.test_ppo_learner import assert_learns_to_say_good
 
 GROUP = 4
 
@@ -42,19 +42,7 @@ def test_learner_learns_to_say_a_token(tokenizer, algorithm, settings):
     learner = make_learner(
         tokenizer, algorithm, settings=settings, ppo_epochs=4, score_transform="none", learning_rate=1e-2
     )
-    target = tokenizer.encode(" good")[0]
-
-    def reward(responses):
-        ids = [tokenizer.encode(r) for r in responses]
-        return [sum(t == target for t in row) / max(len(row), 1) for row in ids]
-
-    history = []
-    for _ in range(40):
-        responses = learner.act({"prompt": ["this movie was"] * 16})
-        learner.finish(reward(responses))
-        history.append(learner.update()["task_reward"])
-    start, end = np.mean(history[:5]), np.mean(history[-5:])
-    assert end > start + 0.2, f"reward did not rise: first 5 {history[:5]}, last 5 {history[-5:]}"
+    assert_learns_to_say_good(learner, tokenizer)
 
 
 def test_no_value_head_and_a_checkpoint_round_trip(tokenizer):

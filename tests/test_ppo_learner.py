@@ -18,6 +18,24 @@ def make_learner(tokenizer, seed=0, **ppo):
     return PPOLearner("llm1", model, tokenizer, reference, PPOConfig(**settings), GenerationConfig(4, 8), seed=seed)
 
 
+def assert_learns_to_say_good(learner, tokenizer, updates=40):
+    """Reward = share of response tokens equal to ' good'; its mean over the last 5 updates must exceed its mean over
+    the first 5 by 0.2."""
+    target = tokenizer.encode(" good")[0]
+
+    def reward(responses):
+        ids = [tokenizer.encode(r) for r in responses]
+        return [sum(t == target for t in row) / max(len(row), 1) for row in ids]
+
+    history = []
+    for _ in range(updates):
+        responses = learner.act({"prompt": ["this movie was"] * 16})
+        learner.finish(reward(responses))
+        history.append(learner.update()["task_reward"])
+    start, end = np.mean(history[:5]), np.mean(history[-5:])
+    assert end > start + 0.2, f"reward did not rise: first 5 {history[:5]}, last 5 {history[-5:]}"
+
+
 def test_rollout_records_what_ppo_needs(tokenizer):
     learner = make_learner(tokenizer)
     responses = learner.act({"prompt": ["this movie was"] * 8})
@@ -41,19 +59,7 @@ def test_learner_learns_to_say_a_token(tokenizer):
     """Reward = share of response tokens equal to ' good'; it must rise well above its start within 40 updates."""
     torch.manual_seed(0)
     learner = make_learner(tokenizer, mini_batch_size=8, ppo_epochs=4, score_transform="none")
-    target = tokenizer.encode(" good")[0]
-
-    def reward(responses):
-        ids = [tokenizer.encode(r) for r in responses]
-        return [sum(t == target for t in row) / max(len(row), 1) for row in ids]
-
-    history = []
-    for _ in range(40):
-        responses = learner.act({"prompt": ["this movie was"] * 16})
-        learner.finish(reward(responses))
-        history.append(learner.update()["task_reward"])
-    start, end = np.mean(history[:5]), np.mean(history[-5:])
-    assert end > start + 0.2, f"reward did not rise: first 5 {history[:5]}, last 5 {history[-5:]}"
+    assert_learns_to_say_good(learner, tokenizer)
 
 
 def test_kl_grows_as_the_policy_moves_and_updates_kl_coef(tokenizer):
