@@ -22,6 +22,7 @@ from tianshou.data import Collector, ReplayBuffer
 from tianshou.env import DummyVectorEnv, PettingZooEnv
 
 from marllm.wrappers import RolePermutation, SharedReward, cooperation_matrix
+from tests.test_wrappers import TICTACTOE_WIN, play_tictactoe
 
 torch.set_num_threads(1)
 
@@ -43,30 +44,15 @@ def load_example() -> ModuleType:
 ttt = load_example()
 STUDENT, RANDOM = ttt.STUDENT, ttt.RANDOM
 
-# X (player_1) takes 0, 1, 2 (the top row) while O takes 3 and 4: X wins on the fifth move
-X_WINS = [0, 3, 1, 4, 2]
-
-
-def final_rewards(environment) -> dict[str, float]:
-    """Play X_WINS on an AEC env; what last() reports to each agent when it is done."""
-    environment.reset(seed=0)
-    moves = iter(X_WINS)
-    final = {}
-    for agent in environment.agent_iter():
-        _, reward, terminated, truncated, _ = environment.last()
-        if terminated or truncated:
-            final[agent] = reward
-            environment.step(None)
-        else:
-            environment.step(next(moves))
-    return final
+# TICTACTOE_WIN: X (player_1) takes 0, 1, 2 (the top row) while O takes 3 and 4, and wins on the fifth move;
+# play_tictactoe plays it on an AEC env and returns what last() reports to each agent when it is done.
 
 
 def adapter_game(adapter: PettingZooEnv) -> tuple[str, list[float]]:
-    """Play X_WINS through tianshou's adapter after a reset: (the learner who moved first, the final reward vector)."""
+    """Play TICTACTOE_WIN through tianshou's adapter after a reset: (the learner who moved first, the final rewards)."""
     obs, _ = adapter.reset()
     first = obs["agent_id"]
-    for move in X_WINS:
+    for move in TICTACTOE_WIN:
         assert obs["mask"][move], f"scripted move {move} should be legal"
         obs, rewards, terminated, _, _ = adapter.step(move)
     assert terminated
@@ -94,9 +80,9 @@ def test_api_test_passes_with_the_wrappers_the_other_way_round():
 def test_shared_reward_is_c_times_r_in_aec_and_through_tianshou(weight):
     """X wins: r = (+1, -1), so C = [[1, λ], [λ, 1]] gives X 1 - λ and O -1 + λ."""
     winner, loser = 1 - weight, -1 + weight
-    assert final_rewards(tictactoe_v3.env()) == {"player_1": 1, "player_2": -1}
+    assert play_tictactoe(tictactoe_v3.env()) == {"player_1": 1, "player_2": -1}
     mixed = SharedReward(tictactoe_v3.env(), cooperation_matrix(2, weight))
-    assert final_rewards(mixed) == pytest.approx({"player_1": winner, "player_2": loser})
+    assert play_tictactoe(mixed) == pytest.approx({"player_1": winner, "player_2": loser})
 
     # with period=None the student keeps X, so through tianshou's adapter it is the winner
     adapter = PettingZooEnv(ttt.make_env(cooperation_matrix(2, weight), period=None))
@@ -108,7 +94,7 @@ def test_shared_reward_is_c_times_r_in_aec_and_through_tianshou(weight):
 
 def test_altruistic_matrix_pays_each_agent_its_opponents_reward():
     env = SharedReward(tictactoe_v3.env(), ttt.REWARDS["altruistic"])
-    assert final_rewards(env) == {"player_1": -1, "player_2": 1}
+    assert play_tictactoe(env) == {"player_1": -1, "player_2": 1}
 
 
 # --- (c) RolePermutation: who plays first --------------------------------------------------------------------------
@@ -139,7 +125,7 @@ def test_role_permutation_swaps_in_plain_aec_after_period_resets():
     env = ttt.make_env(cooperation_matrix(2, 0.25), period=2)
     winners = []
     for _ in range(6):
-        final = final_rewards(env)
+        final = play_tictactoe(env)
         winners.append(max(final, key=final.get))
         assert sorted(final.values()) == pytest.approx([-0.75, 0.75])
     assert winners == [STUDENT, STUDENT, RANDOM, RANDOM, STUDENT, STUDENT]
