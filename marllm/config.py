@@ -217,11 +217,7 @@ class TrainConfig:
         if self.agents.learners is not None and len(set(self.agents.learners)) != n:
             raise ValueError(f"agents.learners must be distinct, got {self.agents.learners}")
         if self.agents.models is not None:
-            unknown = sorted(set(self.agents.models) - set(self.learner_ids))
-            if unknown:
-                raise ValueError(
-                    f"agents.models names unknown learner(s) {unknown}; the learners are {self.learner_ids}"
-                )
+            self._check_learner_keys("agents.models", self.agents.models)
             bad = {k: v for k, v in self.agents.models.items() if not isinstance(v, str) or not v.strip()}
             if bad:
                 raise ValueError(f"agents.models must map learner ids to model names or paths, got {bad}")
@@ -244,14 +240,14 @@ class TrainConfig:
                     f"unknown {unknown}"
                 )
 
+    def _check_learner_keys(self, key: str, mapping: Mapping[str, Any]) -> None:
+        unknown = sorted(set(mapping) - set(self.learner_ids))
+        if unknown:
+            raise ValueError(f"{key} names unknown learner(s) {unknown}; the learners are {self.learner_ids}")
+
     def _check_algorithms(self) -> None:
-        algorithm = self.agents.algorithm
-        if isinstance(algorithm, dict):
-            unknown = sorted(set(algorithm) - set(self.learner_ids))
-            if unknown:
-                raise ValueError(
-                    f"agents.algorithm names unknown learner(s) {unknown}; the learners are {self.learner_ids}"
-                )
+        if isinstance(self.agents.algorithm, dict):
+            self._check_learner_keys("agents.algorithm", self.agents.algorithm)
         for learner, name in self.learner_algorithms().items():
             if name not in ALGORITHMS:
                 raise ValueError(f"agents.algorithm of {learner!r} must be one of {list(ALGORITHMS)}, got {name!r}")
@@ -263,15 +259,11 @@ class TrainConfig:
 
     def learner_algorithms(self) -> dict[str, str]:
         """Each learner's algorithm: ``agents.algorithm`` (one for all, or per learner id; ``ppo`` if not named)."""
-        algorithm = self.agents.algorithm
-        if isinstance(algorithm, str):
-            return dict.fromkeys(self.learner_ids, algorithm)
-        return {learner: algorithm.get(learner, "ppo") for learner in self.learner_ids}
+        return per_learner(self.agents.algorithm, self.learner_ids, "ppo")
 
     def learner_models(self) -> dict[str, str]:
         """The base model of each learner: ``agents.models``, else ``model.name_or_path``."""
-        models = self.agents.models or {}
-        return {learner: models.get(learner, self.model.name_or_path) for learner in self.learner_ids}
+        return per_learner(self.agents.models or {}, self.learner_ids, self.model.name_or_path)
 
     @property
     def learner_ids(self) -> list[str]:
@@ -330,6 +322,14 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+
+def per_learner(setting: str | Mapping[str, str], learner_ids: Sequence[str], default: str) -> dict[str, str]:
+    """A value for every learner id: ``setting`` itself for all, or per id from a mapping (``default`` where the
+    mapping does not name the id)."""
+    if isinstance(setting, str):
+        return dict.fromkeys(learner_ids, setting)
+    return {learner: setting.get(learner, default) for learner in learner_ids}
 
 
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:

@@ -29,7 +29,7 @@ from marllm.algorithms.ppo import NonFiniteLossError, PPOLearner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import resolve_model
 from marllm.checkpoint import CheckpointInfo, latest_checkpoint, load_checkpoint, save_checkpoint
-from marllm.config import TrainConfig, resume_differences
+from marllm.config import TrainConfig, per_learner, resume_differences
 from marllm.config_loading import ConfigError
 from marllm.envs.tasks.base import TaskParts
 from marllm.envs.templates import as_prompt_fn
@@ -166,11 +166,7 @@ def make_learners(
     :class:`CriticFreeLearner` (``grpo``, ``rloo``, ``reinforce_pp``) with ``critic_free`` settings and the env's
     ``group_size``.
     """
-    algorithms = (
-        dict.fromkeys(learner_ids, algorithm)
-        if isinstance(algorithm, str)
-        else {learner_id: algorithm.get(learner_id, "ppo") for learner_id in learner_ids}
-    )
+    algorithms = per_learner(algorithm, learner_ids, "ppo")
 
     def learner(learner_id: str, *args: Any, **kwargs: Any) -> PPOLearner:
         if algorithms[learner_id] == "ppo":
