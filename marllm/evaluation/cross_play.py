@@ -158,7 +158,8 @@ def cross_play(
                 bar.update(1)
         del generate
     bar.close()
-    result.cells.sort(key=lambda c: (result.rows().index(c.row), names.index(c.model)))
+    order = {row: i for i, row in enumerate(result.rows())}
+    result.cells.sort(key=lambda c: (order[c.row], names.index(c.model)))
     return result
 
 
