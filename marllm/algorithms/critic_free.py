@@ -45,6 +45,11 @@ def _constant_groups(grouped: torch.Tensor) -> torch.Tensor:
     return (grouped == grouped[:, :1]).all(dim=1, keepdim=True)
 
 
+def constant_group_fraction(rewards: torch.Tensor, group_size: int) -> float:
+    """The share of groups whose rewards are all equal: their advantages are all zero (no learning signal)."""
+    return _constant_groups(_grouped(rewards, group_size)).float().mean().item()
+
+
 def grpo_advantages(
     rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
 ) -> torch.Tensor:

@@ -17,6 +17,7 @@ from marllm.algorithms.core import masked_mean
 from marllm.algorithms.critic_free import (
     aggregation_weights,
     clipped_policy_gradient_loss,
+    constant_group_fraction,
     grpo_advantages,
     per_token,
     reinforce_plus_plus_advantages,
@@ -81,6 +82,7 @@ class CriticFreeLearner(PPOLearner):
             advantages = rloo_advantages(outcome, self.group_size)
         b.advantages = per_token(advantages, b.mask)
         # What the advantage is measured against: the outcome (score, less the KL when it is in the reward).
+        b.outcome = outcome
         b.returns = per_token(outcome, b.mask)
 
     def _advantage_stats(self, b: Batch) -> dict[str, float]:
@@ -89,10 +91,7 @@ class CriticFreeLearner(PPOLearner):
             "advantages/abs_mean": masked_mean(b.advantages.abs(), b.mask).item(),
         }
         if self.algorithm != "reinforce_pp":
-            # Groups whose responses all score the same give every token a zero advantage: no learning signal.
-            outcomes = (b.returns * b.mask).sum(1) / b.mask.sum(1).clamp(min=1)
-            grouped = outcomes.view(-1, self.group_size)
-            stats["groups/constant_fraction"] = (grouped == grouped[:, :1]).all(1).float().mean().item()
+            stats["groups/constant_fraction"] = constant_group_fraction(b.outcome, self.group_size)
         return stats
 
     def _objective(
