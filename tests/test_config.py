@@ -272,3 +272,19 @@ def test_new_ppo_switches_load_from_yaml_overrides():
     assert config.ppo.ratio_threshold == 5.0
     with pytest.raises(ConfigError, match=r"ppo.loss_reduction must be one of \['minibatch_token_mean', 'step_token"):
         load_config(CORY, ["ppo.loss_reduction=sum"])
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_example_config_loads(path):
+    config = load_config(path)
+    assert config.iterations >= 1
+
+
+@pytest.mark.parametrize("task", ["", "arith_"])
+def test_smollm2_cory_and_ppo_examples_differ_only_in_the_agents(task):
+    cory = load_config(EXAMPLES / f"cory_{task}smollm2.yaml").to_dict()
+    ppo = load_config(EXAMPLES / f"ppo_{task}smollm2.yaml").to_dict()
+    assert cory["model"]["name_or_path"] == "marllm:smollm2-135m-instruct" and cory["model"]["lora"]
+    for config in (cory, ppo):
+        del config["name"], config["env"]["roles"], config["env"]["templates"], config["agents"]
+    assert cory == ppo
