@@ -14,6 +14,9 @@ from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import CAUSAL_LMS
 from marllm.config_loading import ConfigError, apply_overrides, build, read_yaml, to_dict
 from marllm.envs.tasks import TASKS, TaskConfig
+from marllm.envs.templates import check_template_keys
+from marllm.envs.turns import TURN_REWARDS, check_roles, check_turns
+from marllm.field_checks import choice
 from marllm.models.lora import LoraSettings
 from marllm.models.policy import check_device_name, resolve_device
 from marllm.references import check_model_reference
@@ -66,8 +69,12 @@ class EnvConfig:
 
     Attributes:
         roles: speaking order; ``[pioneer, observer]`` for CORY, ``[pioneer]`` for single-agent PPO.
-        templates: prompt template per role (``str.format`` over sample fields and earlier roles); null takes the
-            task's defaults.
+        templates: prompt template per role (``str.format`` over sample fields, earlier roles and earlier turn names
+            ``<role>_<k>``), or per turn under its turn name; null takes the task's defaults.
+        turns: the speaking order when a role speaks more than once, e.g. ``[proposer, critic, proposer]``; null is
+            one turn per role in ``roles`` order.
+        turn_rewards: ``each`` (every turn is credited with its own response's reward) or ``last`` (every turn of a
+            role with its last response's reward).
         batch_size: dialogues per episode (= samples per PPO batch).
         group_size: each query is asked this many times in consecutive dialogues (``batch_size / group_size``
             queries per batch): the groups GRPO and RLOO compare. Must divide ``batch_size``.
@@ -77,10 +84,13 @@ class EnvConfig:
     templates: dict[str, str] | None = None
     batch_size: int = 256
     group_size: int = 1
+    turns: list[str] | None = None
+    turn_rewards: str = "each"
 
     def __post_init__(self) -> None:
-        if not self.roles or len(set(self.roles)) != len(self.roles):
-            raise ValueError(f"env.roles must be a non-empty list of distinct names, got {self.roles}")
+        self.roles = check_roles(self.roles)
+        check_turns(self.turns, self.roles)
+        choice("env", self, "turn_rewards", TURN_REWARDS)
         if self.batch_size < 1:
             raise ValueError(f"env.batch_size must be >= 1, got {self.batch_size}")
         if self.group_size < 1 or self.batch_size % self.group_size:
@@ -232,13 +242,10 @@ class TrainConfig:
         if self.logging.pass_at_k is not None and self.task.name not in ("gsm8k", "arithmetic"):
             raise ValueError(f"logging.pass_at_k needs a task with a 0/1 reward, not {self.task.name!r}")
         if self.env.templates is not None:
-            unknown = sorted(set(self.env.templates) - set(self.env.roles))
-            missing = [r for r in self.env.roles if r not in self.env.templates]
-            if unknown or missing:
-                raise ValueError(
-                    f"env.templates must give one template per role {self.env.roles}; missing {missing}, "
-                    f"unknown {unknown}"
-                )
+            try:
+                check_template_keys(self.env.templates, self.env.roles, self.speaking_order)
+            except ValueError as error:
+                raise ValueError(f"env.templates: {error}") from error
 
     def _check_learner_keys(self, key: str, mapping: Mapping[str, Any]) -> None:
         unknown = sorted(set(mapping) - set(self.learner_ids))
@@ -295,15 +302,20 @@ class TrainConfig:
             check_model_reference(model, f"agents.models.{learner}", asset=CAUSAL_LMS)
         self.task.check_references()
 
+    @property
+    def speaking_order(self) -> list[str]:
+        """``env.turns``, or each role once in ``env.roles`` order."""
+        return list(self.env.turns) if self.env.turns is not None else list(self.env.roles)
+
     def role_templates(self, defaults: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The prompt template of each role, in speaking order: ``env.templates``, else ``defaults`` (a built
-        task's templates; by default the task config's).
+        """The prompt templates by role (and by turn name where a turn has its own): ``env.templates``, else
+        ``defaults`` (a built task's templates; by default the task config's).
 
         Raises:
             ValueError: the task has no default template for some role and ``env.templates`` is not given.
         """
         if self.env.templates is not None:
-            return {role: self.env.templates[role] for role in self.env.roles}
+            return dict(self.env.templates)
         if defaults is None:
             defaults = self.task.default_templates()
         missing = [r for r in self.env.roles if r not in defaults]

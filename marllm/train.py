@@ -31,6 +31,7 @@ from marllm.assets import resolve_model
 from marllm.checkpoint import CheckpointInfo, latest_checkpoint, load_checkpoint, save_checkpoint
 from marllm.config import TrainConfig, per_learner, resume_differences
 from marllm.config_loading import ConfigError
+from marllm.envs.info_keys import BATCH_REWARDS, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
 from marllm.envs.tasks.base import TaskParts
 from marllm.envs.templates import as_prompt_fn
 from marllm.envs.text_env import env as text_env
@@ -96,6 +97,8 @@ def build_env(config: TrainConfig, task: TaskParts) -> AECEnv:
         reward_fn=task.reward_fn,
         batch_size=config.env.batch_size,
         group_size=config.env.group_size,
+        turns=config.env.turns,
+        turn_rewards=config.env.turn_rewards,
     )
     coefficients = config.coefficient_matrix()
     if coefficients is not None:
@@ -218,8 +221,8 @@ def run_iteration(
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """One episode (a batch of dialogues) then one independent update per learner (any :class:`Learner`).
 
-    Returns the iteration's metrics (``<learner>/<name>`` and ``time/*``) and, per learner, its dialogue record
-    (role, prompts, responses, task rewards).
+    Returns the iteration's metrics (``<learner>/<name>`` and ``time/*``) and, per learner, its dialogue record:
+    its role and, per turn it spoke, the prompts, responses and task rewards.
     """
     started = time.perf_counter()
     env.reset(seed=seed)
@@ -230,14 +233,12 @@ def run_iteration(
         if agent not in learners:
             raise KeyError(f"the env's agent {agent!r} has no learner; learners are {sorted(learners)}")
         if terminated or truncated:
-            if "batch_rewards" not in info:
-                raise KeyError(f"agent {agent!r} finished without per-dialogue 'batch_rewards' in its info")
-            learners[agent].finish(info["batch_rewards"], info.get("task_rewards"))
-            dialogues[agent]["task_rewards"] = np.asarray(info.get("task_rewards", info["batch_rewards"]))
+            _finish_turns(learners[agent], agent, info, dialogues[agent])
             action = None
         else:
             action = learners[agent].act(observation, role=info.get("role"))
-            dialogues[agent] = {"role": info.get("role", agent), "prompts": observation["prompt"], "responses": action}
+            record = dialogues.setdefault(agent, {"role": info.get("role", agent), "turns": []})
+            record["turns"].append({"prompts": observation["prompt"], "responses": action})
         step_started = time.perf_counter()
         env.step(action)
         env_time += time.perf_counter() - step_started
@@ -256,6 +257,21 @@ def run_iteration(
     metrics.update(timings)
     metrics["time/iteration_s"] = time.perf_counter() - started
     return metrics, dialogues
+
+
+def _finish_turns(learner: Learner, agent: str, info: Mapping[str, Any], record: dict[str, Any]) -> None:
+    """Reward each of the agent's turns of the episode, oldest first, as its learner's rollouts are queued."""
+    if BATCH_REWARDS not in info:
+        raise KeyError(f"agent {agent!r} finished without per-dialogue {BATCH_REWARDS!r} in its info")
+    trained = info.get(TURN_BATCH_REWARDS, [info[BATCH_REWARDS]])
+    own = info.get(TURN_TASK_REWARDS, [info.get(TASK_REWARDS, info[BATCH_REWARDS])])
+    if not len(trained) == len(own) == len(record["turns"]):
+        raise ValueError(
+            f"agent {agent!r} spoke {len(record['turns'])} time(s) but its info has rewards for {len(trained)} turn(s)"
+        )
+    for turn, rewards, task_rewards in zip(record["turns"], trained, own, strict=True):
+        learner.finish(rewards, task_rewards)
+        turn["task_rewards"] = np.asarray(task_rewards)
 
 
 def deployed_models(setup: Setup) -> Iterator[tuple[str, Any, Any]]:
@@ -628,16 +644,18 @@ def _sample_rows(env: AECEnv, dialogues: dict[str, dict[str, Any]], iteration: i
     query_column = env.unwrapped.query_column
     rows = []
     for learner_id, record in dialogues.items():
-        for i in range(min(count, len(record["responses"]))):
-            rows.append(
-                {
+        for turn_index, turn in enumerate(record["turns"], start=1):
+            for i in range(min(count, len(turn["responses"]))):
+                row = {
                     "iteration": iteration,
                     "learner": learner_id,
                     "role": record["role"],
                     "query": samples[i][query_column],
-                    "prompt": record["prompts"][i],
-                    "response": record["responses"][i],
-                    "task_reward": float(record["task_rewards"][i]),
+                    "prompt": turn["prompts"][i],
+                    "response": turn["responses"][i],
+                    "task_reward": float(turn["task_rewards"][i]),
                 }
-            )
+                if len(record["turns"]) > 1:
+                    row["turn"] = turn_index
+                rows.append(row)
     return rows

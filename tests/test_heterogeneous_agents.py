@@ -40,7 +40,7 @@ def test_each_learner_has_its_base_tokenizer_and_reference(tiny_lm_dir, other_lm
     assert llm2.model.config.vocab_size == 280 and set(setup.reference) == {str(tiny_lm_dir), str(other_lm_dir)}
     metrics, dialogues = run_iteration(setup.env, setup.learners, seed=0)
     # llm2 reads llm1's text, tokenized with its own vocabulary, and both are trained
-    assert dialogues["llm2"]["role"] == "observer" and all(dialogues["llm2"]["prompts"])
+    assert dialogues["llm2"]["role"] == "observer" and all(dialogues["llm2"]["turns"][0]["prompts"])
     assert metrics["llm1/kl"] >= 0 and metrics["llm2/kl"] >= 0
 
 

@@ -59,7 +59,7 @@ def test_run_iteration_drives_any_learner_through_the_wrapped_env():
     learners = {"alice": EchoLearner("alice"), "bob": EchoLearner("bob")}
     for iteration in range(2):
         metrics, dialogues = run_iteration(env, learners, seed=iteration)
-        assert dialogues["alice"]["responses"] == ("alice",) * 3
+        assert dialogues["alice"]["turns"][0]["responses"] == ("alice",) * 3
     # iteration 0: alice is the pioneer; iteration 1 the roles swap. alice scores 1, bob 0, so with C = [[1, .5],
     # [.5, 1]] alice always receives 1 and bob 0.5, whichever role each plays.
     assert [r[0] for r in learners["alice"].rewarded] == ["pioneer", "observer"]

@@ -344,7 +344,7 @@ def test_template_with_unknown_field_lists_the_available_fields():
         make(templates={"pioneer": "{query}", "observer": "{title}: {pioneer}"})
     message = str(error.value)
     assert "role 'observer'" in message and "['title']" in message
-    assert "['label', 'query']" in message and "earlier roles ['pioneer']" in message
+    assert "['label', 'query']" in message and "earlier roles and turns ['pioneer', 'pioneer_1']" in message
 
 
 def test_template_may_not_name_its_own_or_a_later_role():

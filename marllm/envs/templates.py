@@ -6,8 +6,11 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from marllm.envs.turns import turn_names
+
 PromptFn = Callable[[Mapping[str, Any], Mapping[str, str]], str]
-"""A callable template: ``prompt_fn(sample, responses) -> prompt`` where ``responses`` maps earlier roles to text."""
+"""A callable template: ``prompt_fn(sample, responses) -> prompt`` where ``responses`` maps each earlier role
+(its latest response) and each earlier turn name ``<role>_<k>`` to text."""
 
 
 class PromptTemplate:
@@ -25,13 +28,13 @@ class PromptTemplate:
         self.fields: tuple[str, ...] = tuple(_field_names(template))
 
     def check(self, role: str, sample_fields: Sequence[str], earlier_roles: Sequence[str]) -> None:
-        """Raise if the template names a field that is neither a sample column nor an earlier role."""
+        """Raise if the template names a field that is neither a sample column nor an earlier role or turn name."""
         available = set(sample_fields) | set(earlier_roles)
         missing = [f for f in self.fields if f not in available]
         if missing:
             raise ValueError(
                 f"prompt template of role {role!r} uses unknown field(s) {missing}; available: sample columns "
-                f"{sorted(sample_fields)} and earlier roles {list(earlier_roles)}"
+                f"{sorted(sample_fields)} and earlier roles and turns {list(earlier_roles)}"
             )
 
     def __call__(self, sample: Mapping[str, Any], responses: Mapping[str, str]) -> str:
@@ -68,3 +71,42 @@ def as_prompt_fn(template: str | PromptFn) -> PromptTemplate | PromptFn:
     if callable(template):
         return template
     raise TypeError(f"a role template must be a str or a callable, got {type(template).__name__}")
+
+
+def check_template_keys(templates: Mapping[str, Any], roles: Sequence[str], turns: Sequence[str]) -> None:
+    """Raise unless every turn has a template, keyed by its role or by its turn name, and no key is anything else."""
+    names = turn_names(turns)
+    unknown = sorted(set(templates) - set(roles) - set(names), key=str)
+    untemplated = [t for t, n in zip(turns, names, strict=True) if t not in templates and n not in templates]
+    missing = list(dict.fromkeys(untemplated))
+    if unknown or missing:
+        per_turn = f" (or per turn {names})" if len(names) > len(roles) else ""
+        raise ValueError(
+            f"templates must have one entry per role {list(roles)}{per_turn}; missing {missing}, unknown {unknown}"
+        )
+
+
+def check_templates(
+    templates: Mapping[str, str | PromptFn] | Sequence[str | PromptFn],
+    roles: list[str],
+    columns: list[str],
+    turns: list[str],
+) -> dict[str, PromptTemplate | PromptFn]:
+    """One prompt function per turn name; a str template's fields must be columns or earlier roles and turns."""
+    names = turn_names(turns)
+    if isinstance(templates, Mapping):
+        check_template_keys(templates, roles, turns)
+        by_role = dict(templates)
+    else:
+        ordered = list(templates)
+        if len(ordered) != len(roles):
+            raise ValueError(f"got {len(ordered)} templates for {len(roles)} roles {roles}; give one per role")
+        by_role = dict(zip(roles, ordered, strict=True))
+    checked = {}
+    for k, (role, name) in enumerate(zip(turns, names, strict=True)):
+        fn = as_prompt_fn(by_role.get(name, by_role.get(role)))
+        if isinstance(fn, PromptTemplate):
+            earlier = list(dict.fromkeys(turns[:k])) + names[:k]
+            fn.check(role if len(turns) == len(roles) else f"{role} (turn {name})", columns, earlier)
+        checked[name] = fn
+    return checked

@@ -1,24 +1,28 @@
 """Sequential text environment: N roles answer a batch of queries in turn (PettingZoo AEC).
 
 Agents
-    One agent per role, in the order given (``["pioneer", "observer"]`` for CORY). Each role acts exactly once per
-    episode; the episode ends when the last role has acted.
+    One agent per role (``["pioneer", "observer"]`` for CORY). By default each role speaks once, in the order given;
+    a turn order (``turns=["proposer", "critic", "proposer"]``) lets a role speak several times. The episode ends
+    after the last turn.
 Episode
     ``reset`` draws a batch of ``batch_size`` samples from the dataset (shuffled, without replacement within a pass
-    over the data). One episode is ``batch_size`` parallel dialogues, so one step of a role is one batched generation.
+    over the data). One episode is ``batch_size`` parallel dialogues, so one turn is one batched generation.
 Observation
-    ``{"prompt": (p_1, ..., p_B)}``: the role's prompts, rendered by its template from the sample and the responses
-    of the roles before it. Text is the only channel between agents, so agents need not share a tokenizer. Before a
-    role's turn its prompts are not known yet and are observed as empty strings.
+    ``{"prompt": (p_1, ..., p_B)}``: the prompts of the role's current turn, rendered by its template from the sample
+    and the earlier turns' responses. Text is the only channel between agents, so agents need not share a
+    tokenizer. Before a role's first turn its prompts are not known yet and are observed as empty strings.
 Action
     ``(a_1, ..., a_B)``: one response string per dialogue.
 Reward
-    When the last role has acted, every role gets its task reward ``r(sample, its response)`` from the reward
-    function. PettingZoo rewards are scalars, so ``rewards[role]`` is the batch mean and the per-dialogue vector is
-    given explicitly in ``infos[role]["task_rewards"]`` (the role's own reward, never changed by wrappers) and
-    ``infos[role]["batch_rewards"]`` (the reward the role is trained on; reward wrappers rewrite it).
+    After the last turn every role gets its task reward: ``r(sample, response)`` of the reward function on its last
+    response. PettingZoo rewards are scalars, so ``rewards[role]`` is the batch mean; the per-dialogue vectors are
+    in ``infos[role]`` under the keys of :mod:`marllm.envs.info_keys`: ``task_rewards`` (the role's own reward, never
+    changed by wrappers), ``batch_rewards`` (the reward it is trained on; reward wrappers rewrite it), and one row
+    per turn of the role in ``turn_task_rewards`` / ``turn_batch_rewards``. With ``turn_rewards="each"`` each turn
+    is credited with the reward of its own response; with ``"last"`` every turn of a role is credited with the
+    reward of the role's last response (the outcome of its turns, undiscounted).
 Termination
-    All roles terminate together after the last role's step; nothing truncates.
+    All roles terminate together after the last turn; nothing truncates.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from gymnasium.spaces import Dict as DictSpace
 from pettingzoo import AECEnv
 from pettingzoo.utils import wrappers
 
+from marllm.envs.info_keys import BATCH_REWARDS, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
 from marllm.envs.spaces import TextBatch
-from marllm.envs.templates import PromptFn, PromptTemplate, as_prompt_fn
+from marllm.envs.templates import PromptFn, check_templates
+from marllm.envs.turns import TURN_REWARDS, check_roles, check_turns, turn_names
 
 RewardFn = Callable[[list[dict[str, Any]], list[str]], Sequence[float]]
 """A task reward: ``reward_fn(samples, responses) -> one float per sample``."""
@@ -49,9 +55,12 @@ class SequentialTextEnv(AECEnv):
 
     Args:
         dataset: a ``datasets.Dataset`` or a list of dicts; each row must have ``query_column``.
-        roles: the agent names, in speaking order.
-        templates: one prompt template per role: a ``str.format`` string over sample columns and earlier roles'
-            names, or a callable ``(sample, responses) -> str``. A mapping role -> template or a list in role order.
+        roles: the agent names, in speaking order when ``turns`` is None.
+        templates: one prompt template per role: a ``str.format`` string or a callable ``(sample, responses) -> str``,
+            as a mapping role -> template or a list in role order. A mapping may also key a single turn by its name
+            ``<role>_<k>`` (the role's k-th turn, from 1), which then overrides the role's template for that turn.
+            Fields (and the keys of ``responses``) are the sample's columns, each role that spoke earlier (its
+            latest response) and each earlier turn's name (that turn's response, e.g. ``{proposer_1}``).
         reward_fn: ``reward_fn(samples, responses) -> one float per sample``, applied to every role's responses.
         batch_size: dialogues per episode.
         query_column: the column holding the query.
@@ -62,6 +71,11 @@ class SequentialTextEnv(AECEnv):
         group_size: each drawn query is asked this many times, in consecutive dialogues, so that a batch holds
             ``batch_size / group_size`` queries in groups of ``group_size`` (what GRPO-style learners compare; every
             role's responses come in the same groups). Must divide ``batch_size``.
+        turns: the speaking order as a list of roles in which a role may appear several times (a debate:
+            ``[a, b, a, b]``); every role must speak at least once. None: each role once, in ``roles`` order.
+        turn_rewards: ``"each"``: each turn is credited with the task reward of its own response; ``"last"``: every
+            turn of a role with the task reward of the role's last response. Only matters for roles with several
+            turns.
     """
 
     metadata = {"name": "sequential_text_v0", "render_modes": ["ansi"], "is_parallelizable": False}
@@ -77,9 +91,16 @@ class SequentialTextEnv(AECEnv):
         render_mode: str | None = None,
         seed: int | None = None,
         group_size: int = 1,
+        turns: Sequence[str] | None = None,
+        turn_rewards: str = "each",
     ):
         super().__init__()
-        self.roles = _check_roles(roles)
+        self.roles = check_roles(roles)
+        self.turns = check_turns(turns, self.roles)
+        self.turn_names = turn_names(self.turns)
+        if turn_rewards not in TURN_REWARDS:
+            raise ValueError(f"turn_rewards must be one of {list(TURN_REWARDS)}, got {turn_rewards!r}")
+        self.turn_rewards = turn_rewards
         self.dataset = dataset
         self.query_column = query_column
         self._num_rows, columns = _check_dataset(dataset, query_column)
@@ -93,7 +114,7 @@ class SequentialTextEnv(AECEnv):
                 f"group_size {group_size} must divide batch_size {batch_size} (a batch holds whole groups of one query)"
             )
         self.group_size = group_size
-        self.templates = _check_templates(templates, self.roles, columns)
+        self.templates = check_templates(templates, self.roles, columns, self.turns)
         if not callable(reward_fn):
             raise TypeError(f"reward_fn must be callable (samples, responses) -> floats, got {reward_fn!r}")
         self.reward_fn = reward_fn
@@ -111,6 +132,8 @@ class SequentialTextEnv(AECEnv):
         self.samples: list[dict[str, Any]] = []
         self.prompts: dict[str, tuple[str, ...]] = {}
         self.responses: dict[str, tuple[str, ...]] = {}
+        self.turn_prompts: list[tuple[str, ...]] = []
+        self.turn_responses: list[tuple[str, ...]] = []
 
     def observation_space(self, agent: str) -> DictSpace:
         return self.observation_spaces[agent]
@@ -129,9 +152,11 @@ class SequentialTextEnv(AECEnv):
         self.truncations = {role: False for role in self.agents}
         self.infos = {role: {"role": role} for role in self.agents}
         self.responses = {}
-        self.prompts = {self.roles[0]: self._render(self.roles[0])}
+        self.turn_responses = []
         self._turn = 0
-        self.agent_selection = self.roles[0]
+        self.turn_prompts = [self._render(0)]
+        self.prompts = {self.turns[0]: self.turn_prompts[0]}
+        self.agent_selection = self.turns[0]
 
     def _seed(self, seed: int | None) -> None:
         """Restart the data order from a generator seeded with ``seed`` (None: from OS entropy)."""
@@ -156,17 +181,20 @@ class SequentialTextEnv(AECEnv):
             picked.append(take)
         return np.repeat(np.concatenate(picked), self.group_size)
 
-    def _render(self, role: str) -> tuple[str, ...]:
-        template = self.templates[role]
+    def _render(self, turn: int) -> tuple[str, ...]:
+        template = self.templates[self.turn_names[turn]]
         prompts = []
         for i, sample in enumerate(self.samples):
-            earlier = {r: texts[i] for r, texts in self.responses.items()}
+            earlier = {}
+            spoken = zip(self.turns, self.turn_names, self.turn_responses, strict=False)  # the turns so far
+            for earlier_role, earlier_name, texts in spoken:
+                earlier[earlier_role] = earlier[earlier_name] = texts[i]
             try:
                 prompt = template(sample, earlier)
             except Exception as error:
-                raise ValueError(f"rendering the prompt of role {role!r} for sample {i} failed: {error}") from error
+                raise ValueError(f"rendering the prompt of {self._who(turn)} for sample {i} failed: {error}") from error
             if not isinstance(prompt, str):
-                raise TypeError(f"the template of role {role!r} returned {type(prompt).__name__}, not str")
+                raise TypeError(f"the template of {self._who(turn)} returned {type(prompt).__name__}, not str")
             prompts.append(prompt)
         return tuple(prompts)
 
@@ -185,33 +213,50 @@ class SequentialTextEnv(AECEnv):
             )
         self._cumulative_rewards[agent] = 0.0
         self.responses[agent] = tuple(action)
+        self.turn_responses.append(tuple(action))
         self._turn += 1
-        if self._turn < len(self.roles):
-            next_role = self.roles[self._turn]
-            self.prompts[next_role] = self._render(next_role)
+        if self._turn < len(self.turns):
+            next_role = self.turns[self._turn]
+            self.turn_prompts.append(self._render(self._turn))
+            self.prompts[next_role] = self.turn_prompts[-1]
             self.agent_selection = next_role
             self._clear_rewards()
         else:
             for role in self.roles:
-                task_rewards = self._task_rewards(role)
-                self.rewards[role] = float(task_rewards.mean())
-                self.infos[role] = {
-                    "role": role,
-                    "task_rewards": task_rewards,
-                    "batch_rewards": task_rewards.copy(),
-                }
-                self.terminations[role] = True
-            self.agent_selection = self.roles[0]
+                self._finish_role(role)
+            self.agent_selection = self.turns[0]
         self._accumulate_rewards()
 
-    def _task_rewards(self, role: str) -> np.ndarray:
+    def _finish_role(self, role: str) -> None:
+        """Score the role's turns and terminate it."""
+        own_turns = [t for t, r in enumerate(self.turns) if r == role]
+        if self.turn_rewards == "each":
+            turn_rewards = np.stack([self._task_rewards(role, t) for t in own_turns])
+        else:
+            turn_rewards = np.tile(self._task_rewards(role, own_turns[-1]), (len(own_turns), 1))
+        task_rewards = turn_rewards[-1].copy()
+        self.rewards[role] = float(task_rewards.mean())
+        self.infos[role] = {
+            "role": role,
+            TASK_REWARDS: task_rewards,
+            BATCH_REWARDS: task_rewards.copy(),
+            TURN_TASK_REWARDS: turn_rewards,
+            TURN_BATCH_REWARDS: turn_rewards.copy(),
+        }
+        self.terminations[role] = True
+
+    def _who(self, turn: int) -> str:
+        """The role of a turn, for messages, with the turn's name where some role speaks more than once."""
+        role = self.turns[turn]
+        return f"role {role!r}" + (f" (turn {self.turn_names[turn]})" if len(self.turns) > len(self.roles) else "")
+
+    def _task_rewards(self, role: str, turn: int) -> np.ndarray:
         name = getattr(self.reward_fn, "__name__", type(self.reward_fn).__name__)
+        who = self._who(turn)
         try:
-            values = self.reward_fn(self.samples, list(self.responses[role]))
+            values = self.reward_fn(self.samples, list(self.turn_responses[turn]))
         except Exception as error:
-            raise RewardFunctionError(
-                f"reward function {name} raised on the responses of role {role!r}: {error!r}"
-            ) from error
+            raise RewardFunctionError(f"reward function {name} raised on the responses of {who}: {error!r}") from error
         try:
             raw = np.asarray(values)
             if raw.dtype.kind not in "biuf":
@@ -219,23 +264,23 @@ class SequentialTextEnv(AECEnv):
             rewards = raw.astype(np.float64)
         except (TypeError, ValueError) as error:
             raise RewardFunctionError(
-                f"reward function {name} returned {type(values).__name__} ({error}) for role {role!r}, not one "
+                f"reward function {name} returned {type(values).__name__} ({error}) for {who}, not one "
                 f"number per sample"
             ) from error
         if rewards.ndim != 1:
             raise RewardFunctionError(
-                f"reward function {name} returned an array of shape {rewards.shape} for role {role!r}; expected a "
+                f"reward function {name} returned an array of shape {rewards.shape} for {who}; expected a "
                 f"1-D sequence of {self.batch_size} numbers, one per sample"
             )
         if rewards.shape != (self.batch_size,):
             raise RewardFunctionError(
-                f"reward function {name} returned {rewards.size} values for role {role!r}; expected "
+                f"reward function {name} returned {rewards.size} values for {who}; expected "
                 f"{self.batch_size} (one per sample)"
             )
         bad = np.flatnonzero(~np.isfinite(rewards))
         if bad.size:
             raise RewardFunctionError(
-                f"reward function {name} returned non-finite values for role {role!r} at sample(s) "
+                f"reward function {name} returned non-finite values for {who} at sample(s) "
                 f"{bad.tolist()[:10]}: {rewards[bad][:10].tolist()} (queries: "
                 f"{[self.samples[i][self.query_column] for i in bad[:3]]})"
             )
@@ -245,9 +290,10 @@ class SequentialTextEnv(AECEnv):
         if self.render_mode is None or not self.samples:
             return None
         lines = [f"query: {self.samples[0][self.query_column]!r}"]
-        for role in self.roles:
-            if role in self.responses:
-                lines.append(f"{role}: {self.prompts[role][0]!r} -> {self.responses[role][0]!r}")
+        for turn, texts in enumerate(self.turn_responses):
+            role, name = self.turns[turn], self.turn_names[turn]
+            label = role if len(self.turns) == len(self.roles) else f"{role} ({name})"
+            lines.append(f"{label}: {self.turn_prompts[turn][0]!r} -> {texts[0]!r}")
         return "\n".join(lines)
 
     def close(self) -> None:
@@ -265,6 +311,7 @@ class SequentialTextEnv(AECEnv):
         meta = {
             "num_rows": self._num_rows,
             "roles": list(self.roles),
+            "turns": list(self.turns),
             "cursor": self._cursor,
             "rng": self._rng.bit_generator.state,
         }
@@ -285,6 +332,8 @@ class SequentialTextEnv(AECEnv):
             )
         if list(meta["roles"]) != self.roles:
             raise CheckpointError(f"the checkpoint's env has roles {meta['roles']}, this env {self.roles}")
+        if list(meta.get("turns", meta["roles"])) != self.turns:
+            raise CheckpointError(f"the checkpoint's env has turns {meta.get('turns')}, this env {self.turns}")
         if "order" not in tensors:
             raise CheckpointError("the env state has no data order ('order')")
         order = tensors["order"].numpy().astype(np.int64)
@@ -307,17 +356,6 @@ def env(**kwargs: Any) -> AECEnv:
     return wrappers.OrderEnforcingWrapper(SequentialTextEnv(**kwargs))
 
 
-def _check_roles(roles: Sequence[str]) -> list[str]:
-    roles = list(roles)
-    if not roles:
-        raise ValueError("roles must name at least one role")
-    if not all(isinstance(r, str) and r for r in roles):
-        raise ValueError(f"roles must be non-empty strings, got {roles!r}")
-    if len(set(roles)) != len(roles):
-        raise ValueError(f"roles must be unique, got {roles!r}")
-    return roles
-
-
 def _check_dataset(dataset: Any, query_column: str) -> tuple[int, list[str]]:
     try:
         num_rows = len(dataset)
@@ -334,34 +372,10 @@ def _check_dataset(dataset: Any, query_column: str) -> tuple[int, list[str]]:
         columns = list(first)
         missing_rows = [i for i, row in enumerate(dataset) if query_column not in row]
         if missing_rows:
-            raise ValueError(
-                f"dataset rows {missing_rows[:10]} have no {query_column!r} field (row 0 has {columns})"
-            )
+            raise ValueError(f"dataset rows {missing_rows[:10]} have no {query_column!r} field (row 0 has {columns})")
     if query_column not in columns:
         raise ValueError(f"dataset has no query column {query_column!r}; its columns are {list(columns)}")
     return num_rows, list(columns)
-
-
-def _check_templates(
-    templates: Mapping[str, str | PromptFn] | Sequence[str | PromptFn], roles: list[str], columns: list[str]
-) -> dict[str, PromptTemplate | PromptFn]:
-    if isinstance(templates, Mapping):
-        unknown = sorted(set(templates) - set(roles))
-        missing = [r for r in roles if r not in templates]
-        if unknown or missing:
-            raise ValueError(f"templates must have one entry per role {roles}; missing {missing}, unknown {unknown}")
-        ordered = [templates[r] for r in roles]
-    else:
-        ordered = list(templates)
-        if len(ordered) != len(roles):
-            raise ValueError(f"got {len(ordered)} templates for {len(roles)} roles {roles}; give one per role")
-    checked = {}
-    for k, (role, template) in enumerate(zip(roles, ordered, strict=True)):
-        fn = as_prompt_fn(template)
-        if isinstance(fn, PromptTemplate):
-            fn.check(role, columns, roles[:k])
-        checked[role] = fn
-    return checked
 
 
 def _describe(action: Any) -> str:

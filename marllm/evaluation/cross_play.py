@@ -258,6 +258,11 @@ def cross_play_of_checkpoints(
     """
     if num_queries is not None and num_queries < 1:
         raise ValueError(f"cross-play needs at least one query, got num_queries={num_queries}")
+    if config.speaking_order != config.env.roles:
+        raise ValueError(
+            f"cross-play puts one model in each role, which speaks once; env.turns {config.env.turns} lets a role "
+            f"speak several times (evaluate such runs with marllm eval without --cross-play)"
+        )
     paths = expand_checkpoints(checkpoints)
     labels = [checkpoint_label(p) for p in paths]
     by_label = dict(zip(labels, paths, strict=True))

@@ -9,6 +9,8 @@ import numpy as np
 from pettingzoo import AECEnv
 from pettingzoo.utils.wrappers import BaseWrapper
 
+from marllm.envs.info_keys import BATCH_REWARDS, TURN_BATCH_REWARDS
+
 
 def cooperation_matrix(num_agents: int, weight: float) -> np.ndarray:
     """``C[i, i] = 1`` and ``C[i, j] = weight`` for ``i != j``: r_i + λ Σ_{j≠i} r_j.
@@ -52,7 +54,9 @@ class SharedReward(BaseWrapper):
     Works on any AEC environment: the scalar ``rewards`` (and so the cumulative reward ``last()`` returns) are mixed
     step by step. Environments that batch several dialogues per episode, like :class:`SequentialTextEnv`, also give
     each agent its per-dialogue episode rewards as ``infos[agent]["batch_rewards"]``; those vectors are mixed with the
-    same matrix (an agent that already left the episode keeps contributing its last vector).
+    same matrix (an agent that already left the episode keeps contributing its last vector). An agent that speaks
+    several times also reports one row per turn (``turn_batch_rewards``); each turn is mixed as its own reward plus
+    the partners' episode rewards: turn t of agent i gets ``C[i, i] r_i,t + Σ_{j≠i} C[i, j] r_j``.
 
     Args:
         env: the environment to wrap.
@@ -90,8 +94,8 @@ class SharedReward(BaseWrapper):
     def _mix_infos(self) -> dict[Any, dict[str, Any]]:
         inner = self.env.infos
         for agent, info in inner.items():
-            if "batch_rewards" in info:
-                self._episode_vectors[agent] = np.asarray(info["batch_rewards"], dtype=np.float64)
+            if BATCH_REWARDS in info:
+                self._episode_vectors[agent] = np.asarray(info[BATCH_REWARDS], dtype=np.float64)
         if not self._episode_vectors:
             return dict(inner)
         width = {v.shape for v in self._episode_vectors.values()}
@@ -101,10 +105,19 @@ class SharedReward(BaseWrapper):
         for agent, vector in self._episode_vectors.items():
             stacked[self._index[agent]] = vector
         mixed = self.coefficients @ stacked  # (N, B)
-        return {
-            agent: ({**info, "batch_rewards": mixed[self._index[agent]]} if "batch_rewards" in info else info)
-            for agent, info in inner.items()
-        }
+        infos = {}
+        for agent, info in inner.items():
+            if BATCH_REWARDS not in info:
+                infos[agent] = info
+                continue
+            i = self._index[agent]
+            infos[agent] = {**info, BATCH_REWARDS: mixed[i]}
+            if TURN_BATCH_REWARDS in info:
+                # The episode's mix with this turn's own reward in place of the episode's: written as a correction,
+                # so that a turn whose reward is the episode's gets exactly the mixed episode reward.
+                turns = np.asarray(info[TURN_BATCH_REWARDS], dtype=np.float64)
+                infos[agent][TURN_BATCH_REWARDS] = mixed[i] + self.coefficients[i, i] * (turns - stacked[i])
+        return infos
 
     def __str__(self) -> str:
         return f"SharedReward<{self.env!s}>"

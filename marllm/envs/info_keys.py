@@ -1,0 +1,17 @@
+"""The keys under which :class:`~marllm.envs.SequentialTextEnv` reports per-dialogue rewards in ``infos[role]``.
+
+Reward wrappers rewrite the *batch* entries (what a role is trained on) and never the *task* entries (what its own
+responses scored). The *turn* entries hold one row per turn of the role, in speaking order.
+"""
+
+TASK_REWARDS = "task_rewards"
+"""(B,) the task reward of the role's last response in each dialogue."""
+
+BATCH_REWARDS = "batch_rewards"
+"""(B,) the reward the role is trained on, per dialogue (the task reward until a wrapper mixes it)."""
+
+TURN_TASK_REWARDS = "turn_task_rewards"
+"""(T, B) the role's own task reward credited to each of its T turns (see the env's ``turn_rewards``)."""
+
+TURN_BATCH_REWARDS = "turn_batch_rewards"
+"""(T, B) the reward each of the role's turns is trained on."""
