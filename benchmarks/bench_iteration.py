@@ -39,8 +39,9 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.learner_factory import make_learners
+from marllm.loop import run_iteration
 from marllm.models.policy import load_tokenizer
-from marllm.train import make_learners, run_iteration
 
 PHASES = ("generation", "forwards", "reward", "update")
 MARLLM_KEYS = {

@@ -24,8 +24,8 @@ _EXPORTS = {
     "PPOLearner": "marllm.algorithms.ppo",
     "PPOConfig": "marllm.algorithms.ppo_config",
     "GenerationConfig": "marllm.models.generation_config",
-    "make_learners": "marllm.train",
-    "run_iteration": "marllm.train",
+    "make_learners": "marllm.learner_factory",
+    "run_iteration": "marllm.loop",
     "train": "marllm.train",
     "TrainConfig": "marllm.config",
     "load_config": "marllm.config",
@@ -55,8 +55,10 @@ if TYPE_CHECKING:
     from marllm.config import TrainConfig, load_config
     from marllm.config_loading import ConfigError
     from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
+    from marllm.learner_factory import make_learners
+    from marllm.loop import run_iteration
     from marllm.models.generation_config import GenerationConfig
-    from marllm.train import make_learners, run_iteration, train
+    from marllm.train import train
     from marllm.wrappers.role_permutation import RolePermutation
     from marllm.wrappers.shared_reward import SharedReward
 

@@ -40,6 +40,8 @@ from tests.offline_support import tiny_recipe, write_tiny_corpus
 
 # the module, not the function ``marllm.train`` that the package also exports
 train_module = importlib.import_module("marllm.train")
+build_module = importlib.import_module("marllm.setup")
+learner_factory = importlib.import_module("marllm.learner_factory")
 ROOT = Path(__file__).resolve().parents[1]
 CORY = ROOT / "examples" / "cory_imdb.yaml"
 
@@ -57,8 +59,10 @@ def nothing_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the references were checked")
 
-    for name in ("load_tokenizer", "load_causal_lm", "resolve_model"):
-        monkeypatch.setattr(train_module, name, refuse)
+    for module in (build_module, learner_factory):
+        for name in ("load_tokenizer", "load_causal_lm", "resolve_model"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, refuse)
 
 
 def write(path: Path, text: str | bytes) -> Path:
@@ -512,8 +516,7 @@ def test_a_programming_error_still_shows_its_traceback(monkeypatch, tmp_path):
 
 def stub_setup(monkeypatch, failures: list[bool]):
     """build() returns a stand-in; each iteration fails or logs one line, in the order of ``failures``."""
-    setup = SimpleNamespace(env=SimpleNamespace(unwrapped=SimpleNamespace(samples=[], query_column="query")),
-                            learners={})
+    setup = SimpleNamespace(env=SimpleNamespace(), learners={})
     monkeypatch.setattr(train_module, "build", lambda config: setup)
     steps = iter(failures)
 

@@ -28,8 +28,9 @@ from marllm.checkpoint import (
 )
 from marllm.config import config_from_dict
 from marllm.envs.text_env import env as text_env
+from marllm.loop import run_iteration
 from marllm.models.policy import ReferencePool, load_causal_lm, load_tokenizer
-from marllm.train import build, run_iteration
+from marllm.setup import build
 from marllm.wrappers import RolePermutation, SharedReward
 from tests.conftest import make_tiny_gpt2
 from tests.test_train import ROOT, tiny_overrides

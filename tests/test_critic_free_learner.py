@@ -107,7 +107,8 @@ def tiny_cory_data(lm, classifier, reviews, agents, env):
 
 def test_config_mixes_algorithms_and_trains_cory_with_grpo(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
     from marllm.config import config_from_dict
-    from marllm.train import build, train
+    from marllm.setup import build
+    from marllm.train import train
 
     agents = {"algorithm": {"llm2": "grpo"}, "role_period": 1}
     data = tiny_cory_data(tiny_lm_dir, tiny_classifier_dir, reviews_file, agents, {"group_size": 2})

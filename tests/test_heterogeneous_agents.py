@@ -7,7 +7,10 @@ import pytest
 from marllm.config_loading import ConfigError
 from marllm.evaluation.cross_play import cross_play_of_checkpoints
 from marllm.evaluation.deployed import load_deployed_model
-from marllm.train import build, make_learners, run_iteration, train
+from marllm.learner_factory import make_learners
+from marllm.loop import run_iteration
+from marllm.setup import build
+from marllm.train import train
 from tests.conftest import make_tiny_gpt2, make_tokenizer
 from tests.test_train import tiny_config
 

@@ -4,7 +4,7 @@ import numpy as np
 
 from marllm.algorithms import CriticFreeLearner, GenerationConfig, Learner, PPOConfig, PPOLearner
 from marllm.envs import SequentialTextEnv
-from marllm.train import run_iteration
+from marllm.loop import IterationResult, run_iteration
 from marllm.wrappers import RolePermutation, SharedReward
 from tests.conftest import make_tiny_gpt2
 
@@ -67,3 +67,26 @@ def test_run_iteration_drives_any_learner_through_the_wrapped_env():
     assert all(np.allclose(r[1], 0.5) and np.allclose(r[2], 0.0) for r in learners["bob"].rewarded)
     assert metrics["alice/task_reward"] == 1.0 and metrics["bob/role"] == "pioneer"
     assert learners["alice"].updates == learners["bob"].updates == 2
+
+
+class Sealed(RolePermutation):
+    """A wrapped env whose inner env cannot be reached: the loop must get by with the AEC API."""
+
+    @property
+    def unwrapped(self):
+        raise AssertionError("the loop reached into env.unwrapped")
+
+
+def test_run_iteration_records_the_queries_from_the_infos_and_returns_a_named_result():
+    rows = [{"query": f"q{i}"} for i in range(4)]
+    env = SequentialTextEnv(rows, ["pioneer", "observer"], ["{query}", "{pioneer}"], lambda s, r: [0.0] * len(r), 4)
+    env = Sealed(SharedReward(env), period=1, learners=["alice", "bob"])
+    learners = {"alice": EchoLearner("alice"), "bob": EchoLearner("bob")}
+    result = run_iteration(env, learners, seed=0)
+    assert isinstance(result, IterationResult) and result.metrics["alice/role"] == "pioneer"
+    queries = result.dialogues["alice"]["queries"]
+    assert sorted(queries) == [row["query"] for row in rows] and result.dialogues["bob"]["queries"] == queries
+    # the pioneer's prompt is its query: the recorded queries line up with the dialogues
+    assert result.dialogues["alice"]["turns"][0]["prompts"] == queries
+    metrics, dialogues = result
+    assert metrics is result.metrics and dialogues is result.dialogues

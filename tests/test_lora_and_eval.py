@@ -12,7 +12,8 @@ from marllm.envs.tasks.arithmetic import generate_problems, write_jsonl
 from marllm.evaluation import deployed
 from marllm.evaluation.deployed import evaluate_pass_at_k
 from marllm.models.generation import GeneratedBatch
-from marllm.train import build, train
+from marllm.setup import build
+from marllm.train import train
 from tests.conftest import make_tiny_gpt2
 
 
@@ -62,7 +63,7 @@ def test_lora_learners_share_one_base_and_train_only_their_adapter(tmp_path, lon
     assert llm1.model is llm2.model and setup.reference is None
     base_before = {n: p.clone() for n, p in llm1.model.named_parameters() if "lora_" not in n}
     adapters_before = {n: p.clone() for n, p in llm1.model.named_parameters() if "lora_" in n}
-    from marllm.train import run_iteration
+    from marllm.loop import run_iteration
 
     metrics, _ = run_iteration(setup.env, setup.learners, seed=0)
     # LoRA B starts at zero: each policy equals the base, so the first batch's KL to the reference is exactly 0

@@ -122,7 +122,8 @@ def test_roles_act_in_order_once_and_prompts_are_rendered_from_sample_and_earlie
 
     # before its turn, a role observes empty prompts
     assert environment.observe("observer") == {"prompt": ("", "", "")}
-    assert environment.infos == {role: {"role": role} for role in ROLES}
+    # from reset on, every role's info names its role and the batch's queries
+    assert environment.infos == {role: {"role": role, "queries": tuple(queries(environment))} for role in ROLES}
 
     acted, finished = [], {}
     for agent in environment.agent_iter():
@@ -187,7 +188,7 @@ def test_rewards_are_own_task_rewards_with_batch_mean_scalars_and_all_roles_term
     assert environment.rewards == {"pioneer": 2.5, "observer": 3.0}  # (1 + 4) / 2 and (6 + 0) / 2
     for role, values in expected.items():
         info = environment.infos[role]
-        assert info["role"] == role
+        assert info["role"] == role and info["queries"] == tuple(queries(environment))
         np.testing.assert_array_equal(info["task_rewards"], values)
         np.testing.assert_array_equal(info["batch_rewards"], values)
         assert info["batch_rewards"] is not info["task_rewards"]  # a wrapper may rewrite one, never the other
@@ -224,7 +225,7 @@ def test_a_new_episode_clears_rewards_and_responses():
     assert environment.rewards == {"pioneer": 0.0}
     assert environment._cumulative_rewards == {"pioneer": 0.0}
     assert environment.terminations == {"pioneer": False}
-    assert environment.infos == {"pioneer": {"role": "pioneer"}}
+    assert environment.infos == {"pioneer": {"role": "pioneer", "queries": tuple(queries(environment))}}
     assert environment.responses == {}
     assert environment.render() is None  # render_mode None
 

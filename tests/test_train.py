@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from marllm.config import config_from_dict, load_config
 from marllm.envs.tasks.sentiment import SentimentTask
 from marllm.rewards.sentiment import ClassifierReward
-from marllm.train import build, train
+from marllm.setup import build
+from marllm.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ from pettingzoo.test import api_test, seed_test
 
 from marllm.config import config_from_dict
 from marllm.envs import SequentialTextEnv, env
-from marllm.train import run_iteration
+from marllm.loop import run_iteration
 from marllm.wrappers import RolePermutation, SharedReward
 from tests.test_learner_protocol import EchoLearner
 

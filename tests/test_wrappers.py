@@ -10,7 +10,7 @@ from pettingzoo.test import api_test
 from marllm.config import config_from_dict
 from marllm.envs.tasks.base import TaskParts
 from marllm.envs.text_env import SequentialTextEnv, env
-from marllm.train import build_env
+from marllm.setup import build_env
 from marllm.wrappers import RolePermutation, SharedReward, check_coefficients, cooperation_matrix
 
 # api_test recommends Box/Discrete spaces and numpy observations; text agents have neither, by design.
@@ -102,7 +102,11 @@ def test_a_new_episode_starts_from_fresh_rewards():
     environment.reset(seed=1)
     assert environment.rewards == {"pioneer": 0.0, "observer": 0.0}
     assert environment._cumulative_rewards == {"pioneer": 0.0, "observer": 0.0}
-    assert environment.infos == {"pioneer": {"role": "pioneer"}, "observer": {"role": "observer"}}
+    batch = tuple(s["query"] for s in environment.unwrapped.samples)
+    assert environment.infos == {
+        "pioneer": {"role": "pioneer", "queries": batch},
+        "observer": {"role": "observer", "queries": batch},
+    }
 
 
 def test_cooperation_matrix():
@@ -285,6 +289,20 @@ def test_learners_replace_roles_in_every_agent_attribute_and_observe_their_roles
         environment.step(None)
         assert environment.agents == [observer]
         assert environment.last()[1] == 1.0
+
+
+def test_the_batch_queries_pass_through_both_wrappers_from_reset_to_the_last_step():
+    environment = RolePermutation(SharedReward(text_env()), period=1)
+    for seed in (0, 1):
+        environment.reset(seed=seed)
+        queries = tuple(s["query"] for s in environment.unwrapped.samples)
+        assert all(info["queries"] == queries for info in environment.infos.values())
+        for _ in environment.agent_iter():
+            *_, terminated, _, info = environment.last()
+            assert info["queries"] == queries
+            environment.step(None if terminated else ("x", "yy", "zzz"))
+            if terminated:
+                assert "batch_rewards" in info
 
 
 def test_default_learner_ids_and_spaces():

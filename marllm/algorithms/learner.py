@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 class Learner(Protocol):
     """A learner plays one agent at a time: it answers the env's prompts, is told each answer's reward, and learns.
 
-    :func:`marllm.train.run_iteration` calls, per iteration, :meth:`act` whenever its agent is to move (once per
+    :func:`marllm.loop.run_iteration` calls, per iteration, :meth:`act` whenever its agent is to move (once per
     turn), :meth:`finish` once per :meth:`act` with that rollout's rewards (oldest rollout first), then
     :meth:`update` once. :class:`~marllm.algorithms.ppo.PPOLearner` and
     :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` implement it; so can any class with these

@@ -1,8 +1,11 @@
-"""The keys under which :class:`~marllm.envs.SequentialTextEnv` reports per-dialogue rewards in ``infos[role]``.
+"""The keys under which :class:`~marllm.envs.SequentialTextEnv` reports per-dialogue values in ``infos[role]``.
 
 Reward wrappers rewrite the *batch* entries (what a role is trained on) and never the *task* entries (what its own
 responses scored). The *turn* entries hold one row per turn of the role, in speaking order.
 """
+
+QUERIES = "queries"
+"""(B,) the query of each dialogue of the episode, as a tuple; in every role's info from ``reset`` on."""
 
 TASK_REWARDS = "task_rewards"
 """(B,) the task reward of the role's last response in each dialogue."""

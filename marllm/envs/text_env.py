@@ -13,6 +13,9 @@ Observation
     tokenizer. Before a role's first turn its prompts are not known yet and are observed as empty strings.
 Action
     ``(a_1, ..., a_B)``: one response string per dialogue.
+Info
+    ``infos[role]`` holds the role's name under ``role`` and the batch's queries under ``queries`` (one per dialogue)
+    from ``reset`` on, and the role's rewards once the episode ends (see Reward).
 Reward
     After the last turn every role gets its task reward: ``r(sample, response)`` of the reward function on its last
     response. PettingZoo rewards are scalars, so ``rewards[role]`` is the batch mean; the per-dialogue vectors are
@@ -35,7 +38,7 @@ from gymnasium.spaces import Dict as DictSpace
 from pettingzoo import AECEnv
 from pettingzoo.utils import wrappers
 
-from marllm.envs.info_keys import BATCH_REWARDS, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
+from marllm.envs.info_keys import BATCH_REWARDS, QUERIES, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
 from marllm.envs.spaces import TextBatch
 from marllm.envs.templates import PromptFn, check_templates
 from marllm.envs.turns import TURN_REWARDS, check_roles, check_turns, turn_names
@@ -130,6 +133,7 @@ class SequentialTextEnv(AECEnv):
         self.action_spaces = {role: TextBatch(batch_size, MAX_TEXT_LENGTH) for role in self.roles}
         self._seed(seed)
         self.samples: list[dict[str, Any]] = []
+        self.queries: tuple[Any, ...] = ()
         self.prompts: dict[str, tuple[str, ...]] = {}
         self.responses: dict[str, tuple[str, ...]] = {}
         self.turn_prompts: list[tuple[str, ...]] = []
@@ -150,7 +154,8 @@ class SequentialTextEnv(AECEnv):
         self._cumulative_rewards = {role: 0.0 for role in self.agents}
         self.terminations = {role: False for role in self.agents}
         self.truncations = {role: False for role in self.agents}
-        self.infos = {role: {"role": role} for role in self.agents}
+        self.queries = tuple(sample[self.query_column] for sample in self.samples)
+        self.infos = {role: {"role": role, QUERIES: self.queries} for role in self.agents}
         self.responses = {}
         self.turn_responses = []
         self._turn = 0
@@ -238,6 +243,7 @@ class SequentialTextEnv(AECEnv):
         self.rewards[role] = float(task_rewards.mean())
         self.infos[role] = {
             "role": role,
+            QUERIES: self.queries,
             TASK_REWARDS: task_rewards,
             BATCH_REWARDS: task_rewards.copy(),
             TURN_TASK_REWARDS: turn_rewards,

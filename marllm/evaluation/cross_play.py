@@ -21,9 +21,8 @@ from tqdm.auto import tqdm
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.envs.text_env import SequentialTextEnv
-from marllm.evaluation.deployed import load_deployed_model
-from marllm.models.generation import generate_responses
-from marllm.models.policy import context_length, load_tokenizer
+from marllm.evaluation.deployed import generate_answers, held_out_rows, load_deployed_model
+from marllm.models.policy import load_tokenizer
 from marllm.statistics import Estimate, estimate
 
 Generate = Callable[[Sequence[str]], list[str]]
@@ -269,13 +268,10 @@ def cross_play_of_checkpoints(
     base_path = resolve_model(config.model.name_or_path)
     task_tokenizer = load_tokenizer(base_path, trust_remote_code=config.model.trust_remote_code)
     task = config.task.build(task_tokenizer, config.seed, config.model.device)
-    source = task.eval_dataset if task.eval_dataset is not None else task.dataset
-    count = len(source) if num_queries is None else min(num_queries, len(source))
-    rows = [dict(source[i]) for i in range(count)]
+    rows = held_out_rows(task, num_queries)
     env = SequentialTextEnv(
         rows, config.env.roles, config.role_templates(task.templates), task.reward_fn, batch_size=len(rows)
     )
-    budget = config.generation.max_new_tokens
 
     def load(label: str) -> Generate:
         model, _, tokenizer = load_deployed_model(config, by_label[label])
@@ -283,11 +279,7 @@ def cross_play_of_checkpoints(
         def generate(prompts: Sequence[str]) -> list[str]:
             texts: list[str] = []
             for start in range(0, len(prompts), batch_size):
-                chunk = list(prompts[start : start + batch_size])
-                out = generate_responses(
-                    model, tokenizer, chunk, budget, config.generation, context_length(model), label
-                )
-                texts.extend(out.texts)
+                texts.extend(generate_answers(model, tokenizer, config, prompts[start : start + batch_size], label))
             return texts
 
         return generate

@@ -1,7 +1,15 @@
-"""pass@k of a model deployed alone: the base model or one trained agent answering from the query only."""
+"""Models deployed alone: the base model or a trained agent answering from the query only, as it is used at inference.
+
+The models are the learners of a run in memory (:func:`deployed_models`, for the end-of-run evaluation of
+:func:`marllm.train.train`) or saved ones (:func:`load_deployed_model`, for ``marllm eval``). Either way they answer
+the first role's template (CORY's pioneer: the query alone) with the config's generation settings and the full
+``max_new_tokens`` budget: :func:`evaluate_alone` scores their answers to held-out queries by the task reward,
+:func:`pass_at_k_of_model` estimates pass@k on the task's eval split.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,8 +19,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from marllm.algorithms.learner import Learner
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
+from marllm.envs.tasks.base import TaskParts
 from marllm.envs.templates import as_prompt_fn
 from marllm.evaluation.pass_at_k import mean_pass_at_k
 from marllm.models.generation import generate_responses
@@ -66,6 +76,97 @@ def load_deployed_model(config: TrainConfig, checkpoint: str | Path | None) -> t
         return model, str(checkpoint), tokenizer
     base = load_causal_lm(base_path, config.model.dtype, config.model.device, trust_remote_code=trust)
     return load_adapter_checkpoint(base, policy), str(checkpoint), tokenizer
+
+
+def deployed_models(config: TrainConfig, learners: Mapping[str, Learner]) -> Iterator[tuple[str, Any, Any]]:
+    """``(name, model, tokenizer)`` of each base model π_0 of ``learners``, then of each learner's policy, each ready
+    to generate on its own. A base is named ``base`` when every learner starts from it, else ``base:MODEL``.
+
+    Consume each model before asking for the next: with LoRA they are one model with different adapters active.
+    """
+    models = config.learner_models()
+    bases = list(dict.fromkeys(models[learner_id] for learner_id in learners))
+    for base in bases:
+        first = next(learner for learner_id, learner in learners.items() if models[learner_id] == base)
+        with first.reference_model() as model:
+            yield ("base" if len(bases) == 1 else f"base:{base}"), model, first.tokenizer
+    for name, learner in learners.items():
+        learner.activate()
+        yield name, learner.model, learner.tokenizer
+
+
+def held_out_rows(task: TaskParts, limit: int | None = None) -> list[dict[str, Any]]:
+    """The first ``limit`` rows (None: all) of the task's held-out queries: its eval dataset, else its dataset."""
+    source = task.eval_dataset if task.eval_dataset is not None else task.dataset
+    count = len(source) if limit is None else min(limit, len(source))
+    return [dict(source[i]) for i in range(count)]
+
+
+def deployed_prompts(config: TrainConfig, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The prompt of each row for a model deployed alone: the first role's template, with no earlier turn."""
+    template = as_prompt_fn(config.deployed_template())
+    return [template(row, {}) for row in rows]
+
+
+def generate_answers(
+    model: PreTrainedModel, tokenizer: Any, config: TrainConfig, prompts: Sequence[str], label: str
+) -> tuple[str, ...]:
+    """One batched generation of ``model`` for ``prompts``, with the config's generation settings and the full
+    ``max_new_tokens`` budget (``label`` names the model in errors)."""
+    generation = config.generation
+    return generate_responses(
+        model, tokenizer, list(prompts), generation.max_new_tokens, generation, context_length(model), label
+    ).texts
+
+
+def evaluate_alone(
+    config: TrainConfig, task: TaskParts, learners: Mapping[str, Learner], num_queries: int, seed: int
+) -> list[dict[str, Any]]:
+    """The base model and each learner deployed alone answer the same held-out queries from the query only.
+
+    The prompt is the first role's template (for CORY, the pioneer's: the query alone); the answers are scored by
+    the task reward. The same sampling seed is used for every model. Returns one row per model and query.
+    """
+    samples = held_out_rows(task, num_queries)
+    prompts = deployed_prompts(config, samples)
+    rows = []
+    for name, model, tokenizer in deployed_models(config, learners):
+        torch.manual_seed(seed)
+        texts = generate_answers(model, tokenizer, config, prompts, name)
+        rewards = task.reward_fn(samples, list(texts))
+        for sample, prompt, response, reward in zip(samples, prompts, texts, rewards, strict=True):
+            rows.append(
+                {
+                    "query": sample["query"],
+                    "model": name,
+                    "prompt": prompt,
+                    "response": response,
+                    "task_reward": float(reward),
+                }
+            )
+    return rows
+
+
+def evaluate_pass_at_k_alone(config: TrainConfig, learners: Mapping[str, Learner]) -> list[dict[str, Any]]:
+    """pass@k of the base model and of each learner deployed alone, on the task's eval split, with the
+    ``logging.pass_at_k*`` settings of ``config``; one :meth:`PassAtKResult.to_dict` per model."""
+    log = config.logging
+    problems = eval_problems(config, log.pass_at_k_problems)
+    results = []
+    for name, model, tokenizer in deployed_models(config, learners):
+        result = pass_at_k_of_model(
+            model,
+            tokenizer,
+            config,
+            problems,
+            name,
+            log.pass_at_k,
+            log.pass_at_k_samples,
+            seed=config.seed,
+            progress=log.progress,
+        )
+        results.append(result.to_dict())
+    return results
 
 
 def evaluate_pass_at_k(
@@ -123,20 +224,16 @@ def pass_at_k_of_model(
     """
     check_pass_at_k_request(config, ks, samples)
     model.eval()
-    template = as_prompt_fn(config.deployed_template())
     reward_fn = config.task.reward()
-    prompts = [template(row, {}) for row in problems]
+    prompts = deployed_prompts(config, problems)
     # Every problem is asked `samples` times; batches mix problems so that each generate call is full.
     order = [(i, s) for i in range(len(problems)) for s in range(samples)]
     correct = np.zeros(len(problems), dtype=np.int64)
     rewards = []
     torch.manual_seed(seed)
-    budget = config.generation.max_new_tokens
     for start in tqdm(range(0, len(order), batch_size), desc=f"pass@k {label}", disable=not progress):
         chunk = order[start : start + batch_size]
-        texts = generate_responses(
-            model, tokenizer, [prompts[i] for i, _ in chunk], budget, config.generation, context_length(model), label
-        ).texts
+        texts = generate_answers(model, tokenizer, config, [prompts[i] for i, _ in chunk], label)
         scores = np.asarray(reward_fn([problems[i] for i, _ in chunk], list(texts)), dtype=np.float64)
         if not np.all(np.isin(scores, (0.0, 1.0))):
             raise ValueError(f"pass@k needs a 0/1 task reward; task {config.task.name!r} returned {scores[:5]}")

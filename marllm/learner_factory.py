@@ -1,0 +1,124 @@
+"""Learners from base models: one per learner id, with the frozen references they are penalised against."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from marllm.algorithms.critic_free_config import CriticFreeConfig
+from marllm.algorithms.critic_free_learner import CriticFreeLearner
+from marllm.algorithms.learner import Learner
+from marllm.algorithms.ppo import PPOLearner
+from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.assets import resolve_model
+from marllm.config import TrainConfig, per_learner
+from marllm.models.lora import LoraSettings, attach_adapters
+from marllm.models.policy import ReferencePool, load_causal_lm, load_tokenizer
+
+
+def learners_from_config(config: TrainConfig, tokenizer: Any) -> tuple[dict[str, Learner], Any]:
+    """The learners of ``config`` and their reference (see :func:`make_learners`), from its ``model``, ``agents``,
+    ``ppo``, ``critic_free``, ``generation`` and ``env.group_size`` settings.
+
+    ``tokenizer`` is the tokenizer of ``model.name_or_path``; it is used when every learner starts from that model,
+    and each base loads its own when ``agents.models`` names the learners' bases.
+    """
+    heterogeneous = bool(config.agents.models)
+    return make_learners(
+        config.learner_models() if heterogeneous else resolve_model(config.model.name_or_path),
+        config.learner_ids,
+        config.ppo,
+        config.generation,
+        config.seed,
+        config.model.dtype,
+        config.model.device,
+        None if heterogeneous else tokenizer,
+        lora=config.model.lora,
+        load_in_4bit=config.model.load_in_4bit,
+        trust_remote_code=config.model.trust_remote_code,
+        algorithm=config.learner_algorithms(),
+        critic_free=config.critic_free,
+        group_size=config.env.group_size,
+    )
+
+
+def make_learners(
+    model: str | Mapping[str, str],
+    learner_ids: Sequence[str],
+    ppo: PPOConfig | None = None,
+    generation: GenerationConfig | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    device: str = "auto",
+    tokenizer: Any = None,
+    lora: LoraSettings | None = None,
+    load_in_4bit: bool = False,
+    trust_remote_code: bool = False,
+    references: ReferencePool | None = None,
+    algorithm: str | Mapping[str, str] = "ppo",
+    critic_free: CriticFreeConfig | None = None,
+    group_size: int = 1,
+) -> tuple[dict[str, PPOLearner], Any]:
+    """One PPO learner per id, each starting from its base model: ``model`` for all (a hub id, a local directory or a
+    ``marllm:`` causal LM), or a mapping learner id -> model (heterogeneous agents; each base brings its tokenizer).
+
+    Full models: each learner owns a copy and the learners of one base share one frozen reference from
+    ``references`` (N policies + 1 reference per base). LoRA: one base carries one adapter per learner that starts
+    from it, and the reference is that base with adapters disabled. Returns the learners (keyed by id) and the
+    separate reference model: one model when every learner shares one base, None for LoRA, and a dict base ->
+    reference for several bases.
+    ``tokenizer`` (optional) is the tokenizer of a single ``model``; with several bases each loads its own.
+    ``seed`` seeds each learner's initial value head, its response lengths and mini-batch order, and leaves torch's
+    global generator (which samples the responses) in a state that depends on ``seed`` alone.
+    ``trust_remote_code`` lets transformers run the Python code a hub model ships with (only for code you trust).
+    ``algorithm`` (one for all, or per learner id; ``ppo`` where not named) picks :class:`PPOLearner` or a
+    :class:`CriticFreeLearner` (``grpo``, ``rloo``, ``reinforce_pp``) with ``critic_free`` settings and the env's
+    ``group_size``.
+    """
+    algorithms = per_learner(algorithm, learner_ids, "ppo")
+
+    def learner(learner_id: str, *args: Any, **kwargs: Any) -> PPOLearner:
+        if algorithms[learner_id] == "ppo":
+            return PPOLearner(learner_id, *args, **kwargs)
+        return CriticFreeLearner(
+            learner_id, *args, algorithm=algorithms[learner_id], group_size=group_size, settings=critic_free, **kwargs
+        )
+
+    models = {learner_id: model for learner_id in learner_ids} if isinstance(model, str) else dict(model)
+    missing = [learner_id for learner_id in learner_ids if learner_id not in models]
+    if missing:
+        raise ValueError(f"make_learners: no model for learner(s) {missing}; the mapping names {sorted(models)}")
+    bases = list(dict.fromkeys(models[learner_id] for learner_id in learner_ids))
+    if tokenizer is not None and len(bases) > 1:
+        raise ValueError("make_learners: a tokenizer can be given for a single model only; each base loads its own")
+    references = references if references is not None else ReferencePool()
+    seeds = {learner_id: seed + i for i, learner_id in enumerate(learner_ids)}
+    learners: dict[str, PPOLearner] = {}
+    base_references: dict[str, Any] = {}
+    for base in bases:
+        group = [learner_id for learner_id in learner_ids if models[learner_id] == base]
+        path = resolve_model(base)
+        base_tokenizer = tokenizer or load_tokenizer(path, trust_remote_code=trust_remote_code)
+        if lora is not None:
+            torch.manual_seed(seeds[group[0]])
+            shared = load_causal_lm(path, dtype, device, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code)
+            shared = attach_adapters(shared, group, lora)
+            for learner_id in group:
+                learners[learner_id] = learner(
+                    learner_id, shared, base_tokenizer, None, ppo, generation, seeds[learner_id], adapter=learner_id
+                )
+            continue
+        reference = references.get(path, dtype, device, trust_remote_code=trust_remote_code)
+        base_references[base] = reference
+        for learner_id in group:
+            torch.manual_seed(seeds[learner_id])
+            policy = load_causal_lm(path, dtype, device, trust_remote_code=trust_remote_code)
+            learners[learner_id] = learner(
+                learner_id, policy, base_tokenizer, reference, ppo, generation, seeds[learner_id]
+            )
+    ordered = {learner_id: learners[learner_id] for learner_id in learner_ids}
+    if lora is not None:
+        return ordered, None
+    return ordered, base_references[bases[0]] if len(bases) == 1 else base_references

@@ -1,0 +1,63 @@
+"""What a run is built from a config: the tokenizer, the task, the wrapped env, the learners and their reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pettingzoo import AECEnv
+
+from marllm.algorithms.learner import Learner
+from marllm.assets import resolve_model
+from marllm.config import TrainConfig
+from marllm.envs.tasks.base import TaskParts
+from marllm.envs.text_env import env as text_env
+from marllm.learner_factory import learners_from_config
+from marllm.models.policy import load_tokenizer
+from marllm.wrappers import RolePermutation, SharedReward
+
+
+@dataclass
+class Setup:
+    """Everything a run needs, built from a config."""
+
+    config: TrainConfig
+    env: AECEnv
+    learners: dict[str, Learner]
+    task: TaskParts
+    reference: Any
+    tokenizer: Any
+
+
+def build_env(config: TrainConfig, task: TaskParts) -> AECEnv:
+    """The text env of ``config``, wrapped by SharedReward (if rewards are shared) and RolePermutation."""
+    env = text_env(
+        dataset=task.dataset,
+        roles=config.env.roles,
+        templates=config.role_templates(task.templates),
+        reward_fn=task.reward_fn,
+        batch_size=config.env.batch_size,
+        group_size=config.env.group_size,
+        turns=config.env.turns,
+        turn_rewards=config.env.turn_rewards,
+    )
+    coefficients = config.coefficient_matrix()
+    if coefficients is not None:
+        env = SharedReward(env, coefficients)
+    return RolePermutation(env, config.agents.role_period, config.learner_ids)
+
+
+def build(config: TrainConfig) -> Setup:
+    """Load the base model once per learner plus one shared reference per base, the task, and the wrapped env.
+
+    The model, reward model and dataset references are checked first, before anything loads.
+    """
+    config.check_references()
+    torch.manual_seed(config.seed)
+    model_path = resolve_model(config.model.name_or_path)
+    tokenizer = load_tokenizer(model_path, trust_remote_code=config.model.trust_remote_code)
+    task = config.task.build(tokenizer, config.seed, config.model.device)
+    env = build_env(config, task)
+    learners, reference = learners_from_config(config, tokenizer)
+    return Setup(config, env, learners, task, reference, tokenizer)
