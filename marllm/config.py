@@ -13,13 +13,13 @@ from marllm.algorithms.critic_free_config import ALGORITHMS, CriticFreeConfig
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import CAUSAL_LMS
 from marllm.config_loading import ConfigError, apply_overrides, build, read_yaml, to_dict
-from marllm.envs.tasks import TASKS, TaskConfig
 from marllm.envs.templates import check_template_keys
 from marllm.envs.turns import TURN_REWARDS, check_roles, check_turns
 from marllm.field_checks import choice
 from marllm.models.lora import LoraSettings
 from marllm.models.policy import check_device_name, resolve_device
 from marllm.references import check_model_reference
+from marllm.tasks import TASKS, TaskConfig
 from marllm.wrappers.shared_reward import check_coefficients, cooperation_matrix
 
 

@@ -11,10 +11,10 @@ from pettingzoo import AECEnv
 from marllm.algorithms.learner import Learner
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
-from marllm.envs.tasks.base import TaskParts
 from marllm.envs.text_env import env as text_env
 from marllm.learner_factory import learners_from_config
 from marllm.models.policy import load_tokenizer
+from marllm.tasks.base import TaskParts
 from marllm.wrappers import RolePermutation, SharedReward
 
 

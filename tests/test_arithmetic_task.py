@@ -4,16 +4,16 @@ import re
 
 import pytest
 
-from marllm.envs.tasks.arithmetic import (
+from marllm.offline.arithmetic_problems import (
     OPERATIONS,
-    arithmetic_dataset,
     format_document,
     generate_problems,
     pretraining_documents,
     write_jsonl,
 )
-from marllm.envs.tasks.gsm8k import load_gsm8k
 from marllm.rewards.math import ExactMatchReward, parse_gsm8k_answer
+from marllm.tasks.arithmetic import arithmetic_dataset
+from marllm.tasks.gsm8k import load_gsm8k
 
 N = 300  # enough to hit every template many times
 

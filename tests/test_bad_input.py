@@ -27,15 +27,15 @@ from marllm.assets import resolve_dataset, resolve_model
 from marllm.cli import main
 from marllm.config import config_from_dict, load_config
 from marllm.config_loading import ConfigError, parse_yaml
-from marllm.envs.tasks import base as base_module
-from marllm.envs.tasks.gsm8k import load_gsm8k
-from marllm.envs.tasks.math import MathTask
-from marllm.envs.tasks.sentiment import SentimentTask, text_openings
 from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
 from marllm.models.policy import load_causal_lm, load_tokenizer
 from marllm.offline import ensure_assets, prepare
 from marllm.offline import preparation as prepare_module
 from marllm.references import MissingReferenceError, check_dataset_reference, check_model_reference, model_load_error
+from marllm.tasks import base as base_module
+from marllm.tasks.gsm8k import load_gsm8k
+from marllm.tasks.math import MathTask
+from marllm.tasks.sentiment import SentimentTask, text_openings
 from tests.offline_support import tiny_recipe, write_tiny_corpus
 
 # the module, not the function ``marllm.train`` that the package also exports

@@ -5,7 +5,7 @@ import operator
 import re
 from pathlib import Path
 
-from marllm.envs.tasks.gsm8k import load_gsm8k
+from marllm.tasks.gsm8k import load_gsm8k
 
 FIXTURE = Path(__file__).resolve().parents[1] / "examples" / "data" / "grade_school_math.jsonl"
 ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")

@@ -7,16 +7,16 @@ from pathlib import Path
 import datasets
 import pytest
 
-from marllm.envs.tasks import gsm8k
-from marllm.envs.tasks.arithmetic import generate_problems
-from marllm.envs.tasks.gsm8k import (
+from marllm.offline.arithmetic_problems import generate_problems
+from marllm.rewards.math import ExactMatchReward
+from marllm.tasks import gsm8k
+from marllm.tasks.gsm8k import (
     GSM8K_FEW_SHOT,
     OBSERVER_TEMPLATE,
     PIONEER_TEMPLATE,
     load_gsm8k,
     prepare_math_dataset,
 )
-from marllm.rewards.math import ExactMatchReward
 
 COLUMNS = ["question", "answer", "query", "ground_truth"]
 

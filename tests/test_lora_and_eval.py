@@ -8,10 +8,10 @@ import torch
 from marllm.cli import main as cli_main
 from marllm.config import config_from_dict
 from marllm.config_loading import ConfigError
-from marllm.envs.tasks.arithmetic import generate_problems, write_jsonl
 from marllm.evaluation import deployed
 from marllm.evaluation.deployed import evaluate_pass_at_k
 from marllm.models.generation import GeneratedBatch
+from marllm.offline.arithmetic_problems import generate_problems, write_jsonl
 from marllm.setup import build
 from marllm.train import train
 from tests.conftest import make_tiny_gpt2

@@ -12,9 +12,9 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from marllm.config import config_from_dict, load_config
-from marllm.envs.tasks.sentiment import SentimentTask
 from marllm.rewards.sentiment import ClassifierReward
 from marllm.setup import build
+from marllm.tasks.sentiment import SentimentTask
 from marllm.train import train
 
 ROOT = Path(__file__).resolve().parents[1]

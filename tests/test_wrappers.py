@@ -8,9 +8,9 @@ from pettingzoo.classic import rps_v2, tictactoe_v3
 from pettingzoo.test import api_test
 
 from marllm.config import config_from_dict
-from marllm.envs.tasks.base import TaskParts
 from marllm.envs.text_env import SequentialTextEnv, env
 from marllm.setup import build_env
+from marllm.tasks.base import TaskParts
 from marllm.wrappers import RolePermutation, SharedReward, check_coefficients, cooperation_matrix
 
 # api_test recommends Box/Discrete spaces and numpy observations; text agents have neither, by design.

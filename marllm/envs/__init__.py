@@ -1,4 +1,4 @@
-"""LLM multi-agent environments (PettingZoo AEC) and the tasks that fill them.
+"""LLM multi-agent environments (PettingZoo AEC); the tasks that fill them live in :mod:`marllm.tasks`.
 
 ``env(**kwargs)`` is the PettingZoo-style factory (the raw env behind the order-enforcing wrapper);
 ``SequentialTextEnv`` (also ``raw_env``) is the unwrapped class.

@@ -22,12 +22,12 @@ from transformers import PreTrainedModel
 from marllm.algorithms.learner import Learner
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
-from marllm.envs.tasks.base import TaskParts
 from marllm.envs.templates import as_prompt_fn
 from marllm.evaluation.pass_at_k import mean_pass_at_k
 from marllm.models.generation import generate_responses
 from marllm.models.lora import load_adapter_checkpoint
 from marllm.models.policy import context_length, load_causal_lm, load_tokenizer
+from marllm.tasks.base import TaskParts
 
 
 @dataclass

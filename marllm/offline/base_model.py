@@ -37,6 +37,8 @@ from tqdm.auto import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
 from transformers.utils import logging as hf_logging
 
+from marllm.offline.arithmetic_problems import pretraining_documents
+
 __all__ = [
     "EOS_TOKEN",
     "BaseModelRecipe",
@@ -76,7 +78,7 @@ class BaseModelRecipe:
         weight_decay: AdamW decay on matrices (not on biases, LayerNorms or position embeddings).
         grad_clip: global gradient-norm clip.
         arithmetic_fraction: target share of the pretraining tokens taken by worked arithmetic problems
-            (``marllm.envs.tasks.arithmetic.pretraining_documents``), so a later math task has a start.
+            (``marllm.offline.arithmetic_problems.pretraining_documents``), so a later math task has a start.
         arithmetic_seed: seed of those problems; math tasks should draw their train/eval problems from other seeds.
         seed: seed of initialisation, document shuffling, block order and samples.
         eval_max_tokens: held-out reviews scored for perplexity (the first ones, up to this many tokens).
@@ -394,8 +396,6 @@ def _save_progress(enabled: bool) -> Iterator[None]:
 
 
 def _arithmetic_documents(n: int, seed: int) -> list[str]:
-    from marllm.envs.tasks.arithmetic import pretraining_documents
-
     return pretraining_documents(n, seed)
 
 

@@ -12,8 +12,14 @@ steps, and the last result is the answer. Generation is deterministic for a seed
 train and held-out sets.
 
 ``pretraining_documents`` renders the same problems as "Question: ...\\nAnswer: ... The answer is N." text for
-pre-training a tiny model before RL; ``arithmetic_dataset`` gives a ``datasets.Dataset`` with the columns of
-:func:`marllm.envs.tasks.gsm8k.load_gsm8k`, so one task definition, reward and pass@k serve both.
+pre-training a tiny model before RL (:mod:`marllm.offline.base_model`); the arithmetic task
+(:func:`marllm.tasks.arithmetic.arithmetic_dataset`) gives them as a ``datasets.Dataset`` with the columns of
+:func:`marllm.tasks.gsm8k.load_gsm8k`, so one task definition, reward and pass@k serve both.
+
+The generator needs only the standard library and :func:`~marllm.rewards.math.parse_gsm8k_answer` (no
+``datasets``) and imports nothing from :mod:`marllm.tasks`, so the offline pretraining corpus and the arithmetic task
+both import it at module level. Changing what it generates for a seed
+changes the offline base model: bump :data:`marllm.offline.recipe.RECIPE_VERSION` when it does.
 """
 
 from __future__ import annotations
@@ -22,16 +28,12 @@ import json
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from marllm.rewards.math import parse_gsm8k_answer
 
-if TYPE_CHECKING:
-    import datasets
-
 __all__ = [
     "OPERATIONS",
-    "arithmetic_dataset",
     "format_document",
     "generate_problems",
     "pretraining_documents",
@@ -228,23 +230,6 @@ def pretraining_documents(n: int, seed: int) -> list[str]:
     :func:`generate_problems` gives with the same ``n`` and ``seed``.
     """
     return [format_document(problem) for problem in generate_problems(n, seed)]
-
-
-def arithmetic_dataset(n: int, seed: int) -> datasets.Dataset:
-    """``n`` generated problems as a ``datasets.Dataset`` with the columns of ``load_gsm8k`` output.
-
-    Columns: ``question``, ``answer``, ``query`` (= question) and ``ground_truth`` (the final number as text).
-    """
-    import datasets
-
-    from marllm.envs.tasks.gsm8k import prepare_math_dataset
-
-    _check_count(n)
-    if n == 0:
-        raise ValueError("arithmetic_dataset needs n >= 1 problems, got 0")
-    problems = generate_problems(n, seed)
-    rows = {key: [problem[key] for problem in problems] for key in ("question", "answer")}
-    return prepare_math_dataset(datasets.Dataset.from_dict(rows), source=f"arithmetic(n={n}, seed={seed})")
 
 
 def write_jsonl(problems: Sequence[dict[str, Any]], path: str | Path) -> Path:

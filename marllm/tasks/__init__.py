@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from marllm.envs.tasks.base import TaskParts, load_text_dataset
-from marllm.envs.tasks.math import MathTask
-from marllm.envs.tasks.sentiment import SentimentTask
+from marllm.tasks.base import TaskParts, load_text_dataset
+from marllm.tasks.math import MathTask
+from marllm.tasks.sentiment import SentimentTask
 
 TaskConfig = SentimentTask | MathTask
 """The task configurations, selected by ``task.name``."""

@@ -16,9 +16,9 @@ from pathlib import Path
 import datasets
 
 from marllm.data_formats import JSON_SUFFIXES, suffix_list
-from marllm.envs.tasks.base import load_local_file, require_texts
-from marllm.envs.tasks.local_files import RowNames
 from marllm.rewards.math import parse_gsm8k_answer
+from marllm.tasks.base import load_local_file, require_texts
+from marllm.tasks.local_files import RowNames
 
 __all__ = [
     "GSM8K_FEW_SHOT",
@@ -55,7 +55,7 @@ def prepare_math_dataset(
     Existing ``query`` / ``ground_truth`` columns (e.g. in a file saved from an earlier prepared dataset) are
     recomputed from ``question`` / ``answer``. ``rows`` names a row whose question is not text (default
     ``<source>: row i has no question text``; for a local file, its line: see
-    :func:`~marllm.envs.tasks.base.load_local_file`).
+    :func:`~marllm.tasks.base.load_local_file`).
 
     Raises:
         ValueError: the dataset is empty, lacks ``question`` or ``answer``, has a question that is not

@@ -6,7 +6,7 @@ starting with ``[``) must hold one JSON object per non-blank line; a ``.json`` f
 JSON list of objects.
 
 Only the file is checked here. The values in it are checked once the dataset is loaded
-(:func:`marllm.envs.tasks.base.require_texts`); :func:`check_local_file` returns where each record of a JSON file
+(:func:`marllm.tasks.base.require_texts`); :func:`check_local_file` returns where each record of a JSON file
 is, so that such an error names the line too.
 """
 

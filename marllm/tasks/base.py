@@ -15,8 +15,8 @@ import datasets
 from datasets.exceptions import DatasetGenerationError
 
 from marllm.data_formats import DATA_FORMATS, suffix_list
-from marllm.envs.tasks.local_files import RowNames, check_local_file, text_problem
 from marllm.envs.text_env import RewardFn
+from marllm.tasks.local_files import RowNames, check_local_file, text_problem
 
 
 @dataclass
@@ -73,7 +73,7 @@ def load_local_file(path: Path, columns: Sequence[str] = ()) -> tuple[datasets.D
     Raises:
         FileNotFoundError: ``path`` does not exist.
         IsADirectoryError: ``path`` is a directory.
-        ValueError: a file :func:`~marllm.envs.tasks.local_files.check_local_file` refuses (the message names the
+        ValueError: a file :func:`~marllm.tasks.local_files.check_local_file` refuses (the message names the
             file and the line) or ``datasets`` cannot parse.
     """
     if path.is_dir():

@@ -14,11 +14,11 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from marllm.data_formats import JSON_SUFFIXES, suffix_list
-from marllm.envs.tasks.arithmetic import arithmetic_dataset
-from marllm.envs.tasks.base import TaskParts
-from marllm.envs.tasks.gsm8k import OBSERVER_TEMPLATE, PIONEER_TEMPLATE, load_gsm8k
 from marllm.references import check_dataset_reference
 from marllm.rewards.math import ExactMatchReward
+from marllm.tasks.arithmetic import arithmetic_dataset
+from marllm.tasks.base import TaskParts
+from marllm.tasks.gsm8k import OBSERVER_TEMPLATE, PIONEER_TEMPLATE, load_gsm8k
 
 
 @dataclass
