@@ -78,12 +78,15 @@ def make_learners(
     ``group_size``.
     """
     algorithms = per_learner(algorithm, learner_ids, "ppo")
+    seeds = {learner_id: seed + i for i, learner_id in enumerate(learner_ids)}
 
-    def learner(learner_id: str, *args: Any, **kwargs: Any) -> PPOLearner:
+    def learner(learner_id: str, **kwargs: Any) -> PPOLearner:
+        """The learner of ``learner_id`` on ``kwargs``' model, tokenizer, reference (and adapter)."""
+        kwargs.update(config=ppo, generation=generation, seed=seeds[learner_id])
         if algorithms[learner_id] == "ppo":
-            return PPOLearner(learner_id, *args, **kwargs)
+            return PPOLearner(learner_id, **kwargs)
         return CriticFreeLearner(
-            learner_id, *args, algorithm=algorithms[learner_id], group_size=group_size, settings=critic_free, **kwargs
+            learner_id, algorithm=algorithms[learner_id], group_size=group_size, settings=critic_free, **kwargs
         )
 
     models = {learner_id: model for learner_id in learner_ids} if isinstance(model, str) else dict(model)
@@ -94,7 +97,6 @@ def make_learners(
     if tokenizer is not None and len(bases) > 1:
         raise ValueError("make_learners: a tokenizer can be given for a single model only; each base loads its own")
     references = references if references is not None else ReferencePool()
-    seeds = {learner_id: seed + i for i, learner_id in enumerate(learner_ids)}
     learners: dict[str, PPOLearner] = {}
     base_references: dict[str, Any] = {}
     for base in bases:
@@ -107,7 +109,7 @@ def make_learners(
             shared = attach_adapters(shared, group, lora)
             for learner_id in group:
                 learners[learner_id] = learner(
-                    learner_id, shared, base_tokenizer, None, ppo, generation, seeds[learner_id], adapter=learner_id
+                    learner_id, model=shared, tokenizer=base_tokenizer, reference=None, adapter=learner_id
                 )
             continue
         reference = references.get(path, dtype, device, trust_remote_code=trust_remote_code)
@@ -115,9 +117,7 @@ def make_learners(
         for learner_id in group:
             torch.manual_seed(seeds[learner_id])
             policy = load_causal_lm(path, dtype, device, trust_remote_code=trust_remote_code)
-            learners[learner_id] = learner(
-                learner_id, policy, base_tokenizer, reference, ppo, generation, seeds[learner_id]
-            )
+            learners[learner_id] = learner(learner_id, model=policy, tokenizer=base_tokenizer, reference=reference)
     ordered = {learner_id: learners[learner_id] for learner_id in learner_ids}
     if lora is not None:
         return ordered, None

@@ -38,7 +38,15 @@ def test_a_learner_generates_and_trains_on_the_rendered_prompt(chat_tokenizer):
     model = make_tiny_gpt2(chat_tokenizer)
     reference = make_tiny_gpt2(chat_tokenizer).requires_grad_(False).eval()
     generation = GenerationConfig(4, 6, chat_template=True)
-    learner = PPOLearner("llm1", model, chat_tokenizer, reference, PPOConfig(mini_batch_size=4), generation, seed=0)
+    learner = PPOLearner(
+        "llm1",
+        model=model,
+        tokenizer=chat_tokenizer,
+        reference=reference,
+        config=PPOConfig(mini_batch_size=4),
+        generation=generation,
+        seed=0,
+    )
     learner.act({"prompt": ["this movie was"] * 4})
     rollout = learner.rollouts[0]
     rendered = chat_tokenizer("<user> this movie was\n<assistant>", add_special_tokens=False)["input_ids"]
@@ -52,7 +60,14 @@ def test_a_learner_generates_and_trains_on_the_rendered_prompt(chat_tokenizer):
 def test_chat_template_without_a_template_is_refused_when_the_learner_is_built(tokenizer):
     model = make_tiny_gpt2(tokenizer)
     with pytest.raises(ValueError, match="generation.chat_template is true but the tokenizer .* has no chat template"):
-        PPOLearner("llm1", model, tokenizer, model, PPOConfig(mini_batch_size=4), GenerationConfig(chat_template=True))
+        PPOLearner(
+            "llm1",
+            model=model,
+            tokenizer=tokenizer,
+            reference=model,
+            config=PPOConfig(mini_batch_size=4),
+            generation=GenerationConfig(chat_template=True),
+        )
 
 
 def test_chat_template_setting_is_a_bool():

@@ -106,7 +106,12 @@ def tiny_learners(tokenizer, ids=("llm1", "llm2"), n_positions=128):
     generation = GenerationConfig(2, 4)
     return {
         learner_id: PPOLearner(
-            learner_id, make_tiny_gpt2(tokenizer, n_positions, seed=i), tokenizer, reference, ppo, generation
+            learner_id,
+            model=make_tiny_gpt2(tokenizer, n_positions, seed=i),
+            tokenizer=tokenizer,
+            reference=reference,
+            config=ppo,
+            generation=generation,
         )
         for i, learner_id in enumerate(ids)
     }

@@ -18,8 +18,16 @@ def make_learner(tokenizer, algorithm, seed=0, group_size=GROUP, settings=None, 
     model = make_tiny_gpt2(tokenizer, seed=seed)
     reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
     return CriticFreeLearner(
-        "llm1", model, tokenizer, reference, PPOConfig(**config), GenerationConfig(4, 8), seed=seed,
-        algorithm=algorithm, group_size=group_size, settings=settings,
+        "llm1",
+        model=model,
+        tokenizer=tokenizer,
+        reference=reference,
+        config=PPOConfig(**config),
+        generation=GenerationConfig(4, 8),
+        seed=seed,
+        algorithm=algorithm,
+        group_size=group_size,
+        settings=settings,
     )
 
 
@@ -59,6 +67,21 @@ def test_no_value_head_and_a_checkpoint_round_trip(tokenizer):
     for a, b in zip(learner.model.parameters(), fresh.model.parameters(), strict=True):
         assert torch.equal(a, b)
     assert fresh.optimizer.state_dict()["state"].keys() == learner.optimizer.state_dict()["state"].keys()
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "reinforce_pp"])
+def test_preprocess_leaves_the_rollout_alone_and_the_loss_gets_the_updates_kl_coef(tokenizer, algorithm):
+    learner = make_learner(tokenizer, algorithm, settings=CriticFreeConfig(kl_in="loss"))
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])
+    rollout = learner.rollouts[0]
+    columns = set(rollout.tensors.keys())
+    data = learner._preprocess(rollout)
+    added = {"advantages", "returns"} | ({"outcome"} if algorithm == "grpo" else set())
+    assert set(rollout.tensors.keys()) == columns and set(data.batch.keys()) == columns | added
+    learner.kl_controller.value = 0.25
+    stats = learner.update()
+    assert learner._kl_coef == stats["kl_coef"] == 0.25 and set(rollout.tensors.keys()) == columns
 
 
 def test_groups_with_equal_rewards_give_no_signal(tokenizer):

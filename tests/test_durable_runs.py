@@ -396,7 +396,14 @@ def nan_losses_for(monkeypatch, learner_name: str, from_update: int, from_call: 
 def skip_learner(tokenizer) -> PPOLearner:
     settings = PPOConfig(mini_batch_size=4, ppo_epochs=2, learning_rate=1e-2, on_nonfinite="skip")
     reference = make_tiny_gpt2(tokenizer).requires_grad_(False).eval()
-    return PPOLearner("llm1", make_tiny_gpt2(tokenizer), tokenizer, reference, settings, GenerationConfig(4, 8))
+    return PPOLearner(
+        "llm1",
+        model=make_tiny_gpt2(tokenizer),
+        tokenizer=tokenizer,
+        reference=reference,
+        config=settings,
+        generation=GenerationConfig(4, 8),
+    )
 
 
 def learner_state(learner: PPOLearner) -> tuple:

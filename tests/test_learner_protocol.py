@@ -45,8 +45,17 @@ class EchoLearner:
 
 def test_built_in_learners_satisfy_the_interface(tokenizer):
     model = make_tiny_gpt2(tokenizer)
-    ppo = PPOLearner("llm1", model, tokenizer, model, PPOConfig(mini_batch_size=4), GenerationConfig(4, 6))
-    grpo = CriticFreeLearner("llm2", model, tokenizer, model, PPOConfig(mini_batch_size=4), group_size=2)
+    ppo = PPOLearner(
+        "llm1",
+        model=model,
+        tokenizer=tokenizer,
+        reference=model,
+        config=PPOConfig(mini_batch_size=4),
+        generation=GenerationConfig(4, 6),
+    )
+    grpo = CriticFreeLearner(
+        "llm2", model=model, tokenizer=tokenizer, reference=model, config=PPOConfig(mini_batch_size=4), group_size=2
+    )
     assert isinstance(ppo, Learner) and isinstance(grpo, Learner) and isinstance(EchoLearner("x"), Learner)
 
 

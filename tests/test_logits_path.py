@@ -41,7 +41,15 @@ def make_learner(tokenizer, generation, **ppo):
     settings.update(ppo)
     model = confident_gpt2(tokenizer)
     reference = confident_gpt2(tokenizer).requires_grad_(False).eval()
-    return PPOLearner("llm1", model, tokenizer, reference, PPOConfig(**settings), generation, seed=0)
+    return PPOLearner(
+        "llm1",
+        model=model,
+        tokenizer=tokenizer,
+        reference=reference,
+        config=PPOConfig(**settings),
+        generation=generation,
+        seed=0,
+    )
 
 
 def record_generate_scores(model):

@@ -15,7 +15,15 @@ def make_learner(tokenizer, seed=0, **ppo):
     settings.update(ppo)
     model = make_tiny_gpt2(tokenizer, seed=seed)
     reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
-    return PPOLearner("llm1", model, tokenizer, reference, PPOConfig(**settings), GenerationConfig(4, 8), seed=seed)
+    return PPOLearner(
+        "llm1",
+        model=model,
+        tokenizer=tokenizer,
+        reference=reference,
+        config=PPOConfig(**settings),
+        generation=GenerationConfig(4, 8),
+        seed=seed,
+    )
 
 
 def assert_learns_to_say_good(learner, tokenizer, updates=40):
@@ -100,9 +108,98 @@ def test_score_normalisation_uses_running_statistics(tokenizer):
     assert learner.score_statistics.mean == pytest.approx(1.0)
 
 
+def test_preprocess_computes_the_targets_without_writing_into_the_rollout(tokenizer):
+    learner = make_learner(tokenizer)
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish(np.linspace(-1, 1, 8))
+    rollout = learner.rollouts[0]
+    columns = set(rollout.tensors.keys())
+    data = learner._preprocess(rollout)
+    assert set(rollout.tensors.keys()) == columns  # nothing added to the rollout
+    assert set(data.batch.keys()) == columns | {"rewards", "advantages", "returns"}
+    assert data.batch.logprobs is rollout.tensors.logprobs  # the rollout's tensors, not copies
+    assert len(data) == 8 and data.prompt_length == rollout.prompt_length and data.kl_coef == 0.01
+    assert not data.batch.advantages.requires_grad
+    learner.update()
+    assert set(rollout.tensors.keys()) == columns
+
+
+def test_update_reports_the_same_metric_names(tokenizer):
+    learner = make_learner(tokenizer, on_nonfinite="skip")
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish(np.linspace(-1, 1, 8))
+    stats = learner.update()
+    assert list(stats) == [
+        "task_reward", "received_reward", "score", "kl", "kl_penalty", "kl_coef", "combined_reward",
+        "response_length", "returns/mean", "values/mean", "explained_variance", "time/generation_s",
+        "time/forward_s", "time/update_s", "loss/policy", "loss/value", "loss/total", "clipfrac", "value_clipfrac",
+        "approx_kl", "entropy", "ratio", "skipped_minibatch_fraction", "nonfinite_skipped",
+    ]  # fmt: skip
+    assert all(isinstance(value, float) for value in stats.values())
+
+
+class RecordingKLController:
+    def __init__(self, value):
+        self.value, self.calls = value, []
+
+    def update(self, current_kl, n_steps):
+        self.calls.append((current_kl, n_steps))
+        self.value *= 2.0
+
+
+def test_a_kl_controller_passed_in_is_used_and_checkpointed(tokenizer):
+    model = make_tiny_gpt2(tokenizer)
+    reference = make_tiny_gpt2(tokenizer).requires_grad_(False).eval()
+    controller = RecordingKLController(0.05)
+    learner = PPOLearner(
+        "llm1",
+        model=model,
+        tokenizer=tokenizer,
+        reference=reference,
+        config=PPOConfig(mini_batch_size=8),
+        generation=GenerationConfig(4, 8),
+        kl_controller=controller,
+    )
+    assert learner.kl_controller is controller
+    learner.act({"prompt": ["a"] * 8})
+    learner.finish(np.linspace(-1, 1, 8))
+    stats = learner.update()
+    assert stats["kl_coef"] == 0.05  # not the config's init_kl_coef (0.3)
+    assert controller.calls == [(pytest.approx(stats["kl_penalty"]), 8)] and controller.value == 0.1
+    tensors, meta = learner.state_dict()
+    assert meta["kl_coef"] == 0.1
+    other = RecordingKLController(1.0)
+    restored = PPOLearner(
+        "llm1",
+        model=make_tiny_gpt2(tokenizer),
+        tokenizer=tokenizer,
+        reference=reference,
+        config=PPOConfig(mini_batch_size=8),
+        generation=GenerationConfig(4, 8),
+        kl_controller=other,
+    )
+    restored.load_state_dict(tensors, meta)
+    assert other.value == 0.1
+
+
+def test_constructor_arguments_are_keyword_only_and_the_controller_is_checked(tokenizer):
+    model = make_tiny_gpt2(tokenizer)
+    with pytest.raises(TypeError, match="positional argument"):
+        PPOLearner("llm1", model, tokenizer, model)
+    with pytest.raises(TypeError, match="kl_controller must have a value and an update"):
+        PPOLearner("llm1", model=model, tokenizer=tokenizer, reference=model, kl_controller=0.1)
+
+
 def test_prompt_longer_than_context_is_an_error(tokenizer):
     model = make_tiny_gpt2(tokenizer, n_positions=16)
-    learner = PPOLearner("llm1", model, tokenizer, model, PPOConfig(mini_batch_size=2), GenerationConfig(4, 8))
+    learner = PPOLearner(
+        "llm1",
+        model=model,
+        tokenizer=tokenizer,
+        reference=model,
+        config=PPOConfig(mini_batch_size=2),
+        generation=GenerationConfig(4, 8),
+    )
     with pytest.raises(PromptTooLongError, match=r"prompt 1 has \d+ tokens.*context of 16"):
         learner.act({"prompt": ["short", "this movie was good and the acting was great " * 3]})
 
@@ -188,7 +285,9 @@ def test_gradient_accumulation_matches_one_big_mini_batch(tokenizer):
         )
         # Every response runs to the same length, so a masked mean per mini-batch equals the batch's mean.
         generation = GenerationConfig(6, 6, stop_at_eos=False)
-        learner = PPOLearner("llm1", model, tokenizer, reference, ppo, generation, seed=1)
+        learner = PPOLearner(
+            "llm1", model=model, tokenizer=tokenizer, reference=reference, config=ppo, generation=generation, seed=1
+        )
         recorded = step_gradients(learner)
         learner.act({"prompt": ["the story"] * 8})
         learner.finish(np.arange(8.0))

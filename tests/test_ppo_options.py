@@ -19,7 +19,15 @@ def make_learner(tokenizer, seed=0, dtype=torch.float32, **ppo):
     reference = make_tiny_gpt2(tokenizer, seed=seed).to(dtype).requires_grad_(False).eval()
     # Every response runs to exactly RESPONSE_LENGTH tokens, so tests can shape the response mask themselves.
     generation = GenerationConfig(RESPONSE_LENGTH, RESPONSE_LENGTH, stop_at_eos=False)
-    return PPOLearner("llm1", model, tokenizer, reference, PPOConfig(**settings), generation, seed=seed)
+    return PPOLearner(
+        "llm1",
+        model=model,
+        tokenizer=tokenizer,
+        reference=reference,
+        config=PPOConfig(**settings),
+        generation=generation,
+        seed=seed,
+    )
 
 
 def parameter_vector(learner):
@@ -36,7 +44,16 @@ def lora_learners(tokenizer, dtype=torch.float32):
     config = PPOConfig(mini_batch_size=8, learning_rate=1e-2, ppo_epochs=2, score_transform="none")
     generation = GenerationConfig(4, 6)
     return {
-        name: PPOLearner(name, shared, tokenizer, None, config, generation, seed=i, adapter=name)
+        name: PPOLearner(
+            name,
+            model=shared,
+            tokenizer=tokenizer,
+            reference=None,
+            config=config,
+            generation=generation,
+            seed=i,
+            adapter=name,
+        )
         for i, name in enumerate(["llm1", "llm2"])
     }
 
@@ -88,7 +105,14 @@ def test_half_precision_lora_adapters_are_refused(tokenizer):
     config = LoraConfig(r=2, lora_alpha=4, target_modules=["c_attn"], task_type="CAUSAL_LM")
     shared = get_peft_model(base, config, adapter_name="llm1", autocast_adapter_dtype=False)
     with pytest.raises(ValueError, match=r"bfloat16 parameters directly \(adapter 'llm1' was made without peft's"):
-        PPOLearner("llm1", shared, tokenizer, None, PPOConfig(mini_batch_size=8), adapter="llm1")
+        PPOLearner(
+            "llm1",
+            model=shared,
+            tokenizer=tokenizer,
+            reference=None,
+            config=PPOConfig(mini_batch_size=8),
+            adapter="llm1",
+        )
 
 
 def test_lora_on_a_bfloat16_base_keeps_float32_adapters_and_trains(tokenizer):

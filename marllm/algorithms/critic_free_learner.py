@@ -8,10 +8,9 @@ RLOO) or from the whole batch (REINFORCE++). The math is in :mod:`marllm.algorit
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from tianshou.data import Batch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marllm.algorithms.core import masked_mean
 from marllm.algorithms.critic_free import (
@@ -24,29 +23,54 @@ from marllm.algorithms.critic_free import (
     rloo_advantages,
 )
 from marllm.algorithms.critic_free_config import CRITIC_FREE, CriticFreeConfig
+from marllm.algorithms.kl_controller import KLController
 from marllm.algorithms.ppo import PPOLearner
+from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.algorithms.ppo_update import UpdateBatch
 
 
 class CriticFreeLearner(PPOLearner):
     """A GRPO, RLOO or REINFORCE++ learner: :class:`PPOLearner` without a value head and with another advantage.
 
     Args:
+        name: the learner id (metric prefix).
+        model: the trainable causal LM, or the peft model that carries ``adapter``.
+        tokenizer: its tokenizer (left padding is set here).
+        reference: the frozen π_0; None when ``adapter`` is set (the shared base with adapters disabled).
+        config: the optimiser, epoch, mini-batch, clip-range, KL-coefficient and score-transform settings, which it
+            shares with PPO (None: :class:`PPOConfig`'s defaults; the value-function settings are not used).
+        generation: sampling settings (None: :class:`GenerationConfig`'s defaults).
+        seed: seeds the response-length sampler and the mini-batch shuffling.
+        adapter: the LoRA adapter of ``model`` that this learner trains; None trains all of ``model``'s trainable
+            parameters.
+        kl_controller: the KL coefficient controller (``value`` and ``update(kl, n_steps)``); None builds it from
+            ``config``. See :class:`PPOLearner`.
         algorithm: ``"grpo"``, ``"rloo"`` or ``"reinforce_pp"``.
         group_size: responses per query in a batch (the env's ``group_size``: consecutive dialogues share a query).
             GRPO and RLOO compare the responses of a group and need at least 2; REINFORCE++ ignores groups.
-        settings: :class:`CriticFreeConfig`.
-        The other arguments are :class:`PPOLearner`'s.
+        settings: where the KL goes, its estimator, the loss aggregation and GRPO's std scaling (None:
+            :class:`CriticFreeConfig`'s defaults).
+
+    Everything after ``name`` is keyword-only.
     """
 
     uses_critic = False
 
     def __init__(
         self,
-        *args: Any,
+        name: str,
+        *,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        reference: PreTrainedModel | None,
+        config: PPOConfig | None = None,
+        generation: GenerationConfig | None = None,
+        seed: int = 0,
+        adapter: str | None = None,
+        kl_controller: KLController | None = None,
         algorithm: str = "grpo",
         group_size: int = 1,
         settings: CriticFreeConfig | None = None,
-        **kwargs: Any,
     ):
         if algorithm not in CRITIC_FREE:
             raise ValueError(f"a critic-free learner's algorithm must be one of {list(CRITIC_FREE)}, got {algorithm!r}")
@@ -55,21 +79,31 @@ class CriticFreeLearner(PPOLearner):
                 f"{algorithm} compares the responses to the same query: it needs env.group_size >= 2, got "
                 f"{group_size}"
             )
-        super().__init__(*args, **kwargs)
+        super().__init__(
+            name,
+            model=model,
+            tokenizer=tokenizer,
+            reference=reference,
+            config=config,
+            generation=generation,
+            seed=seed,
+            adapter=adapter,
+            kl_controller=kl_controller,
+        )
         self.algorithm = algorithm
         self.group_size = group_size
         self.settings = settings or CriticFreeConfig()
-        self._kl_coef = 0.0
+        self._kl_coef = 0.0  # η of the update in progress, for the KL term of the loss
 
-    def _advantages(self, b: Batch, scores: torch.Tensor, kl_coef: float) -> None:
-        self._kl_coef = kl_coef
+    def _advantages(self, b: Batch, scores: torch.Tensor, kl_coef: float) -> dict[str, torch.Tensor]:
+        """``advantages`` and ``returns`` (B, L) and, for GRPO and RLOO, the ``outcome`` (B,) they compare."""
         kl_in_reward = self.settings.kl_in == "reward"
         if self.algorithm == "reinforce_pp":
             # Hu (2025): token rewards (the score at the last token, −η·KL at every token), returns-to-go with
             # γ = 1, normalised over every response token of the batch: the batch is the baseline.
             kl = b.kl if kl_in_reward else torch.zeros_like(b.kl)
-            b.advantages, b.returns = reinforce_plus_plus_advantages(scores, kl, b.mask, kl_coef)
-            return
+            advantages, returns = reinforce_plus_plus_advantages(scores, kl, b.mask, kl_coef)
+            return {"advantages": advantages, "returns": returns}
         if len(scores) % self.group_size:
             raise ValueError(
                 f"learner {self.name!r} ({self.algorithm}): a batch of {len(scores)} responses is not whole groups of "
@@ -80,10 +114,8 @@ class CriticFreeLearner(PPOLearner):
             advantages = grpo_advantages(outcome, self.group_size, self.settings.scale_by_std)
         else:
             advantages = rloo_advantages(outcome, self.group_size)
-        b.advantages = per_token(advantages, b.mask)
         # What the advantage is measured against: the outcome (score, less the KL when it is in the reward).
-        b.outcome = outcome
-        b.returns = per_token(outcome, b.mask)
+        return {"advantages": per_token(advantages, b.mask), "outcome": outcome, "returns": per_token(outcome, b.mask)}
 
     def _advantage_stats(self, b: Batch) -> dict[str, float]:
         stats = {
@@ -93,6 +125,10 @@ class CriticFreeLearner(PPOLearner):
         if self.algorithm != "reinforce_pp":
             stats["groups/constant_fraction"] = constant_group_fraction(b.outcome, self.group_size)
         return stats
+
+    def _ppo_steps(self, data: UpdateBatch, losses: dict[str, list[float]]) -> None:
+        self._kl_coef = data.kl_coef
+        super()._ppo_steps(data, losses)
 
     def _objective(
         self, mb: Batch, logprobs: torch.Tensor, values: torch.Tensor | None

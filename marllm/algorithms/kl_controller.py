@@ -3,6 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from marllm.algorithms.ppo_config import PPOConfig
+
+
+@runtime_checkable
+class KLController(Protocol):
+    """What a learner needs of its KL controller (TRL's ``kl_ctl``): the coefficient η and how it adapts.
+
+    ``value`` is read at the start of each batch's update (the η of its KL penalty) and written back when a
+    checkpoint is restored; ``update`` is called after each batch whose update completed, with the KL the penalty
+    used (summed over a response, averaged over the batch) and the batch size.
+    """
+
+    value: float
+
+    def update(self, current_kl: float, n_steps: int) -> None: ...
 
 
 @dataclass
@@ -41,3 +59,10 @@ class AdaptiveKLController:
     def update(self, current_kl: float, n_steps: int) -> None:
         proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+
+def kl_controller_from(config: PPOConfig) -> KLController:
+    """The controller of ``config.kl_control``: :class:`AdaptiveKLController` or :class:`FixedKLController`."""
+    if config.kl_control == "adaptive":
+        return AdaptiveKLController(config.init_kl_coef, config.target_kl, config.kl_horizon)
+    return FixedKLController(config.init_kl_coef)

@@ -1,0 +1,235 @@
+"""A learner's checkpoints: its training state as tensors and JSON-able meta, and its export to a directory."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from marllm.checkpoint import (
+    CheckpointError,
+    check_tensors,
+    optimizer_state,
+    optimizer_state_dict,
+    restore_generator,
+    write_json,
+    write_tensors,
+)
+
+if TYPE_CHECKING:
+    from tianshou.utils.statistics import RunningMeanStd
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from marllm.algorithms.kl_controller import KLController
+    from marllm.algorithms.rollout import Rollout
+    from marllm.models.policy import ValueHead
+
+LEARNER_STATE_TENSORS = "learner_state.safetensors"
+LEARNER_STATE_META = "learner_state.json"
+LEGACY_STATE = "learner_state.pt"
+
+
+class LearnerCheckpoint:
+    """Saving and restoring for :class:`~marllm.algorithms.ppo.PPOLearner`: :meth:`state_dict`,
+    :meth:`load_state_dict`, :meth:`save` and :meth:`load_state`.
+
+    A mixin: the learner's constructor sets the attributes declared here.
+    """
+
+    name: str
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    adapter: str | None
+    device: torch.device
+    value_head: ValueHead | None
+    optimizer: torch.optim.Optimizer
+    kl_controller: KLController
+    score_statistics: RunningMeanStd
+    num_updates: int
+    rollouts: list[Rollout]
+    _rng: np.random.Generator
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Everything that changes as this learner trains, as (tensors, JSON-able meta), for a checkpoint.
+
+        Tensors: ``policy/*`` (every parameter of a full model; for a LoRA learner only its adapter's weights, named
+        as peft's ``get_peft_model_state_dict`` names them), ``value_head/*`` and ``optimizer/<parameter>/<key>``
+        (Adam's ``exp_avg``, ``exp_avg_sq`` and ``step``). Meta: the optimiser's parameter groups, the KL
+        coefficient, the running score statistics, ``num_updates`` and the state of the learner's generator. The
+        tensors share memory with the live ones: write them out before training on.
+
+        Raises:
+            RuntimeError: the learner holds a rollout it has not trained on yet (save between iterations).
+        """
+        tensors, meta = self._training_state()
+        tensors.update({f"policy/{name}": tensor for name, tensor in self._policy_tensors().items()})
+        return tensors, {"adapter": self.adapter, **meta}
+
+    def load_state_dict(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned into a learner built like the one that saved it.
+
+        Raises:
+            CheckpointError: the state does not fit (a full model against a LoRA adapter, parameter names, shapes or
+                dtypes, the optimiser's parameters); it is checked before anything changes.
+        """
+        if meta.get("adapter") != self.adapter:
+            raise CheckpointError(
+                f"the checkpoint's learner trained {_trained_part(meta.get('adapter'))}, learner {self.name!r} "
+                f"trains {_trained_part(self.adapter)}"
+            )
+        policy = {key.removeprefix("policy/"): t for key, t in tensors.items() if key.startswith("policy/")}
+        check_tensors(self._policy_tensors(), policy, "policy")
+        rest = {key: t for key, t in tensors.items() if not key.startswith("policy/")}
+        optimizer = self._checked_training_state(rest, meta)
+        self._set_policy(policy)
+        self._set_training_state(rest, meta, optimizer)
+
+    def save(self, directory: str | Path) -> None:
+        """Export the policy and the training state.
+
+        ``policy/`` is in Hugging Face format (``from_pretrained``, ``marllm eval``; the adapter alone for a LoRA
+        learner); ``learner_state.safetensors`` and ``learner_state.json`` hold the rest of :meth:`state_dict` (value
+        head, optimiser, KL coefficient, score statistics, update count, generator), which :meth:`load_state` reads.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.adapter is not None:
+            self.model.save_pretrained(directory / "policy", selected_adapters=[self.adapter])
+        else:
+            self.model.save_pretrained(directory / "policy")
+        self.tokenizer.save_pretrained(directory / "policy")
+        tensors, meta = self._training_state()
+        write_tensors(directory / LEARNER_STATE_TENSORS, tensors)
+        write_json(directory / LEARNER_STATE_META, meta)
+
+    def load_state(self, directory: str | Path) -> None:
+        """Restore the training state written by :meth:`save` (the policy loads via ``from_pretrained``).
+
+        A ``learner_state.pt`` of earlier marllm versions is read with ``torch.load(weights_only=True)``, which
+        refuses anything but tensors and plain values: a pickled object that could run code is not loaded.
+
+        Raises:
+            CheckpointError: the state is missing, refused, or does not fit this learner.
+        """
+        directory = Path(directory)
+        if not (directory / LEARNER_STATE_META).is_file() and (directory / LEGACY_STATE).is_file():
+            self._load_legacy_state(directory)
+            return
+        try:
+            tensors = load_file(str(directory / LEARNER_STATE_TENSORS), device="cpu")
+            meta = json.loads((directory / LEARNER_STATE_META).read_text())
+        except (OSError, SafetensorError, json.JSONDecodeError) as error:
+            message = f"learner {self.name!r}: no readable training state in {directory}: {error}"
+            raise CheckpointError(message) from error
+        optimizer = self._checked_training_state(tensors, meta)
+        self._set_training_state(tensors, meta, optimizer)
+
+    def _training_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """:meth:`state_dict` without the policy weights."""
+        if self.rollouts:
+            raise RuntimeError(
+                f"learner {self.name!r} holds {len(self.rollouts)} rollout(s) not trained on yet; save its state "
+                "between iterations (after update())"
+            )
+        head = self.value_head.state_dict() if self.value_head is not None else {}
+        tensors = {f"value_head/{name}": tensor for name, tensor in head.items()}
+        optimizer_tensors, optimizer_meta = optimizer_state(self.optimizer, self._optimizer_names())
+        tensors.update(optimizer_tensors)
+        statistics = self.score_statistics
+        meta = {
+            "optimizer": optimizer_meta,
+            "kl_coef": float(self.kl_controller.value),
+            "score_statistics": {
+                "mean": float(statistics.mean),
+                "var": float(statistics.var),
+                "count": int(statistics.count),
+            },
+            "num_updates": self.num_updates,
+            "rng": self._rng.bit_generator.state,
+        }
+        return tensors, meta
+
+    def _checked_training_state(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> dict[str, Any]:
+        """Check the training state against this learner; return the optimiser's ``load_state_dict`` argument."""
+        head = {key.removeprefix("value_head/"): t for key, t in tensors.items() if key.startswith("value_head/")}
+        check_tensors(self.value_head.state_dict() if self.value_head is not None else {}, head, "value head")
+        unknown = [key for key in tensors if not key.startswith(("value_head/", "optimizer/"))]
+        if unknown:
+            raise CheckpointError(f"the learner state has entries this learner does not know: {unknown[:5]}")
+        optimizer = {key: t for key, t in tensors.items() if key.startswith("optimizer/")}
+        restore_generator(np.random.Generator(type(self._rng.bit_generator)()), meta["rng"], "learner")
+        return optimizer_state_dict(self.optimizer, self._optimizer_names(), optimizer, meta["optimizer"])
+
+    def _set_training_state(
+        self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], optimizer: dict[str, Any]
+    ) -> None:
+        if self.value_head is not None:
+            head = {key.removeprefix("value_head/"): t for key, t in tensors.items() if key.startswith("value_head/")}
+            self.value_head.load_state_dict(head)
+        self.optimizer.load_state_dict(optimizer)
+        self.kl_controller.value = float(meta["kl_coef"])
+        statistics = meta["score_statistics"]
+        # np.float64, as RunningMeanStd.update leaves them: the arithmetic that follows is the same either way.
+        self.score_statistics.mean = np.float64(statistics["mean"])
+        self.score_statistics.var = np.float64(statistics["var"])
+        self.score_statistics.count = int(statistics["count"])
+        self.num_updates = int(meta["num_updates"])
+        restore_generator(self._rng, meta["rng"], "learner")
+
+    def _policy_tensors(self) -> dict[str, torch.Tensor]:
+        """The trained weights: the whole model's, or this learner's adapter's alone (under peft's names)."""
+        if self.adapter is not None:
+            return get_peft_model_state_dict(self.model, adapter_name=self.adapter, save_embedding_layers=False)
+        return {name: parameter.detach() for name, parameter in self.model.named_parameters()}
+
+    def _set_policy(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        if self.adapter is not None:
+            result = set_peft_model_state_dict(self.model, dict(tensors), adapter_name=self.adapter)
+            if result.unexpected_keys:
+                raise CheckpointError(f"the adapter weights {result.unexpected_keys[:5]} are not in the model")
+            return
+        with torch.no_grad():
+            for name, parameter in self.model.named_parameters():
+                parameter.copy_(tensors[name])
+
+    def _optimizer_names(self) -> list[list[str]]:
+        """A name for every parameter the optimiser holds, group by group (``policy/…`` or ``value_head/…``)."""
+        names = {id(p): f"policy/{name}" for name, p in self.model.named_parameters()}
+        if self.value_head is not None:
+            names.update({id(p): f"value_head/{name}" for name, p in self.value_head.named_parameters()})
+        return [[names[id(p)] for p in group["params"]] for group in self.optimizer.param_groups]
+
+    def _load_legacy_state(self, directory: Path) -> None:
+        """The ``value_head.safetensors`` + ``learner_state.pt`` pair earlier marllm versions wrote."""
+        try:
+            state: dict[str, Any] = torch.load(directory / LEGACY_STATE, map_location=self.device, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError) as error:
+            # torch wraps the reason (an unsupported global or opcode) in advice on how to load the file anyway.
+            reasons = [line for line in str(error).splitlines() if "unsupported" in line.lower()]
+            reason = reasons[0].split("error:")[-1].split(". Please")[0].strip() if reasons else "see the cause"
+            raise CheckpointError(
+                f"learner {self.name!r}: {directory / LEGACY_STATE} is not loaded: it holds more than tensors and "
+                f"plain values (or is damaged), and unpickling anything else could run code; "
+                f"torch.load(weights_only=True) refused it: {reason}"
+            ) from error
+        if self.value_head is not None:
+            head = load_file(str(directory / "value_head.safetensors"), device=str(self.device))
+            self.value_head.load_state_dict(head)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.kl_controller.value = state["kl_coef"]
+        self.score_statistics.mean = state["score_mean"]
+        self.score_statistics.var = state["score_var"]
+        self.score_statistics.count = state["score_count"]
+        self.num_updates = state["num_updates"]
+
+
+def _trained_part(adapter: str | None) -> str:
+    return "the full model" if adapter is None else f"LoRA adapter {adapter!r}"

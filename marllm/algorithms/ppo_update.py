@@ -1,0 +1,93 @@
+"""What one PPO update works with: the batch its epochs train on, and the statistics it reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tianshou.data import Batch
+
+
+@dataclass(frozen=True)
+class UpdateBatch:
+    """Everything the epochs of an update need from one rollout, computed before them without gradients.
+
+    Built by :meth:`~marllm.algorithms.ppo.PPOLearner._preprocess`; the rollout itself is left as it was.
+
+    Attributes:
+        batch: the rollout's tensors (the same tensor objects, not copies) and the columns the learner's advantage
+            hook added: ``advantages`` and ``returns`` (B, L), and what else the algorithm keeps (PPO's token
+            ``rewards`` (B, L); the critic-free ``outcome`` (B,)). Mini-batches are index selections of it.
+        scores: the transformed scores (B,), float64: the rewards after the running-statistics transform and clip.
+        kl_coef: η of this update's KL penalty (the controller's value when the update began).
+        prompt_length: P, the prompt columns of ``input_ids`` before the response.
+    """
+
+    batch: Batch
+    scores: np.ndarray
+    kl_coef: float
+    prompt_length: int
+
+    def __len__(self) -> int:
+        """The number of responses."""
+        return len(self.scores)
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """A learner's statistics of its update on one rollout; :meth:`as_dict` gives the metrics ``update()`` reports.
+
+    Attributes:
+        task_reward: the agent's own task reward, batch mean.
+        received_reward: the reward it trained on, batch mean.
+        score: the transformed score, batch mean.
+        kl: the full-vocabulary KL(π ‖ π_0) summed over a response, batch mean.
+        kl_penalty: the KL the penalty used (``ppo.kl_penalty``), summed over a response, batch mean.
+        kl_coef: η of the update.
+        response_length: response tokens, batch mean.
+        advantage_stats: the algorithm's statistics of its returns and advantages (``returns/mean``, …).
+        generation_s, forward_s, update_s: seconds spent sampling, scoring the rollout, and updating.
+        losses: each loss part's mean over the update's mini-batches (``loss/policy``, ``clipfrac``, ``ratio``, …).
+        nonfinite_skipped: whether a non-finite loss or gradient abandoned the update; None (not reported) unless
+            ``ppo.on_nonfinite`` is ``"skip"``.
+    """
+
+    task_reward: float
+    received_reward: float
+    score: float
+    kl: float
+    kl_penalty: float
+    kl_coef: float
+    response_length: float
+    advantage_stats: dict[str, float]
+    generation_s: float
+    forward_s: float
+    update_s: float
+    losses: dict[str, float]
+    nonfinite_skipped: bool | None = None
+
+    @property
+    def combined_reward(self) -> float:
+        """The task reward less η times the full KL: the KL-regularised objective."""
+        return self.task_reward - self.kl_coef * self.kl
+
+    def as_dict(self) -> dict[str, float]:
+        """The metrics by name, unprefixed (the loop prefixes them with the learner id)."""
+        stats = {
+            "task_reward": self.task_reward,
+            "received_reward": self.received_reward,
+            "score": self.score,
+            "kl": self.kl,
+            "kl_penalty": self.kl_penalty,
+            "kl_coef": self.kl_coef,
+            "combined_reward": self.combined_reward,
+            "response_length": self.response_length,
+            **self.advantage_stats,
+            "time/generation_s": self.generation_s,
+            "time/forward_s": self.forward_s,
+            "time/update_s": self.update_s,
+            **self.losses,
+        }
+        if self.nonfinite_skipped is not None:
+            stats["nonfinite_skipped"] = float(self.nonfinite_skipped)
+        return stats
