@@ -3,32 +3,17 @@
 import pytest
 import torch
 
-from marllm.algorithms import GenerationConfig, PPOConfig
 from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
-from tests.conftest import make_tiny_gpt2
 from tests.test_ppo_learner import assert_learns_to_say_good
+from tests.test_ppo_learner import make_learner as make_tiny_learner
 
 GROUP = 4
 
 
 def make_learner(tokenizer, algorithm, seed=0, group_size=GROUP, settings=None, **ppo):
-    config = {"mini_batch_size": 8, "learning_rate": 3e-3, "init_kl_coef": 0.01, "kl_control": "fixed"}
-    config.update(ppo)
-    model = make_tiny_gpt2(tokenizer, seed=seed)
-    reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
-    return CriticFreeLearner(
-        "llm1",
-        model=model,
-        tokenizer=tokenizer,
-        reference=reference,
-        config=PPOConfig(**config),
-        generation=GenerationConfig(4, 8),
-        seed=seed,
-        algorithm=algorithm,
-        group_size=group_size,
-        settings=settings,
-    )
+    extra = {"algorithm": algorithm, "group_size": group_size, "settings": settings}
+    return make_tiny_learner(tokenizer, seed, learner_class=CriticFreeLearner, learner_kwargs=extra, **ppo)
 
 
 @pytest.mark.parametrize(

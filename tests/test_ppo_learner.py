@@ -10,12 +10,14 @@ from marllm.models.policy import ReferencePool
 from tests.conftest import make_tiny_gpt2
 
 
-def make_learner(tokenizer, seed=0, **ppo):
+def make_learner(tokenizer, seed=0, learner_class=PPOLearner, learner_kwargs=None, **ppo):
+    """A ``learner_class`` (PPO by default; ``learner_kwargs`` for its own arguments) on a tiny GPT-2, with a fixed
+    η and a learning rate that moves it within a few updates; ``ppo`` overrides the PPO settings."""
     settings = {"mini_batch_size": 8, "learning_rate": 3e-3, "init_kl_coef": 0.01, "kl_control": "fixed"}
     settings.update(ppo)
     model = make_tiny_gpt2(tokenizer, seed=seed)
     reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
-    return PPOLearner(
+    return learner_class(
         "llm1",
         model=model,
         tokenizer=tokenizer,
@@ -23,6 +25,7 @@ def make_learner(tokenizer, seed=0, **ppo):
         config=PPOConfig(**settings),
         generation=GenerationConfig(4, 8),
         seed=seed,
+        **(learner_kwargs or {}),
     )
 
 
