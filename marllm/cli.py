@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -15,11 +16,22 @@ from marllm.interrupts import TrainingInterrupted
 
 def _train(args: argparse.Namespace) -> int:
     from marllm.config import load_config
+    from marllm.distributed import launched_world_size
     from marllm.train import train
 
     config = load_config(args.config, args.overrides)
     run_dir = _train_run_dir(args) or config.resolved_run_dir()
-    resume_command = shlex.join(["marllm", "train", args.config, *args.overrides, "--resume", str(run_dir)])
+    if args.nproc > 1:
+        from marllm.envs.turns import check_shard
+        from marllm.launcher import launch_ranks
+
+        try:
+            check_shard((0, args.nproc), config.env.batch_size, config.env.group_size)
+        except ValueError as error:
+            raise ConfigError(f"env.batch_size with --nproc {args.nproc}: {error}") from None
+        return launch_ranks(args.nproc, _train_arguments(args))
+    ranks = ["--nproc", str(launched_world_size())] if launched_world_size() > 1 else []
+    resume_command = shlex.join(["marllm", "train", args.config, *args.overrides, *ranks, "--resume", str(run_dir)])
     try:
         result = train(config, run_dir, resume=args.resume is not None, overwrite=args.overwrite)
     except TrainingInterrupted as stop:
@@ -28,8 +40,21 @@ def _train(args: argparse.Namespace) -> int:
     except Exception as error:
         _add_resume_note(error, run_dir, resume_command)
         raise
-    print(f"run written to {result.run_dir}")
+    if os.environ.get("RANK", "0") == "0":  # one line from a data-parallel run: rank 0's
+        print(f"run written to {result.run_dir}")
     return 0
+
+
+def _train_arguments(args: argparse.Namespace) -> list[str]:
+    """The arguments of ``marllm train`` that each rank of ``--nproc`` runs with (everything but ``--nproc``)."""
+    arguments = [args.config, *args.overrides]
+    if args.run_dir is not None:
+        arguments += ["--run-dir", args.run_dir]
+    if args.resume is not None:
+        arguments += ["--resume"] if args.resume is True else ["--resume", args.resume]
+    if args.overwrite:
+        arguments.append("--overwrite")
+    return arguments
 
 
 def _train_run_dir(args: argparse.Namespace) -> Path | None:
@@ -207,6 +232,13 @@ def parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--overwrite", action="store_true", help="delete the run already in the run directory and start again"
+    )
+    train.add_argument(
+        "--nproc",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="train data-parallel on N processes of this machine, through torchrun (each plays B/N of every batch)",
     )
     train.set_defaults(handler=_train)
 

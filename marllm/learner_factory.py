@@ -14,16 +14,20 @@ from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig, per_learner
+from marllm.distributed import DataParallel
 from marllm.models.lora import LoraSettings, attach_adapters
 from marllm.models.policy import ReferencePool, load_causal_lm, load_tokenizer
 
 
-def learners_from_config(config: TrainConfig, tokenizer: Any) -> tuple[dict[str, Learner], Any]:
+def learners_from_config(
+    config: TrainConfig, tokenizer: Any, data_parallel: DataParallel | None = None
+) -> tuple[dict[str, Learner], Any]:
     """The learners of ``config`` and their reference (see :func:`make_learners`), from its ``model``, ``agents``,
     ``ppo``, ``critic_free``, ``generation`` and ``env.group_size`` settings.
 
     ``tokenizer`` is the tokenizer of ``model.name_or_path``; it is used when every learner starts from that model,
-    and each base loads its own when ``agents.models`` names the learners' bases.
+    and each base loads its own when ``agents.models`` names the learners' bases. ``data_parallel``: this process's
+    rank of a data-parallel run, handed to every learner.
     """
     heterogeneous = bool(config.agents.models)
     return make_learners(
@@ -41,6 +45,7 @@ def learners_from_config(config: TrainConfig, tokenizer: Any) -> tuple[dict[str,
         algorithm=config.learner_algorithms(),
         critic_free=config.critic_free,
         group_size=config.env.group_size,
+        data_parallel=data_parallel,
     )
 
 
@@ -60,6 +65,7 @@ def make_learners(
     algorithm: str | Mapping[str, str] = "ppo",
     critic_free: CriticFreeConfig | None = None,
     group_size: int = 1,
+    data_parallel: DataParallel | None = None,
 ) -> tuple[dict[str, PPOLearner], Any]:
     """One PPO learner per id, each starting from its base model: ``model`` for all (a hub id, a local directory or a
     ``marllm:`` causal LM), or a mapping learner id -> model (heterogeneous agents; each base brings its tokenizer).
@@ -75,14 +81,14 @@ def make_learners(
     ``trust_remote_code`` lets transformers run the Python code a hub model ships with (only for code you trust).
     ``algorithm`` (one for all, or per learner id; ``ppo`` where not named) picks :class:`PPOLearner` or a
     :class:`CriticFreeLearner` (``grpo``, ``rloo``, ``reinforce_pp``) with ``critic_free`` settings and the env's
-    ``group_size``.
+    ``group_size``. ``data_parallel`` (this process's rank of a data-parallel run) is handed to every learner.
     """
     algorithms = per_learner(algorithm, learner_ids, "ppo")
     seeds = {learner_id: seed + i for i, learner_id in enumerate(learner_ids)}
 
     def learner(learner_id: str, **kwargs: Any) -> PPOLearner:
         """The learner of ``learner_id`` on ``kwargs``' model, tokenizer, reference (and adapter)."""
-        kwargs.update(config=ppo, generation=generation, seed=seeds[learner_id])
+        kwargs.update(config=ppo, generation=generation, seed=seeds[learner_id], data_parallel=data_parallel)
         if algorithms[learner_id] == "ppo":
             return PPOLearner(learner_id, **kwargs)
         return CriticFreeLearner(

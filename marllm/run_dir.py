@@ -200,13 +200,15 @@ def update_run_info(run_dir: Path, **changes: Any) -> None:
     write_run_info(run_dir, {**read_run_info(run_dir), **changes})
 
 
-def keep_iterations_before(path: Path, iteration: int) -> list[dict[str, Any]]:
+def keep_iterations_before(path: Path, iteration: int, rewrite: bool = True) -> list[dict[str, Any]]:
     """Cut a JSON-lines log back to its lines of iterations before ``iteration`` (rewritten atomically; lines
-    that are not JSON objects are dropped). Returns the lines kept; a missing file stays missing."""
+    that are not JSON objects are dropped). Returns the lines kept; a missing file stays missing. With
+    ``rewrite=False`` the file is only read (a data-parallel rank that does not write the run)."""
     if not path.is_file():
         return []
     kept = [(text, record) for text, record in _jsonl_lines(path) if _iteration(record) < iteration]
-    write_atomic(path, "".join(text.rstrip("\n") + "\n" for text, _ in kept))
+    if rewrite:
+        write_atomic(path, "".join(text.rstrip("\n") + "\n" for text, _ in kept))
     return [record for _, record in kept]
 
 

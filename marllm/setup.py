@@ -11,6 +11,7 @@ from pettingzoo import AECEnv
 from marllm.algorithms.learner import Learner
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
+from marllm.distributed import DataParallel, reseed_sampling
 from marllm.envs.text_env import env as text_env
 from marllm.learner_factory import learners_from_config
 from marllm.models.policy import load_tokenizer
@@ -30,8 +31,9 @@ class Setup:
     tokenizer: Any
 
 
-def build_env(config: TrainConfig, task: TaskParts) -> AECEnv:
-    """The text env of ``config``, wrapped by SharedReward (if rewards are shared) and RolePermutation."""
+def build_env(config: TrainConfig, task: TaskParts, data_parallel: DataParallel | None = None) -> AECEnv:
+    """The text env of ``config``, wrapped by SharedReward (if rewards are shared) and RolePermutation; with
+    ``data_parallel``, the env of its rank's slice of each batch."""
     env = text_env(
         dataset=task.dataset,
         roles=config.env.roles,
@@ -41,6 +43,7 @@ def build_env(config: TrainConfig, task: TaskParts) -> AECEnv:
         group_size=config.env.group_size,
         turns=config.env.turns,
         turn_rewards=config.env.turn_rewards,
+        shard=(0, 1) if data_parallel is None else (data_parallel.rank, data_parallel.world_size),
     )
     coefficients = config.coefficient_matrix()
     if coefficients is not None:
@@ -48,16 +51,18 @@ def build_env(config: TrainConfig, task: TaskParts) -> AECEnv:
     return RolePermutation(env, config.agents.role_period, config.learner_ids)
 
 
-def build(config: TrainConfig) -> Setup:
+def build(config: TrainConfig, data_parallel: DataParallel | None = None) -> Setup:
     """Load the base model once per learner plus one shared reference per base, the task, and the wrapped env.
 
-    The model, reward model and dataset references are checked first, before anything loads.
+    The model, reward model and dataset references are checked first, before anything loads. ``data_parallel``:
+    this process's rank of a data-parallel run (:mod:`marllm.distributed`), which plays its slice of each batch.
     """
     config.check_references()
     torch.manual_seed(config.seed)
     model_path = resolve_model(config.model.name_or_path)
     tokenizer = load_tokenizer(model_path, trust_remote_code=config.model.trust_remote_code)
     task = config.task.build(tokenizer, config.seed, config.model.device)
-    env = build_env(config, task)
-    learners, reference = learners_from_config(config, tokenizer)
+    env = build_env(config, task, data_parallel)
+    learners, reference = learners_from_config(config, tokenizer, data_parallel)
+    reseed_sampling(config.seed, data_parallel)
     return Setup(config, env, learners, task, reference, tokenizer)

@@ -8,8 +8,10 @@ too many skipped updates, and ends with the learners' export and the evaluation 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,9 +25,11 @@ from marllm.algorithms.ppo import NonFiniteLossError
 from marllm.checkpoint import CheckpointInfo, latest_checkpoint, load_checkpoint, save_checkpoint
 from marllm.config import TrainConfig, resume_differences
 from marllm.config_loading import ConfigError
+from marllm.distributed import DataParallel, close_data_parallel, init_data_parallel, reseed_sampling
 from marllm.evaluation.deployed import evaluate_alone, evaluate_pass_at_k_alone
 from marllm.interrupts import StopSignals, TrainingInterrupted
 from marllm.loop import run_iteration
+from marllm.models.policy import resolve_device
 from marllm.run_dir import (
     CONFIG_FILE,
     END_OF_RUN_FILES,
@@ -85,6 +89,11 @@ def train(
     are restored on return. A new run that stops before its first iteration is logged leaves nothing behind: the
     files and the directories it created are removed again.
 
+    Started by torchrun with several processes (``marllm train --nproc N``), it joins their process group and trains
+    data-parallel (:mod:`marllm.distributed`): each rank plays its slice of every batch, and rank 0 alone writes the
+    run directory and evaluates at the end; the others return a result without evaluation. A stop signal stops every
+    rank after the same iteration.
+
     Raises:
         RunDirError: ``run_dir`` holds a run (and neither flag is given), or there is nothing to resume.
         ConfigError: resuming with a config that changes what is trained.
@@ -97,19 +106,25 @@ def train(
         check_can_start(run_dir)
     elif run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} is a file")
-    setup = build(config)
-    with StopSignals() as stop:
-        run = _Run(config, setup, run_dir, fresh=checkpoint is None)
-        try:
-            _open_run(run, checkpoint, overwrite)
-            _train_iterations(run, stop)
-            _end_training(run, stop)
-            return run.result
-        except BaseException as error:
-            stopped = _record_stop(run, error)
-            if stopped is error:
-                raise
-            raise stopped from None
+    data_parallel = init_data_parallel(resolve_device(config.model.device))
+    try:
+        if data_parallel is not None:
+            data_parallel.barrier()  # every rank has checked the run directory before rank 0 writes to it
+        setup = build(config, data_parallel)
+        with StopSignals() as stop:
+            run = _Run(config, setup, run_dir, fresh=checkpoint is None, data_parallel=data_parallel)
+            try:
+                _open_run(run, checkpoint, overwrite)
+                _train_iterations(run, stop)
+                _end_training(run, stop)
+                return run.result
+            except BaseException as error:
+                stopped = _record_stop(run, error)
+                if stopped is error:
+                    raise
+                raise stopped from None
+    finally:
+        close_data_parallel(data_parallel)
 
 
 def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
@@ -154,6 +169,7 @@ class _Run:
     setup: Setup
     run_dir: Path
     fresh: bool  # started by this call (not resumed)
+    data_parallel: DataParallel | None = None
     created: Path | None = None  # the outermost directory this call created
     preexisting: frozenset[str] = frozenset()  # marllm's file names that were in run_dir before a fresh run began
     completed: int = 0
@@ -164,6 +180,11 @@ class _Run:
     def __post_init__(self) -> None:
         self.result = TrainResult(self.run_dir)
 
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the run directory: one process, or rank 0 of a data-parallel run."""
+        return self.data_parallel is None or self.data_parallel.is_main
+
 
 def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> None:
     """Load the checkpoint of a resumed run, or clear the way for a new one; write config.yaml and run.json."""
@@ -172,18 +193,25 @@ def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> 
     if checkpoint is not None:
         loaded = load_checkpoint(checkpoint.path, run.setup.learners, run.setup.env)
         run.completed = run.checkpointed = loaded.iteration
+        reseed_sampling(config.seed, run.data_parallel, loaded.iteration)
+        # Rank 0 rewrites the log atomically, and every rank keeps the same lines of it whichever version it reads.
+        run.result.history = keep_iterations_before(run_dir / METRICS_FILE, loaded.iteration, rewrite=run.writes)
+        run.streaks = _skip_streaks(run.result.history, list(run.setup.learners))
+        if not run.writes:
+            return
         remove_run_files(run_dir, END_OF_RUN_FILES)
-        run.result.history = keep_iterations_before(run_dir / METRICS_FILE, loaded.iteration)
         keep_iterations_before(run_dir / SAMPLES_FILE, loaded.iteration)
         previous = read_run_info(run_dir)
         info["resumed_from"] = [*previous.get("resumed_from", []), loaded.iteration]
         info["checkpoint_iteration"] = loaded.iteration
+    elif not run.writes:
+        return
     else:
         run.created = create_run_dir(run_dir)
         if overwrite:
             remove_run_files(run_dir)
         run.preexisting = frozenset(name for name in RUN_FILES if (run_dir / name).exists())
-    run.streaks = _skip_streaks(run.result.history, list(run.setup.learners))
+        run.streaks = _skip_streaks([], list(run.setup.learners))
     (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     write_run_info(run_dir, {**info, "status": "running", "completed_iterations": run.completed})
 
@@ -202,26 +230,27 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
     """Run the iterations from ``run.completed`` to ``iterations``, logging and checkpointing each as due; stop
     (with a checkpoint) once a signal asks."""
     config, setup = run.config, run.setup
-    with RunLog(run.run_dir, run.completed, config.logging.tensorboard) as log:
+    log = RunLog(run.run_dir, run.completed, config.logging.tensorboard) if run.writes else None
+    with log or contextlib.nullcontext():
         bar = tqdm(
             range(run.completed, config.iterations),
             desc=f"{config.name}",
             initial=run.completed,
             total=config.iterations,
-            disable=not config.logging.progress,
+            disable=not config.logging.progress or not run.writes,
         )
         for iteration in bar:
-            if stop.requested:
+            if _stop_requested(run, stop):
                 break
             # A new run seeds the env once; a resumed one continues the env's generator from the checkpoint.
             seed = config.seed if run.fresh and iteration == 0 else None
             metrics, dialogues = run_iteration(setup.env, setup.learners, seed=seed)
             metrics = {"iteration": iteration, **metrics}
-            samples = _sample_rows(dialogues, iteration, config.logging.samples_per_iteration)
-            log.write(iteration, metrics, samples)
             run.result.history.append(metrics)
             run.completed = iteration + 1
-            update_run_info(run.run_dir, completed_iterations=run.completed)
+            if log is not None:
+                log.write(iteration, metrics, _sample_rows(dialogues, iteration, config.logging.samples_per_iteration))
+                update_run_info(run.run_dir, completed_iterations=run.completed)
             _count_skips(run, metrics)
             if _checkpoint_due(run):
                 _save_training_state(run)
@@ -235,6 +264,13 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
         _stop_gracefully(run, stop)
 
 
+def _stop_requested(run: _Run, stop: StopSignals) -> bool:
+    """Whether a signal asked the run to stop; data-parallel, whether it asked any rank (then every rank stops)."""
+    if run.data_parallel is not None and run.data_parallel.any(stop.requested) and not stop.requested:
+        stop.received = signal.SIGTERM  # another rank's signal: stop as if this one had received it
+    return stop.requested
+
+
 def _checkpoint_due(run: _Run) -> bool:
     """``checkpoint_every`` iterations since the last checkpoint, and no learner in a run of skipped updates."""
     every = run.config.logging.checkpoint_every
@@ -243,6 +279,9 @@ def _checkpoint_due(run: _Run) -> bool:
 
 
 def _save_training_state(run: _Run) -> None:
+    run.checkpointed = run.completed
+    if not run.writes:
+        return
     save_checkpoint(
         run.run_dir,
         run.completed,
@@ -251,7 +290,6 @@ def _save_training_state(run: _Run) -> None:
         keep=run.config.logging.keep_checkpoints,
         extra={"config": run.config.to_dict()},
     )
-    run.checkpointed = run.completed
     update_run_info(run.run_dir, checkpoint_iteration=run.completed)
 
 
@@ -313,6 +351,8 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
     stop.graceful = False
     if stop.requested:  # a signal during that save
         _stop_gracefully(run, stop)
+    if not run.writes:
+        return
     if config.logging.save_checkpoint:
         for learner_id, learner in setup.learners.items():
             learner.save(run_dir / EXPORT_DIR / learner_id)
@@ -330,7 +370,9 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
 def _record_stop(run: _Run, error: BaseException) -> BaseException:
     """Record why the run stopped in ``run.json`` (or, for a new run with nothing logged, remove what it wrote);
     return the exception to raise."""
-    if run.fresh and run.completed == 0:
+    if not run.writes:
+        pass
+    elif run.fresh and run.completed == 0:
         _remove_new_run(run)
     elif (run.run_dir / RUN_FILE).is_file():
         interrupted = isinstance(error, KeyboardInterrupt)

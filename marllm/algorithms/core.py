@@ -7,6 +7,7 @@ into a mean, a variance, a bootstrap value or a loss.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,13 +36,38 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     return squared
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """Normalise to zero mean and unit variance over the masked positions; padding is returned as 0."""
-    mean, var = masked_mean(values, mask), masked_var(values, mask)
+def masked_whiten(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    shift_mean: bool = True,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Normalise to zero mean and unit variance over the masked positions; padding is returned as 0.
+
+    ``all_reduce`` (a sum over data-parallel ranks, e.g. :meth:`marllm.distributed.DataParallel.all_reduce_sum`)
+    takes the mean and variance over the masked positions of every rank's ``values``: the whole batch's moments.
+    """
+    if all_reduce is None:
+        mean, var = masked_mean(values, mask), masked_var(values, mask)
+    else:
+        mean, var = _global_masked_moments(values, mask, all_reduce)
     whitened = (values - mean) * torch.rsqrt(var + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
     return whitened * mask
+
+
+def _global_masked_moments(
+    values: torch.Tensor, mask: torch.Tensor, all_reduce: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`masked_mean` and the Bessel-corrected :func:`masked_var` of the union of every rank's masked values,
+    two passes as in one process (the mean first, then the squared deviations from it), summed in float64."""
+    totals = all_reduce(torch.stack([masked_sum(values, mask), mask.sum()]).double())
+    count = totals[1]
+    mean = (totals[0] / count.clamp(min=1)).to(values.dtype)
+    squared = all_reduce(masked_sum((values - mean) ** 2, mask).double().reshape(1))[0]
+    var = squared / (count - 1) if count >= 2 else torch.zeros_like(squared)
+    return mean, var.to(values.dtype)
 
 
 # Vocabulary-wide math runs over slices of at most this many logits (16 MiB of float32 per temporary): a (B, T, V)

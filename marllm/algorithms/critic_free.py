@@ -14,6 +14,7 @@ that G does not divide.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import torch
@@ -141,7 +142,12 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float =
 
 
 def reinforce_plus_plus_advantages(
-    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float, gamma: float = 1.0
+    scores: torch.Tensor,
+    kl: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+    gamma: float = 1.0,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu, 2025): token returns of KL-shaped rewards, whitened over the batch, with no critic.
 
@@ -150,11 +156,12 @@ def reinforce_plus_plus_advantages(
     at the last real token (:func:`marllm.algorithms.core.token_rewards`), its return the sum of the future token
     rewards (:func:`discounted_returns`, γ = 1 by default), and the advantage that return normalised by the mean and
     (Bessel-corrected) std over all real tokens of the batch (:func:`marllm.algorithms.core.masked_whiten`).
+    ``all_reduce`` (a sum over data-parallel ranks) whitens over the batch of every rank.
     Returns (advantages, returns), both (B, L) and 0 on padding.
     """
     rewards = token_rewards(scores, kl, mask, kl_coef)  # (B, L)
     returns = discounted_returns(rewards, mask, gamma)  # (B, L)
-    return masked_whiten(returns, mask), returns
+    return masked_whiten(returns, mask, all_reduce=all_reduce), returns
 
 
 def aggregation_weights(mask: torch.Tensor, mode: LossAggregation = "token-mean") -> torch.Tensor:

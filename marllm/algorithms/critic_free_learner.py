@@ -27,6 +27,7 @@ from marllm.algorithms.kl_controller import KLController
 from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.ppo_update import UpdateBatch
+from marllm.distributed import DataParallel
 
 
 class CriticFreeLearner(PPOLearner):
@@ -45,6 +46,8 @@ class CriticFreeLearner(PPOLearner):
             parameters.
         kl_controller: the KL coefficient controller (``value`` and ``update(kl, n_steps)``); None builds it from
             ``config``. See :class:`PPOLearner`.
+        data_parallel: this process's rank in a data-parallel run, None for one process (see :class:`PPOLearner`).
+            Each rank's slice of the batch must hold whole groups.
         algorithm: ``"grpo"``, ``"rloo"`` or ``"reinforce_pp"``.
         group_size: responses per query in a batch (the env's ``group_size``: consecutive dialogues share a query).
             GRPO and RLOO compare the responses of a group and need at least 2; REINFORCE++ ignores groups.
@@ -68,6 +71,7 @@ class CriticFreeLearner(PPOLearner):
         seed: int = 0,
         adapter: str | None = None,
         kl_controller: KLController | None = None,
+        data_parallel: DataParallel | None = None,
         algorithm: str = "grpo",
         group_size: int = 1,
         settings: CriticFreeConfig | None = None,
@@ -89,6 +93,7 @@ class CriticFreeLearner(PPOLearner):
             seed=seed,
             adapter=adapter,
             kl_controller=kl_controller,
+            data_parallel=data_parallel,
         )
         self.algorithm = algorithm
         self.group_size = group_size
@@ -102,7 +107,9 @@ class CriticFreeLearner(PPOLearner):
             # Hu (2025): token rewards (the score at the last token, −η·KL at every token), returns-to-go with
             # γ = 1, normalised over every response token of the batch: the batch is the baseline.
             kl = b.kl if kl_in_reward else torch.zeros_like(b.kl)
-            advantages, returns = reinforce_plus_plus_advantages(scores, kl, b.mask, kl_coef)
+            advantages, returns = reinforce_plus_plus_advantages(
+                scores, kl, b.mask, kl_coef, all_reduce=self._all_reduce()
+            )
             return {"advantages": advantages, "returns": returns}
         if len(scores) % self.group_size:
             raise ValueError(
@@ -154,10 +161,7 @@ class CriticFreeLearner(PPOLearner):
         }
         return result.loss, parts
 
-    def _minibatch_weight(self, minibatch_mask: torch.Tensor, step_mask: torch.Tensor) -> float:
-        if self.config.loss_reduction == "step_token_mean" and self.settings.loss_aggregation != "token-mean":
-            # A mean over responses: a mini-batch weighs by its share of the step's (non-empty) responses.
-            mode = self.settings.loss_aggregation
-            step = max(float(aggregation_weights(step_mask, mode).sum()), 1.0)
-            return float(aggregation_weights(minibatch_mask, mode).sum()) / step
-        return super()._minibatch_weight(minibatch_mask, step_mask)
+    def _sample_masses(self, mask: torch.Tensor) -> torch.Tensor:
+        # The loss aggregation's weight of each response: its tokens for a token mean, 1 for a mean over responses
+        # (0 for an empty one).
+        return aggregation_weights(mask, self.settings.loss_aggregation).sum(1)

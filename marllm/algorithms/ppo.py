@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats
 from marllm.algorithms.rollout import Rollout, RolloutCollector
+from marllm.distributed import DataParallel
 from marllm.models.generation import check_chat_template, logprob_logits
 from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
@@ -67,6 +69,12 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
             batch); see :class:`~marllm.algorithms.kl_controller.KLController`. The learner owns it and changes its
             state: give each learner its own. None builds it from ``config`` (``kl_control``, ``init_kl_coef``,
             ``target_kl``, ``kl_horizon``), which is then not read for the KL coefficient.
+        data_parallel: this process's rank in a data-parallel run (:mod:`marllm.distributed`), where each rank's
+            rollouts hold its slice of every batch; None for one process. The learner then starts from rank 0's
+            trainable parameters, and computes over the global batch what PPO computes over a batch: the running
+            score statistics, advantage whitening, the loss normalisers of every mini-batch and optimiser step, the
+            KL fed to the controller and its metrics (means over the ranks). Every rank must use the same ``seed``:
+            the response lengths and mini-batch order are drawn alike on all of them.
 
     Everything after ``name`` is keyword-only. Subclasses change the algorithm through :meth:`_advantages` (what the
     update trains towards) and :meth:`_objective` (the loss of a mini-batch); ``uses_critic = False`` drops the
@@ -87,6 +95,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         seed: int = 0,
         adapter: str | None = None,
         kl_controller: KLController | None = None,
+        data_parallel: DataParallel | None = None,
     ):
         self.name = name
         self.model = model
@@ -131,6 +140,9 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
             eps=self.config.adam_eps,
         )
         self.kl_controller = kl_controller if kl_controller is not None else kl_controller_from(self.config)
+        self.data_parallel = data_parallel
+        if data_parallel is not None:
+            data_parallel.broadcast_(self._trained_parameters())
         self.score_statistics = RunningMeanStd(mean=0.0, std=1.0, clip_max=None)
         self.context_length = context_length(model)
         self._rng = np.random.default_rng(seed)
@@ -152,14 +164,26 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         self.last_nonfinite: str | None = None
         stats: dict[str, list[float]] = defaultdict(list)
         for rollout in self.rollouts:
-            self.config.check_batch_size(len(rollout.responses))
+            self.config.check_batch_size(len(rollout.responses) * self._world_size)
             for key, value in self._update_with(rollout).as_dict().items():
                 stats[key].append(value)
             if self.last_nonfinite is not None:
                 break
         self.rollouts = []
         self.num_updates += 1
-        return {key: float(np.mean(values)) for key, values in stats.items()}
+        metrics = {key: float(np.mean(values)) for key, values in stats.items()}
+        return metrics if self.data_parallel is None else self.data_parallel.mean_metrics(metrics)
+
+    @property
+    def _world_size(self) -> int:
+        return 1 if self.data_parallel is None else self.data_parallel.world_size
+
+    def _all_reduce(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The sum over data-parallel ranks that batch statistics take (None in one process)."""
+        return None if self.data_parallel is None else self.data_parallel.all_reduce_sum
+
+    def _trained_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     def _update_with(self, rollout: Rollout) -> UpdateStats:
         started = time.perf_counter()
@@ -184,8 +208,10 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         kl_full_sum = (b.kl_full * mask).sum(1).mean().item()
         kl_penalty_sum = b.kl.sum(1).mean().item()
         if nonfinite is None:
-            # Ziegler et al.'s controller is fed the KL that the penalty actually uses, per sample of the batch.
-            self.kl_controller.update(kl_penalty_sum, len(data))
+            # Ziegler et al.'s controller is fed the KL that the penalty actually uses, per sample of the batch (the
+            # global batch: every rank's controller takes the same step).
+            kl_batch = kl_penalty_sum if self.data_parallel is None else self.data_parallel.mean(kl_penalty_sum)
+            self.kl_controller.update(kl_batch, len(data) * self._world_size)
         return UpdateStats(
             task_reward=float(np.mean(rollout.task_rewards)),
             received_reward=float(np.mean(rollout.received_rewards)),
@@ -219,7 +245,8 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         # Score scaling/normalisation from running statistics (Ziegler et al., 2019; TRL's use_score_scaling /
         # use_score_norm): keeps the reward scale, and so the KL trade-off, stable as the policy improves.
         if self.config.score_transform != "none":
-            self.score_statistics.update(scores)
+            # The statistics take the global batch, in one process's order, so that every rank keeps the same.
+            self.score_statistics.update(scores if self.data_parallel is None else self.data_parallel.gather(scores))
             mean, std = float(self.score_statistics.mean), float(np.sqrt(self.score_statistics.var))
             # Every score so far equal (each 0/1 answer right, CORY's r1 + r2 constant): the running std is 0 up to
             # float64 rounding (~1e-8·|mean|), and TRL's std + eps would multiply the score by ~1e7. No spread is
@@ -243,7 +270,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         rewards = token_rewards(scores, b.kl, b.mask, kl_coef)
         advantages, returns = gae(rewards, b.values, b.mask, cfg.gamma, cfg.lam)
         if cfg.whiten_advantages:
-            advantages = masked_whiten(advantages, b.mask)
+            advantages = masked_whiten(advantages, b.mask, all_reduce=self._all_reduce())
         return {"rewards": rewards, "advantages": advantages, "returns": returns}
 
     def _advantage_stats(self, b: Batch) -> dict[str, float]:
@@ -255,36 +282,72 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
 
     def _ppo_steps(self, data: UpdateBatch, losses: dict[str, list[float]]) -> None:
         """``ppo_epochs`` passes of optimiser steps over ``data.batch``, appending each mini-batch's loss parts to
-        ``losses``. Raises :class:`NonFiniteLossError` before applying a step whose loss or gradient is not finite."""
+        ``losses``. Raises :class:`NonFiniteLossError` before applying a step whose loss or gradient is not finite.
+
+        Data-parallel: the epochs walk the global batch in the order one process would (every rank draws the same
+        permutation), each rank computes the loss of its own samples of every mini-batch with the whole
+        mini-batch's normaliser, and the gradients are summed over the ranks before each step: the step one process
+        would take, up to float summation order.
+        """
         cfg = self.config
-        b, prompt_length, batch_size = data.batch, data.prompt_length, len(data)
+        b, prompt_length = data.batch, data.prompt_length
+        dp = self.data_parallel
+        masses = self._sample_masses(b.mask).float().cpu()  # what each sample weighs in a loss normaliser
+        if dp is not None:
+            masses = dp.gather(masses)
+        batch_size, local_size = len(masses), len(data)
+        offset = 0 if dp is None else dp.rank * local_size  # this rank's slice of the global batch
         for _epoch in range(cfg.ppo_epochs):
             b_inds = self._rng.permutation(batch_size)
             for start in range(0, batch_size, cfg.backward_batch_size):
                 step_inds = b_inds[start : start + cfg.backward_batch_size]
-                step_mask = b.mask[step_inds]
                 self.optimizer.zero_grad(set_to_none=True)
                 applied = 0
+                failure: str | None = None
                 for mb_start in range(0, len(step_inds), cfg.mini_batch_size):
-                    mb = b[step_inds[mb_start : mb_start + cfg.mini_batch_size]]
-                    loss, parts = self._loss(mb, prompt_length)
+                    mb_inds = step_inds[mb_start : mb_start + cfg.mini_batch_size]
+                    weight = self._minibatch_weight(masses[mb_inds], masses[step_inds])
+                    mine = mb_inds[(mb_inds >= offset) & (mb_inds < offset + local_size)]
+                    parts: dict[str, float] = {}
+                    if len(mine):
+                        mb = b[mine - offset]
+                        loss, parts = self._loss(mb, prompt_length)
+                    ratio = parts.get("ratio", 0.0)
+                    if dp is not None and cfg.ratio_threshold is not None:
+                        ratio = dp.weighted_mean(ratio, float(mb.mask.sum()) if parts else 0.0)
                     # TRL's ratio_threshold: a mini-batch whose mean ratio π/π_old has run away gives no gradient.
-                    skipped = cfg.ratio_threshold is not None and parts["ratio"] > cfg.ratio_threshold
-                    parts["skipped_minibatch_fraction"] = float(skipped)
-                    for key, value in parts.items():
-                        losses[key].append(value)
+                    skipped = cfg.ratio_threshold is not None and ratio > cfg.ratio_threshold
+                    if parts:
+                        parts["skipped_minibatch_fraction"] = float(skipped)
+                        for key, value in parts.items():
+                            losses[key].append(value)
                     if skipped:
                         continue
+                    applied += 1
+                    if not parts:
+                        continue
                     if not torch.isfinite(loss):
-                        self.optimizer.zero_grad(set_to_none=True)
-                        raise NonFiniteLossError(
+                        failure = (
                             f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.num_updates}, "
                             f"epoch {_epoch}; the optimiser step was not applied"
                         )
-                    (loss * self._minibatch_weight(mb.mask, step_mask)).backward()
-                    applied += 1
+                        if dp is None:
+                            break
+                        continue
+                    if dp is not None:
+                        # This rank's share of the mini-batch's normaliser: summed over the ranks, the shares make
+                        # the mini-batch's loss.
+                        weight *= float(masses[mine].sum()) / (float(masses[mb_inds].sum()) or 1.0)
+                    (loss * weight).backward()
+                if dp is not None and dp.any(failure is not None):
+                    failure = failure or f"learner {self.name!r}: non-finite PPO loss on another rank"
+                if failure is not None:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise NonFiniteLossError(failure)
                 # Every mini-batch skipped: no step at all, so Adam's momentum does not move the weights either.
                 if applied:
+                    if dp is not None:
+                        dp.sum_gradients_(self._trained_parameters())
                     self._optimizer_step(_epoch)
 
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
@@ -304,12 +367,18 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
             parts["ratio"] = masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask).item()
         return loss, parts
 
-    def _minibatch_weight(self, minibatch_mask: torch.Tensor, step_mask: torch.Tensor) -> float:
-        """The weight of a mini-batch's loss in its optimiser step's accumulated gradient."""
+    def _sample_masses(self, mask: torch.Tensor) -> torch.Tensor:
+        """What each response weighs in the normaliser of a mini-batch's loss, (B, L) -> (B,): its token count (the
+        losses are token means)."""
+        return mask.sum(1)
+
+    def _minibatch_weight(self, minibatch_masses: torch.Tensor, step_masses: torch.Tensor) -> float:
+        """The weight of a mini-batch's loss in its optimiser step's accumulated gradient, from the
+        :meth:`_sample_masses` of the mini-batch's and the step's responses."""
         if self.config.loss_reduction == "step_token_mean":
-            # The loss is a token mean over this mini-batch; weighted by the mini-batch's share of the step's
-            # tokens, the accumulated loss is the token mean over the whole step.
-            return float(minibatch_mask.sum()) / max(float(step_mask.sum()), 1.0)
+            # The loss is a mean over this mini-batch; weighted by the mini-batch's share of the step's tokens (or,
+            # for a mean over responses, of its responses), the accumulated loss is that mean over the whole step.
+            return float(minibatch_masses.sum()) / max(float(step_masses.sum()), 1.0)
         return 1.0 / self.config.gradient_accumulation_steps
 
     def _objective(
@@ -334,7 +403,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         return loss, parts
 
     def _optimizer_step(self, epoch: int) -> None:
-        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
+        parameters = self._trained_parameters()
         if self.config.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
         else:

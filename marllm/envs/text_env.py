@@ -41,7 +41,7 @@ from pettingzoo.utils import wrappers
 from marllm.envs.info_keys import BATCH_REWARDS, QUERIES, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
 from marllm.envs.spaces import TextBatch
 from marllm.envs.templates import PromptFn, check_templates
-from marllm.envs.turns import TURN_REWARDS, check_roles, check_turns, turn_names
+from marllm.envs.turns import TURN_REWARDS, check_roles, check_shard, check_turns, turn_names
 
 RewardFn = Callable[[list[dict[str, Any]], list[str]], Sequence[float]]
 """A task reward: ``reward_fn(samples, responses) -> one float per sample``."""
@@ -79,6 +79,9 @@ class SequentialTextEnv(AECEnv):
         turn_rewards: ``"each"``: each turn is credited with the task reward of its own response; ``"last"``: every
             turn of a role with the task reward of the role's last response. Only matters for roles with several
             turns.
+        shard: ``(index, count)``: play the ``index``-th of ``count`` slices (whole groups) of every batch of
+            ``batch_size`` (a data-parallel rank). Every shard draws the same batches and keeps its slice: together
+            they play the batch one env would. Spaces, prompts and rewards then hold ``batch_size / count``.
     """
 
     metadata = {"name": "sequential_text_v0", "render_modes": ["ansi"], "is_parallelizable": False}
@@ -96,6 +99,7 @@ class SequentialTextEnv(AECEnv):
         group_size: int = 1,
         turns: Sequence[str] | None = None,
         turn_rewards: str = "each",
+        shard: tuple[int, int] = (0, 1),
     ):
         super().__init__()
         self.roles = check_roles(roles)
@@ -117,6 +121,9 @@ class SequentialTextEnv(AECEnv):
                 f"group_size {group_size} must divide batch_size {batch_size} (a batch holds whole groups of one query)"
             )
         self.group_size = group_size
+        self.shard_index, self.shard_count = check_shard(shard, batch_size, group_size)
+        self.global_batch_size = batch_size
+        batch_size = self.batch_size = batch_size // self.shard_count
         self.templates = check_templates(templates, self.roles, columns, self.turns)
         if not callable(reward_fn):
             raise TypeError(f"reward_fn must be callable (samples, responses) -> floats, got {reward_fn!r}")
@@ -173,9 +180,9 @@ class SequentialTextEnv(AECEnv):
 
     def _draw_indices(self) -> np.ndarray:
         """The next ``batch_size / group_size`` rows of a shuffled pass over the data (a new pass is shuffled when one
-        ends), each repeated ``group_size`` times in a row."""
+        ends), each repeated ``group_size`` times in a row; this shard's slice of them."""
         picked = []
-        needed = self.batch_size // self.group_size
+        needed = self.global_batch_size // self.group_size
         while needed:
             if self._cursor >= len(self._order):
                 self._order = self._rng.permutation(self._num_rows)
@@ -184,7 +191,8 @@ class SequentialTextEnv(AECEnv):
             self._cursor += len(take)
             needed -= len(take)
             picked.append(take)
-        return np.repeat(np.concatenate(picked), self.group_size)
+        drawn = np.repeat(np.concatenate(picked), self.group_size)
+        return drawn[self.shard_index * self.batch_size : (self.shard_index + 1) * self.batch_size]
 
     def _render(self, turn: int) -> tuple[str, ...]:
         template = self.templates[self.turn_names[turn]]

@@ -1,4 +1,5 @@
-"""Who speaks when: the roles of a sequential env and its turn order, and the names of turns."""
+"""Who speaks when: the roles of a sequential env and its turn order, the names of turns, and which slice of each
+batch a data-parallel env plays."""
 
 from __future__ import annotations
 
@@ -44,3 +45,21 @@ def turn_names(turns: Sequence[str]) -> list[str]:
         count[role] = count.get(role, 0) + 1
         names.append(f"{role}_{count[role]}")
     return names
+
+
+def check_shard(shard: tuple[int, int], batch_size: int, group_size: int) -> tuple[int, int]:
+    """``(index, count)`` of a data-parallel env's slice of each batch: ``0 <= index < count``, and ``count`` slices
+    of whole groups must make up ``batch_size``."""
+    try:
+        index, count = (int(part) if not isinstance(part, bool) and int(part) == part else None for part in shard)
+    except (TypeError, ValueError):
+        index = count = None
+    if index is None or count is None or count < 1 or not 0 <= index < count:
+        raise ValueError(f"shard must be (index, count) with 0 <= index < count, got {shard!r}")
+    if batch_size % (count * group_size):
+        raise ValueError(
+            f"batch_size {batch_size} does not split into {count} slices of whole groups of {group_size} (one per "
+            f"data-parallel process): give a batch size that is a multiple of {count} × {group_size} = "
+            f"{count * group_size}"
+        )
+    return index, count

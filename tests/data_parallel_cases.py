@@ -1,0 +1,97 @@
+"""Learners updated on one process and on two data-parallel ranks, for tests/test_data_parallel.py.
+
+Run by torchrun as ``python -m torch.distributed.run --nproc-per-node 2 -m tests.data_parallel_cases ROLLOUTS OUT``:
+each rank takes its half of every case's rollout (saved by the test), runs one update, and saves its parameters,
+metrics and controller state to ``OUT/rank<r>.pt``.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any
+
+import torch
+
+from marllm.algorithms.critic_free_config import CriticFreeConfig
+from marllm.algorithms.critic_free_learner import CriticFreeLearner
+from marllm.algorithms.ppo import PPOLearner, Rollout
+from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.distributed import init_data_parallel
+from tests.conftest import make_tiny_gpt2, make_tokenizer
+
+BATCH = 8
+# Two optimiser steps per epoch of two mini-batches each, two epochs: the mini-batches and steps cross the ranks'
+# slices, so that every part of the global bookkeeping is exercised.
+PPO = {"mini_batch_size": 2, "gradient_accumulation_steps": 2, "ppo_epochs": 2, "learning_rate": 3e-3}
+CASES: dict[str, dict[str, Any]] = {
+    "ppo": {"ppo": PPO},
+    "ppo_step_token_mean": {"ppo": {**PPO, "loss_reduction": "step_token_mean", "score_transform": "scale"}},
+    "grpo_kl_in_loss": {
+        "ppo": PPO,
+        "algorithm": "grpo",
+        "critic_free": {"kl_in": "loss", "loss_aggregation": "seq-mean-token-mean"},
+    },
+    "reinforce_pp": {"ppo": {**PPO, "loss_reduction": "step_token_mean"}, "algorithm": "reinforce_pp"},
+}
+
+
+def build_learner(case: str, tokenizer: Any, data_parallel: Any = None) -> PPOLearner:
+    """The learner of ``case`` on a tiny GPT-2 seeded alike on every process."""
+    spec = CASES[case]
+    common = {
+        "model": make_tiny_gpt2(tokenizer, seed=0),
+        "tokenizer": tokenizer,
+        "reference": make_tiny_gpt2(tokenizer, seed=0).requires_grad_(False).eval(),
+        "config": PPOConfig(init_kl_coef=0.05, **spec["ppo"]),
+        "generation": GenerationConfig(4, 8),
+        "seed": 0,
+        "data_parallel": data_parallel,
+    }
+    if "algorithm" not in spec:
+        return PPOLearner("llm1", **common)
+    settings = CriticFreeConfig(**spec.get("critic_free", {}))
+    return CriticFreeLearner("llm1", algorithm=spec["algorithm"], group_size=2, settings=settings, **common)
+
+
+def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
+    """The ``rank``-th of ``world_size`` equal slices of a rewarded rollout (the rank's dialogues of the batch)."""
+    size = len(rollout.responses) // world_size
+    rows = slice(rank * size, (rank + 1) * size)
+    part = copy.copy(rollout)
+    part.prompts, part.responses = rollout.prompts[rows], rollout.responses[rows]
+    part.tensors = rollout.tensors[rows]
+    part.received_rewards = rollout.received_rewards[rows]
+    part.task_rewards = rollout.task_rewards[rows]
+    return part
+
+
+def state_after_update(learner: PPOLearner, rollout: Rollout) -> dict[str, Any]:
+    """One update on ``rollout``; the learner's trained parameters, metrics, η and score statistics after it."""
+    learner.rollouts = [rollout]
+    metrics = learner.update()
+    return {
+        "parameters": [p.detach().clone() for p in learner._trained_parameters()],
+        "metrics": metrics,
+        "kl_coef": float(learner.kl_controller.value),
+        "score_mean": float(learner.score_statistics.mean),
+        "score_var": float(learner.score_statistics.var),
+    }
+
+
+def main(rollouts_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    data_parallel = init_data_parallel("cpu")
+    assert data_parallel is not None, "run me under torchrun with 2 processes"
+    tokenizer = make_tokenizer()
+    rollouts = torch.load(rollouts_file, weights_only=False)
+    results = {}
+    for case in CASES:
+        learner = build_learner(case, tokenizer, data_parallel)
+        part = rank_slice(rollouts[case], data_parallel.rank, data_parallel.world_size)
+        results[case] = state_after_update(learner, part)
+    torch.save(results, f"{out_dir}/rank{data_parallel.rank}.pt")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,139 @@
+"""Data-parallel training (marllm.distributed): two gloo ranks update as one process does, and train end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from marllm.envs.text_env import SequentialTextEnv
+from tests.data_parallel_cases import CASES, build_learner, state_after_update
+from tests.test_train import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+
+
+def torchrun(*arguments: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *arguments]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=ENV)
+
+
+def rewarded_rollout(case: str, tokenizer) -> object:
+    """A global batch of BATCH responses (groups of 2 prompts) from the case's learner, with rewards."""
+    learner = build_learner(case, tokenizer)
+    prompts = [p for p in ("this movie was", "the story is", "i hated the", "what a") for _ in range(2)]
+    torch.manual_seed(1)
+    learner.act({"prompt": prompts})
+    target = tokenizer.encode(" good")[0]
+    ids = [tokenizer.encode(r) for r in learner.rollouts[0].responses]
+    rewards = [sum(t == target for t in row) / max(len(row), 1) + 0.1 * i for i, row in enumerate(ids)]
+    learner.finish(rewards)
+    return learner.rollouts[0]
+
+
+@pytest.fixture(scope="module")
+def one_and_two_ranks(tmp_path_factory, tokenizer):
+    """Per case: the state after one update on one process, and on each of two ranks, from the same rollout."""
+    directory = tmp_path_factory.mktemp("data_parallel")
+    rollouts = {case: rewarded_rollout(case, tokenizer) for case in CASES}
+    torch.save(rollouts, directory / "rollouts.pt")
+    completed = torchrun("-m", "tests.data_parallel_cases", str(directory / "rollouts.pt"), str(directory))
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    single = {case: state_after_update(build_learner(case, tokenizer), copy.deepcopy(rollouts[case])) for case in CASES}
+    ranks = [torch.load(directory / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return single, ranks
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_update_as_one_process_does(one_and_two_ranks, case, tokenizer):
+    single, ranks = one_and_two_ranks
+    start = [p.detach() for p in build_learner(case, tokenizer)._trained_parameters()]
+    after_update = single[case]["parameters"]
+    moved = max((after - before).abs().max().item() for after, before in zip(after_update, start, strict=True))
+    assert moved > 1e-3  # the update changed the parameters far beyond the tolerance below
+    for after_one, after_rank0, after_rank1 in zip(
+        single[case]["parameters"], ranks[0][case]["parameters"], ranks[1][case]["parameters"], strict=True
+    ):
+        torch.testing.assert_close(after_rank0, after_rank1, rtol=0, atol=0)  # the ranks stay in step exactly
+        # Float sums in another order (gradients over two ranks, moments in float64) differ in the last bits only.
+        torch.testing.assert_close(after_rank0, after_one, rtol=1e-4, atol=2e-5)
+    for key in ("kl_coef", "score_mean", "score_var"):
+        assert ranks[0][case][key] == pytest.approx(single[case][key], rel=1e-5, abs=1e-7), key
+    # Batch means over the ranks' equal slices are the global batch's.
+    for key in ("task_reward", "received_reward", "kl", "kl_penalty", "response_length"):
+        assert ranks[0][case]["metrics"][key] == pytest.approx(single[case]["metrics"][key], rel=1e-5), key
+        assert ranks[1][case]["metrics"][key] == ranks[0][case]["metrics"][key]
+
+
+def test_sharded_envs_play_disjoint_slices_of_one_envs_batches():
+    rows = [{"query": f"q{i}"} for i in range(10)]
+
+    def make(shard=(0, 1)):
+        return SequentialTextEnv(rows, ["a"], ["{query}"], lambda s, r: [0.0] * len(r), 4, seed=3, group_size=2,
+                                 shard=shard)
+
+    whole, halves = make(), [make((0, 2)), make((1, 2))]
+    for _ in range(4):  # more batches than a pass over the data: the passes are reshuffled alike
+        whole.reset()
+        for half in halves:
+            half.reset()
+        assert halves[0].queries + halves[1].queries == whole.queries
+        assert len(halves[0].queries) == halves[0].batch_size == 2
+    with pytest.raises(ValueError, match="multiple of 4 × 2 = 8"):
+        make((0, 4))
+    with pytest.raises(ValueError, match="0 <= index < count"):
+        make((2, 2))
+
+
+def test_cli_trains_cory_on_two_ranks_and_resumes_on_one(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
+    data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
+    for section, values in tiny_overrides(tiny_lm_dir, tiny_classifier_dir, reviews_file).items():
+        data[section].update(values)
+    data["logging"].update({"checkpoint_every": 1, "samples_per_iteration": 1})
+    config = tmp_path / "cory_tiny.yaml"
+    config.write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "run"
+    train = [sys.executable, "-m", "marllm.cli", "train", str(config), "--run-dir", str(run_dir)]
+    completed = subprocess.run(
+        [*train, "iterations=2", "--nproc", "2"], capture_output=True, text=True, cwd=ROOT, timeout=300, env=ENV
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert completed.stdout.count("run written to") == 1  # rank 0 speaks for the run
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics] == [0, 1]  # one line per iteration: rank 0 alone writes
+    assert all(np.isfinite(m["llm1/kl"]) and m["llm1/kl"] >= 0 for m in metrics)
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * 2  # per iteration, one dialogue of each learner
+    run_info = json.loads((run_dir / "run.json").read_text())
+    assert run_info["status"] == "finished" and run_info["checkpoint_iteration"] == 2
+    # The checkpoint of two ranks resumes on one process (a checkpoint does not depend on the number of ranks).
+    completed = subprocess.run(
+        [*train, "iterations=3", "--resume"], capture_output=True, text=True, cwd=ROOT, timeout=300, env=ENV
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics] == [0, 1, 2]
+    assert json.loads((run_dir / "run.json").read_text())["resumed_from"] == [2]
+
+
+def test_nproc_refuses_a_batch_that_does_not_split(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
+    data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
+    for section, values in tiny_overrides(tiny_lm_dir, tiny_classifier_dir, reviews_file).items():
+        data[section].update(values)
+    config = tmp_path / "cory_tiny.yaml"
+    config.write_text(yaml.safe_dump(data))
+    completed = subprocess.run(
+        [sys.executable, "-m", "marllm.cli", "train", str(config), "--nproc", "3", "--run-dir", str(tmp_path / "r")],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env=ENV,
+    )
+    assert completed.returncode == 2
+    assert "env.batch_size with --nproc 3" in completed.stderr and "multiple of 3" in completed.stderr
+    assert not (tmp_path / "r").exists()
