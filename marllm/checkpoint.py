@@ -18,13 +18,14 @@ place, so a kill at any moment leaves the previous checkpoint or the new one com
 Each stateful object (:class:`~marllm.algorithms.ppo.PPOLearner`, :class:`~marllm.envs.text_env.SequentialTextEnv`,
 :class:`~marllm.wrappers.role_permutation.RolePermutation`) has ``state_dict() -> (tensors, meta)`` and
 ``load_state_dict(tensors, meta)``; this module only lays those out on disk and walks the env's wrapper chain.
+How the directories are written, replaced, pruned and verified is :mod:`marllm.checkpoint_store`'s job; the helpers
+those methods use (:func:`check_tensors`, :func:`optimizer_state`, ...) are in :mod:`marllm.state_dicts` and
+importable from here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
 import json
 import os
 import random
@@ -38,34 +39,60 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+
+from marllm.checkpoint_store import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    TEMPORARY_PREFIX,
+    CheckpointError,
+    candidates,
+    check_files,
+    clean_stale,
+    describe_file,
+    fsync_directory,
+    move_into_place,
+    prune,
+    read_json,
+    read_manifest,
+    read_tensors,
+    write_json,
+    write_tensors,
+)
+from marllm.state_dicts import check_tensors, optimizer_state, optimizer_state_dict, restore_generator
 
 if TYPE_CHECKING:
     from pettingzoo import AECEnv
 
     from marllm.algorithms.learner import Learner
 
+__all__ = [
+    "CHECKPOINTS_DIR",
+    "ENV_FILE",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST_FILE",
+    "RNG_FILE",
+    "STATE_FILE",
+    "CheckpointError",
+    "CheckpointInfo",
+    "check_tensors",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "optimizer_state",
+    "optimizer_state_dict",
+    "restore_generator",
+    "save_checkpoint",
+    "write_json",
+    "write_tensors",
+]
+
 CHECKPOINTS_DIR = "training_state"
 """The directory under the run directory that holds the checkpoints."""
 
-FORMAT = "marllm-training-state"
-FORMAT_VERSION = 1
-MANIFEST_FILE = "manifest.json"
 STATE_FILE = "state.json"
 ENV_FILE = "env.safetensors"
 RNG_FILE = "rng.safetensors"
-
-_FINAL = re.compile(r"iteration-(\d+)")
-_TEMPORARY_PREFIX = ".tmp-"
-_TRASH_PREFIX = ".trash-"
-# A checkpoint moved aside while a new one of the same iteration takes its name; complete, so still a candidate.
-_REPLACED = re.compile(r"\.replaced-(iteration-(\d+))-\d+")
-_HASH_CHUNK = 1 << 22
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, damaged, or does not fit the objects it is loaded into; the message says which."""
 
 
 @dataclass
@@ -108,18 +135,18 @@ def save_checkpoint(
     _check_save_arguments(iteration, learners, keep, extra)
     root = Path(run_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
-    _clean_stale(root)
+    clean_stale(root)
     final = root / f"iteration-{iteration:06d}"
-    temporary = root / f"{_TEMPORARY_PREFIX}{final.name}-{os.getpid()}"
+    temporary = root / f"{TEMPORARY_PREFIX}{final.name}-{os.getpid()}"
     try:
         temporary.mkdir()
         _write_contents(temporary, iteration, learners, env, extra or {})
-        _fsync_directory(temporary)
-        _move_into_place(temporary, final)
+        fsync_directory(temporary)
+        move_into_place(temporary, final)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-    _prune(root, iteration, keep)
+    prune(root, iteration, keep)
     return final
 
 
@@ -130,10 +157,10 @@ def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:
     directories of unfinished saves are ignored; a damaged checkpoint is skipped with a warning that says why.
     """
     root = Path(run_dir) / CHECKPOINTS_DIR
-    for _, path in _candidates(root):
+    for _, path in candidates(root):
         try:
-            manifest = _read_manifest(path)
-            _check_files(path, manifest, verify_hashes=False)
+            manifest = read_manifest(path)
+            check_files(path, manifest, verify_hashes=False)
         except CheckpointError as error:
             warnings.warn(f"skipping a damaged checkpoint: {error}", RuntimeWarning, stacklevel=2)
             continue
@@ -153,9 +180,9 @@ def load_checkpoint(path: Path, learners: Mapping[str, Learner], env: AECEnv) ->
             is raised while restoring, the objects may be partly restored: build fresh ones.
     """
     path = Path(path)
-    manifest = _read_manifest(path)
-    _check_files(path, manifest, verify_hashes=True)
-    state = _read_json(path / STATE_FILE, path)
+    manifest = read_manifest(path)
+    check_files(path, manifest, verify_hashes=True)
+    state = read_json(path / STATE_FILE, path)
     files = manifest["files"]
     _check_learner_ids(path, state["learners"], learners)
     parts = _stateful_parts(env)
@@ -167,111 +194,16 @@ def load_checkpoint(path: Path, learners: Mapping[str, Learner], env: AECEnv) ->
                 f"checkpoint {path}: {entry['file']} of learner {learner_id!r} is not in its manifest"
             )
         with _context(f"checkpoint {path}, learner {learner_id!r}"):
-            learner.load_state_dict(_read_tensors(path / entry["file"]), entry["state"])
-    env_tensors = _read_tensors(path / ENV_FILE)
+            learner.load_state_dict(read_tensors(path / entry["file"]), entry["state"])
+    env_tensors = read_tensors(path / ENV_FILE)
     for (key, part), entry in zip(parts, state["env"], strict=True):
         prefix = f"{key}/"
         tensors = {name.removeprefix(prefix): t for name, t in env_tensors.items() if name.startswith(prefix)}
         with _context(f"checkpoint {path}, env part {key}"):
             part.load_state_dict(tensors, entry["state"])
     with _context(f"checkpoint {path}, random generators"):
-        _restore_global_rngs(_read_tensors(path / RNG_FILE), state["rng"])
+        _restore_global_rngs(read_tensors(path / RNG_FILE), state["rng"])
     return CheckpointInfo(path, manifest["iteration"], manifest["extra"])
-
-
-# ----------------------------------------------------------------------------------------------- helpers for state_dict
-def check_tensors(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], what: str) -> None:
-    """Raise CheckpointError unless ``found`` has exactly ``expected``'s names, shapes and dtypes."""
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    problems = []
-    if missing:
-        problems.append(f"missing {_few(missing)}")
-    if unexpected:
-        problems.append(f"unexpected {_few(unexpected)}")
-    for name in sorted(set(expected) & set(found)):
-        want, got = expected[name], found[name]
-        if want.shape != got.shape:
-            problems.append(f"{name} has shape {tuple(got.shape)} in the checkpoint, {tuple(want.shape)} here")
-        elif want.dtype != got.dtype:
-            problems.append(f"{name} is {got.dtype} in the checkpoint, {want.dtype} here")
-    if problems:
-        raise CheckpointError(f"the {what} does not fit: " + "; ".join(problems[:5]))
-
-
-def restore_generator(generator: np.random.Generator, state: dict[str, Any], what: str) -> None:
-    """Set a numpy Generator to a saved ``bit_generator.state``."""
-    try:
-        generator.bit_generator.state = state
-    except (TypeError, ValueError, KeyError) as error:
-        raise CheckpointError(f"the {what}'s random generator state does not fit: {error}") from error
-
-
-def optimizer_state(
-    optimizer: torch.optim.Optimizer, names: list[list[str]]
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """``optimizer.state_dict()`` with its parameters named rather than numbered.
-
-    ``names`` gives one name per parameter of each of ``optimizer.param_groups``. Returns the per-parameter state
-    tensors as ``optimizer/<name>/<key>`` (Adam: ``exp_avg``, ``exp_avg_sq``, ``step``) and, as JSON-able meta, the
-    parameter groups (hyperparameters, and the names in place of the numbers) and any non-tensor state.
-    """
-    state = optimizer.state_dict()
-    flat = [name for group in names for name in group]
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    for index, values in state["state"].items():
-        for key, value in values.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"optimizer/{flat[index]}/{key}"] = value
-            else:
-                scalars.setdefault(flat[index], {})[key] = value
-    groups = [
-        {**{key: value for key, value in group.items() if key != "params"}, "params": group_names}
-        for group, group_names in zip(state["param_groups"], names, strict=True)
-    ]
-    return tensors, {"param_groups": groups, "scalars": scalars}
-
-
-def optimizer_state_dict(
-    optimizer: torch.optim.Optimizer,
-    names: list[list[str]],
-    tensors: Mapping[str, torch.Tensor],
-    meta: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The ``optimizer.load_state_dict`` argument for what :func:`optimizer_state` returned, checked to fit."""
-    saved = [group["params"] for group in meta["param_groups"]]
-    if saved != names:
-        flat_saved = [name for group in saved for name in group]
-        flat_here = [name for group in names for name in group]
-        missing = [name for name in flat_here if name not in flat_saved]
-        unexpected = [name for name in flat_saved if name not in flat_here]
-        detail = f"missing {_few(missing)}; unexpected {_few(unexpected)}" if missing or unexpected else "regrouped"
-        raise CheckpointError(f"the optimiser's parameters do not fit: {detail}")
-    flat = [name for group in names for name in group]
-    index = {name: i for i, name in enumerate(flat)}
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    state: dict[int, dict[str, Any]] = {}
-    for key, tensor in tensors.items():
-        name, _, field = key.removeprefix("optimizer/").rpartition("/")
-        if name not in index:
-            raise CheckpointError(f"the optimiser state has an entry {key} for no parameter of this learner")
-        shape = tuple(parameters[index[name]].shape)
-        if tensor.dim() > 0 and tuple(tensor.shape) != shape:
-            raise CheckpointError(f"optimiser state {key} has shape {tuple(tensor.shape)}, its parameter {shape}")
-        state.setdefault(index[name], {})[field] = tensor
-    for name, values in meta["scalars"].items():
-        state.setdefault(index[name], {}).update(values)
-    groups = []
-    for saved_group, group in zip(meta["param_groups"], optimizer.param_groups, strict=True):
-        # JSON made the tuples (Adam's betas) lists; give them back the type the optimiser uses.
-        restored = {
-            key: tuple(value) if isinstance(group.get(key), tuple) else value
-            for key, value in saved_group.items()
-            if key != "params"
-        }
-        groups.append({**restored, "params": [index[name] for name in saved_group["params"]]})
-    return {"state": state, "param_groups": groups}
 
 
 # ----------------------------------------------------------------------------------------------- writing
@@ -318,7 +250,7 @@ def _write_contents(
         "version": FORMAT_VERSION,
         "iteration": iteration,
         "extra": extra,
-        "files": {name: _describe_file(directory / name) for name in sorted(written)},
+        "files": {name: describe_file(directory / name) for name in sorted(written)},
     }
     write_json(directory / MANIFEST_FILE, manifest, indent=2)
 
@@ -330,176 +262,7 @@ def _learner_file(learner_id: str, index: int) -> str:
     return f"learner.{index}.safetensors"
 
 
-def write_tensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Write ``tensors`` to a safetensors file and sync it to disk."""
-    save_file({name: t.detach().cpu().contiguous() for name, t in tensors.items()}, str(path))
-    with path.open("rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def write_json(path: Path, data: Any, indent: int | None = None) -> None:
-    """Write ``data`` as JSON (floats in full precision) and sync it to disk."""
-    with path.open("w") as handle:
-        json.dump(data, handle, indent=indent)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _describe_file(path: Path) -> dict[str, Any]:
-    return {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fsync_directory(path: Path) -> None:
-    if os.name != "posix":  # a directory cannot be opened for fsync elsewhere
-        return
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    except OSError as error:
-        # Some file systems (several FUSE and network ones) cannot sync a directory; their renames are what they are.
-        if error.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-    finally:
-        os.close(descriptor)
-
-
-def _move_into_place(temporary: Path, final: Path) -> None:
-    """Rename the finished checkpoint to its final name, replacing one of the same iteration if there is one."""
-    root = final.parent
-    aside = root / f".replaced-{final.name}-{os.getpid()}" if final.exists() else None
-    if aside is not None:
-        # rename() cannot replace a non-empty directory: move the old one aside (it stays a candidate for
-        # latest_checkpoint until the new one has its name), then delete it.
-        shutil.rmtree(aside, ignore_errors=True)
-        os.replace(final, aside)
-    os.replace(temporary, final)
-    _fsync_directory(root)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-
-
-def _prune(root: Path, iteration: int, keep: int) -> None:
-    """Keep the new checkpoint and the ``keep - 1`` newest complete ones before it; remove the rest."""
-    kept = 1
-    for number, path in _candidates(root):
-        if number == iteration and path.name == f"iteration-{iteration:06d}":
-            continue
-        if number < iteration and kept < keep and _is_complete(path):
-            kept += 1
-            continue
-        _remove(path)
-
-
-def _clean_stale(root: Path) -> None:
-    """Remove what interrupted saves and removals left; put back a checkpoint moved aside and never replaced."""
-    for entry in root.iterdir():
-        if entry.name.startswith((_TEMPORARY_PREFIX, _TRASH_PREFIX)):
-            shutil.rmtree(entry, ignore_errors=True)
-            continue
-        replaced = _REPLACED.fullmatch(entry.name)
-        if replaced is None:
-            continue
-        final = root / replaced.group(1)
-        if final.exists() and _is_complete(final):
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            if final.exists():
-                _remove(final)
-            os.replace(entry, final)
-            _fsync_directory(root)
-
-
-def _remove(path: Path) -> None:
-    # Renamed first: a kill in the middle of rmtree must not leave a half-deleted directory under a checkpoint name.
-    trash = path.parent / f"{_TRASH_PREFIX}{path.name}-{os.getpid()}"
-    shutil.rmtree(trash, ignore_errors=True)
-    os.replace(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
 # ----------------------------------------------------------------------------------------------- reading
-def _candidates(root: Path) -> list[tuple[int, Path]]:
-    """Checkpoint directories (final ones, and complete ones moved aside), newest first; finals first on a tie."""
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        final, replaced = _FINAL.fullmatch(entry.name), _REPLACED.fullmatch(entry.name)
-        if final is not None and entry.is_dir():
-            found.append((int(final.group(1)), 1, entry))
-        elif replaced is not None and entry.is_dir():
-            found.append((int(replaced.group(2)), 0, entry))
-    return [(number, path) for number, _, path in sorted(found, key=lambda item: item[:2], reverse=True)]
-
-
-def _is_complete(path: Path) -> bool:
-    try:
-        _check_files(path, _read_manifest(path), verify_hashes=False)
-    except CheckpointError:
-        return False
-    return True
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    if not path.is_dir():
-        raise CheckpointError(f"there is no checkpoint directory {path}")
-    if not (path / MANIFEST_FILE).is_file():
-        raise CheckpointError(
-            f"checkpoint {path} has no {MANIFEST_FILE}: it is incomplete (the manifest is written last)"
-        )
-    manifest = _read_json(path / MANIFEST_FILE, path)
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path / MANIFEST_FILE} is not a marllm training-state manifest")
-    version = manifest.get("version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {path} has format version {version!r}; this marllm reads version {FORMAT_VERSION} "
-            "(a newer marllm wrote it)"
-        )
-    missing = [key for key in ("iteration", "extra", "files") if key not in manifest]
-    if missing:
-        raise CheckpointError(f"{path / MANIFEST_FILE} lacks {missing}")
-    return manifest
-
-
-def _check_files(path: Path, manifest: dict[str, Any], verify_hashes: bool) -> None:
-    problems = []
-    for name, expected in manifest["files"].items():
-        file = path / name
-        if not file.is_file():
-            problems.append(f"{name} is missing")
-            continue
-        size = file.stat().st_size
-        if size != expected["bytes"]:
-            problems.append(f"{name} has {size} bytes, the manifest says {expected['bytes']}")
-        elif verify_hashes and _sha256(file) != expected["sha256"]:
-            problems.append(f"{name} does not match its sha256 in the manifest (its content changed)")
-    if problems:
-        raise CheckpointError(f"checkpoint {path} is damaged: " + "; ".join(problems))
-
-
-def _read_json(file: Path, checkpoint: Path) -> Any:
-    try:
-        return json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"checkpoint {checkpoint}: {file.name} cannot be read: {error}") from error
-
-
-def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
-    try:
-        return load_file(str(file), device="cpu")
-    except (OSError, SafetensorError) as error:
-        raise CheckpointError(f"checkpoint {file.parent}: {file.name} cannot be read: {error}") from error
-
-
 def _check_learner_ids(path: Path, saved: Mapping[str, Any], learners: Mapping[str, Any]) -> None:
     missing = [learner_id for learner_id in learners if learner_id not in saved]
     unexpected = [learner_id for learner_id in saved if learner_id not in learners]
@@ -585,8 +348,3 @@ def _restore_global_rngs(tensors: Mapping[str, torch.Tensor], meta: Mapping[str,
     np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian))
     version, internal, gauss_next = meta["python"]
     random.setstate((version, tuple(internal), gauss_next))
-
-
-def _few(names: list[str], limit: int = 5) -> str:
-    shown = ", ".join(names[:limit])
-    return f"{shown} (and {len(names) - limit} more)" if len(names) > limit else shown

@@ -15,6 +15,10 @@ Two fifths of the tokens are worked arithmetic problems, with every digit its ow
 numbers cut into arbitrary BPE pieces, the model solved about 1% of held-out problems (sampled); digit tokens and
 the 40% share alone brought that to 4%, smaller numbers in the problems to 9%, and 2000 steps instead of 1500 to
 10% while held-out review perplexity improved from 168 to 155 (one seed each, 100 problems x 5 samples).
+
+The recipe is :class:`~marllm.offline.base_model_recipe.BaseModelRecipe` and the pretraining loop
+:func:`~marllm.offline.pretraining.pretrain` (both importable from here); this module trains the tokenizer, packs the
+documents into blocks, evaluates the trained model and saves it.
 """
 
 from __future__ import annotations
@@ -23,21 +27,20 @@ import contextlib
 import json
 import logging
 import math
-import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from tqdm.auto import tqdm
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast, get_cosine_with_min_lr_schedule_with_warmup
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 from transformers.utils import logging as hf_logging
 
 from marllm.offline.arithmetic_problems import pretraining_documents
+from marllm.offline.base_model_recipe import BaseModelRecipe
+from marllm.offline.pretraining import ThreadTuner, available_cores, pretrain
 
 __all__ = [
     "EOS_TOKEN",
@@ -55,82 +58,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 EOS_TOKEN = "<|endoftext|>"
-
-
-@dataclass(frozen=True)
-class BaseModelRecipe:
-    """Tokenizer, architecture and pretraining schedule of the base model.
-
-    Args:
-        vocab_size: BPE vocabulary size including ``<|endoftext|>``. Smaller is faster on CPU (the LM head and
-            softmax dominate at this model size) at the price of more tokens per word.
-        min_frequency: a pair must occur this often to be merged.
-        split_digits: keep every digit its own token (no merge ever joins a digit to anything), so that every
-            number is spelled digit by digit as in LLaMA's tokenizer; a BPE trained on reviews otherwise cuts
-            numbers into arbitrary pieces (" 45" one way, " 46" another), which the arithmetic cannot be learnt
-            through.
-        n_layer, n_embd, n_head, n_positions: GPT-2 shape; ``n_positions`` is the context length.
-        block_size: tokens per training block (at most ``n_positions``).
-        batch_size: blocks per optimiser step.
-        max_steps: optimiser steps; tokens seen = ``max_steps * batch_size * block_size``.
-        learning_rate: peak AdamW learning rate, reached after ``warmup_steps`` and decayed by a cosine to
-            ``learning_rate * min_lr_ratio``.
-        weight_decay: AdamW decay on matrices (not on biases, LayerNorms or position embeddings).
-        grad_clip: global gradient-norm clip.
-        arithmetic_fraction: target share of the pretraining tokens taken by worked arithmetic problems
-            (``marllm.offline.arithmetic_problems.pretraining_documents``), so a later math task has a start.
-        arithmetic_seed: seed of those problems; math tasks should draw their train/eval problems from other seeds.
-        seed: seed of initialisation, document shuffling, block order and samples.
-        eval_max_tokens: held-out reviews scored for perplexity (the first ones, up to this many tokens).
-        sample_new_tokens: length of the sampled continuations reported after training.
-    """
-
-    vocab_size: int = 4096
-    min_frequency: int = 2
-    split_digits: bool = True
-    n_layer: int = 4
-    n_embd: int = 128
-    n_head: int = 4
-    n_positions: int = 256
-    block_size: int = 256
-    batch_size: int = 8
-    max_steps: int = 2000
-    learning_rate: float = 4e-3
-    warmup_steps: int = 40
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    arithmetic_fraction: float = 0.4
-    arithmetic_seed: int = 7919
-    seed: int = 0
-    eval_max_tokens: int = 60_000
-    sample_new_tokens: int = 24
-
-    def __post_init__(self) -> None:
-        positive = ("vocab_size", "n_layer", "n_embd", "n_head", "n_positions", "block_size", "batch_size",
-                    "max_steps", "eval_max_tokens", "sample_new_tokens", "min_frequency")
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"BaseModelRecipe.{name} must be a positive int, got {value!r}")
-        if not isinstance(self.split_digits, bool):
-            raise ValueError(f"BaseModelRecipe.split_digits must be a bool, got {self.split_digits!r}")
-        if self.vocab_size < 257:
-            raise ValueError(
-                f"BaseModelRecipe.vocab_size must be at least 257 (256 bytes + eos), got {self.vocab_size}"
-            )
-        if self.n_embd % self.n_head:
-            raise ValueError(f"BaseModelRecipe.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.block_size > self.n_positions:
-            raise ValueError(
-                f"BaseModelRecipe.block_size ({self.block_size}) must not exceed n_positions ({self.n_positions})"
-            )
-        if not 0.0 <= self.arithmetic_fraction < 1.0:
-            raise ValueError(f"BaseModelRecipe.arithmetic_fraction must be in [0, 1), got {self.arithmetic_fraction}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"BaseModelRecipe.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.learning_rate <= 0 or self.warmup_steps < 0:
-            raise ValueError("BaseModelRecipe.learning_rate must be > 0 and warmup_steps >= 0")
 
 
 def train_tokenizer(texts: Sequence[str], vocab_size: int, min_frequency: int = 2,
@@ -218,115 +145,6 @@ def pack_blocks(documents: Sequence[str], tokenizer: GPT2TokenizerFast, block_si
     return torch.from_numpy(stream[: n_blocks * block_size].reshape(n_blocks, block_size))  # (N, T)
 
 
-def _decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        # matrices decay; biases, LayerNorm gains and the position table do not
-        (decay if param.ndim >= 2 and "wpe" not in name else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-class ThreadTuner:
-    """Runs each stretch of ``period`` steps with the faster of 1 and ``max_threads`` intra-op threads.
-
-    On a small shared machine, ``max_threads`` threads that busy-wait for a core another process holds can run
-    several times slower than one thread, so each stretch opens with ``trial_steps`` timed steps per setting
-    and keeps the faster for the rest of it. The very first step (allocation, warm-up) is not timed.
-    """
-
-    def __init__(self, max_threads: int, period: int = 40, trial_steps: int = 2) -> None:
-        self.options = sorted({1, max(1, max_threads)}, reverse=True)
-        self.period, self.trial_steps = period, trial_steps
-        self.chosen = self.options[0]
-        self._times: dict[int, list[float]] = {}
-        self.history: list[int] = []
-
-    def threads_for(self, step: int) -> int:
-        """The thread count to use for ``step`` (0-based)."""
-        if step == 0 or len(self.options) == 1:
-            return self.chosen
-        phase = (step - 1) % self.period
-        trial = phase // self.trial_steps
-        if phase == 0:
-            self._times = {}
-        if trial < len(self.options):
-            return self.options[trial]
-        if phase == self.trial_steps * len(self.options):
-            self.chosen = min(self._times, key=lambda option: sum(self._times[option]))
-            self.history.append(self.chosen)
-        return self.chosen
-
-    def record(self, step: int, threads: int, seconds: float) -> None:
-        """Report how long ``step`` took with ``threads`` threads."""
-        if step > 0 and (step - 1) % self.period < self.trial_steps * len(self.options):
-            self._times.setdefault(threads, []).append(seconds)
-
-
-def pretrain(model: GPT2LMHeadModel, blocks: torch.Tensor, recipe: BaseModelRecipe, progress: bool = True,
-             on_step: Callable[[int, float], None] | None = None, max_threads: int | None = None) -> dict[str, Any]:
-    """Train ``model`` for ``recipe.max_steps`` AdamW steps on mini-batches of ``blocks`` (epoch-wise shuffled).
-
-    ``max_threads`` (default: the cores this process may use) bounds torch's intra-op threads; a
-    :class:`ThreadTuner` picks 1 or ``max_threads`` as contention changes, and torch's setting is restored after.
-    Returns the losses (first, last-10 mean), tokens seen, wall time, tokens per second and thread choices.
-    """
-    optimizer = torch.optim.AdamW(
-        _decay_groups(model, recipe.weight_decay), lr=recipe.learning_rate, betas=(0.9, 0.95), eps=1e-8
-    )
-    schedule = get_cosine_with_min_lr_schedule_with_warmup(
-        optimizer, recipe.warmup_steps, recipe.max_steps, min_lr_rate=recipe.min_lr_ratio
-    )
-    generator = torch.Generator().manual_seed(recipe.seed)
-    order = torch.randperm(len(blocks), generator=generator)
-    cursor = 0
-    losses: list[float] = []
-    tuner = ThreadTuner(max_threads or _available_cores())
-    previous_threads = torch.get_num_threads()
-    model.train()
-    start = time.perf_counter()
-    bar = tqdm(range(recipe.max_steps), desc="pretraining", unit="step", disable=not progress, leave=False)
-    try:
-        for step in bar:
-            if cursor + recipe.batch_size > len(order):
-                order, cursor = torch.randperm(len(blocks), generator=generator), 0
-            batch = blocks[order[cursor : cursor + min(recipe.batch_size, len(order))]]  # (B, T)
-            cursor += recipe.batch_size
-            threads = tuner.threads_for(step)
-            torch.set_num_threads(threads)
-            step_start = time.perf_counter()
-            losses.append(_train_step(model, batch, optimizer, schedule, recipe.grad_clip))
-            tuner.record(step, threads, time.perf_counter() - step_start)
-            if not math.isfinite(losses[-1]):
-                raise FloatingPointError(f"pretraining loss became {losses[-1]} at step {step}; lower learning_rate")
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", threads=threads)
-            if on_step is not None:
-                on_step(step, losses[-1])
-    finally:
-        torch.set_num_threads(previous_threads)
-    wall = time.perf_counter() - start
-    model.eval()
-    tokens = recipe.max_steps * recipe.batch_size * blocks.shape[1]
-    return {
-        "first_loss": losses[0],
-        "final_loss": float(np.mean(losses[-10:])),
-        "tokens_seen": tokens,
-        "train_wall_s": wall,
-        "tokens_per_s": tokens / wall,
-        "thread_choices": tuner.history,
-    }
-
-
-def _train_step(model: GPT2LMHeadModel, batch: torch.Tensor, optimizer: torch.optim.Optimizer,
-                schedule: torch.optim.lr_scheduler.LRScheduler, grad_clip: float) -> float:
-    loss = model(input_ids=batch, labels=batch).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    schedule.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.item()
-
-
 @torch.no_grad()
 def heldout_perplexity(model: GPT2LMHeadModel, tokenizer: GPT2TokenizerFast, texts: Sequence[str],
                        block_size: int, max_tokens: int, batch_size: int = 16) -> dict[str, float]:
@@ -399,12 +217,6 @@ def _arithmetic_documents(n: int, seed: int) -> list[str]:
     return pretraining_documents(n, seed)
 
 
-def _available_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
 def train_base_model(train_texts: Sequence[str], heldout_reviews: Sequence[str], recipe: BaseModelRecipe,
                      out_dir: Path, progress: bool = True, num_threads: int | None = None) -> dict[str, Any]:
     """Train tokenizer and GPT-2 on ``train_texts`` plus arithmetic documents; save both to ``out_dir``.
@@ -414,7 +226,7 @@ def train_base_model(train_texts: Sequence[str], heldout_reviews: Sequence[str],
     realised arithmetic share, pretraining losses and speed, and sampled continuations of held-out review
     openings.
     """
-    max_threads = num_threads or _available_cores()
+    max_threads = num_threads or available_cores()
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(max_threads)
     try:

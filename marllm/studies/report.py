@@ -15,98 +15,34 @@ Conventions:
 - Comparisons: each ``[a, b]`` pair of ``study.json``'s ``compare`` (when absent or empty, every other variant
   against the first variant in run order) is reported as ``a − b`` (Welch) for each metric on ``mean``, between
   cells with the same axis values, or between every pair of their cells when no axis values match.
+
+The cells and their series are :mod:`marllm.studies.cells`'s, the figures :mod:`marllm.studies.figures`'s; this
+module collects the runs into cells, computes every number of ``summary.json`` and writes the markdown.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from marllm.reporting.plots import curve_colors
-from marllm.reporting.runs import Run, load_run
+from marllm.reporting.runs import load_run
 from marllm.reporting.tables import escape_cell, fmt, markdown_table
 from marllm.studies.aggregate import (
     estimate,
     final_value,
     mean_curve,
-    mean_over_learners,
     pareto_front,
     welch_difference,
 )
+from marllm.studies.cells import MEAN, METRICS, ROLE_PREFIX, Cell, show
+from marllm.studies.figures import plot_axis, plot_curves, plot_reward_vs_kl
 
 STUDY_FILE = "study.json"
 REPORT_DIR = "report"
-METRICS = {"task_reward": "task reward", "kl": "KL", "combined_reward": "combined reward"}
-MEAN = "mean"
-ROLE_PREFIX = "as "
-_FIGSIZE = (7.0, 4.2)
-_DPI = 120
-_LINESTYLES = ("-", "--", ":", "-.")
-
-
-@dataclass
-class Cell:
-    """A variant at one set of axis values, with its finished runs (the seeds)."""
-
-    variant: str
-    axes: dict[str, Any]
-    runs: list[Run] = field(default_factory=list)
-    seeds: list[Any] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        settings = ", ".join(f"{key}={_show(value)}" for key, value in self.axes.items())
-        return f"{self.variant} ({settings})" if settings else self.variant
-
-    @property
-    def learners(self) -> list[str]:
-        found: dict[str, None] = {}
-        for run in self.runs:
-            found.update(dict.fromkeys(run.learners))
-        return list(found)
-
-    @property
-    def exchanged_roles(self) -> list[str]:
-        """The roles in order of first appearance when the learners exchange them (some learner played more than
-        one role in some run), else ``[]``: without an exchange each role is one learner's series already."""
-        roles: dict[str, None] = {}
-        exchanged = False
-        for run in self.runs:
-            for learner in run.learners:
-                held = run.roles_held(learner)
-                exchanged |= len(held) > 1
-                roles.update(dict.fromkeys(held))
-        return list(roles) if exchanged else []
-
-    @property
-    def series_names(self) -> list[str]:
-        """The learners, ``as ROLE`` for each exchanged role, then ``mean`` (equal to the learner for a
-        single-learner cell)."""
-        return [*self.learners, *(ROLE_PREFIX + role for role in self.exchanged_roles), MEAN]
-
-    def seed_series(self, metric: str, learner: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        """One ``(iterations, values)`` per seed; ``mean`` averages the run's learners, ``as ROLE`` follows the
-        learner that played ROLE at each iteration."""
-        out = []
-        for run in self.runs:
-            if learner == MEAN:
-                series = mean_over_learners([run.series(f"{name}/{metric}") for name in run.learners])
-            elif learner.startswith(ROLE_PREFIX):
-                series = run.role_series(metric, learner.removeprefix(ROLE_PREFIX))
-            else:
-                series = run.series(f"{learner}/{metric}")
-            if len(series[1]):
-                out.append(series)
-        return out
-
-
-def _show(value: Any) -> str:
-    return json.dumps(value) if not isinstance(value, str) else value
 
 
 def build_study_report(study_dir: Path, last_k: int = 5) -> Path:
@@ -124,17 +60,17 @@ def build_study_report(study_dir: Path, last_k: int = 5) -> Path:
     figures = []
     for metric, title in METRICS.items():
         name = f"curves_{metric}.png"
-        if _plot_curves(cells, summary_cells, colors, metric, title, out / name):
+        if plot_curves(cells, summary_cells, colors, metric, title, out / name):
             figures.append((f"{title} (mean ± std over seeds)", name))
     if any(cell.exchanged_roles for cell in cells):
         name = "curves_task_reward_by_role.png"
-        if _plot_curves(cells, summary_cells, colors, "task_reward", "task reward", out / name, by_role=True):
+        if plot_curves(cells, summary_cells, colors, "task_reward", "task reward", out / name, by_role=True):
             figures.append(("task reward by role, whichever learner plays it (mean ± std over seeds)", name))
     for axis in _grid_axes(cells):
         name = f"axis_{axis.replace('.', '_')}.png"
-        if _plot_axis(cells, finals, axis, out / name):
+        if plot_axis(cells, finals, axis, out / name):
             figures.append((f"final metrics against {axis}", name))
-    if _plot_reward_vs_kl(cells, finals, pareto, colors, out / "reward_vs_kl.png"):
+    if plot_reward_vs_kl(cells, finals, pareto, colors, out / "reward_vs_kl.png"):
         figures.append(("final task reward vs final KL, with each variant's frontier", "reward_vs_kl.png"))
     summary = {
         "name": study.get("name", study_dir.name),
@@ -267,136 +203,8 @@ def _grid_axes(cells: list[Cell]) -> list[str]:
     values: dict[str, set[str]] = {}
     for cell in cells:
         for key, value in cell.axes.items():
-            values.setdefault(key, set()).add(_show(value))
+            values.setdefault(key, set()).add(show(value))
     return [key for key, seen in values.items() if len(seen) > 1]
-
-
-def _plot_curves(cells, summaries, colors, metric: str, title: str, path: Path, by_role: bool = False) -> bool:
-    """Mean ± std curves of ``metric``: each learner of a cell (``mean`` for a single learner), or, ``by_role``, each
-    exchanged role of a cell (cells without an exchange are left out)."""
-    fig = Figure(figsize=_FIGSIZE, layout="constrained")
-    ax = fig.add_subplot()
-    drawn = False
-    for cell, summary in zip(cells, summaries, strict=True):
-        if by_role:
-            shown = [ROLE_PREFIX + role for role in cell.exchanged_roles]
-        else:
-            shown = cell.learners if len(cell.learners) > 1 else [MEAN]
-        for style, learner in zip(_LINESTYLES * 8, shown, strict=False):
-            curve = summary["curves"].get(metric, {}).get(learner)
-            if curve is None:
-                continue
-            its, mean = np.array(curve["iterations"]), np.array(curve["mean"])
-            std = np.array([np.nan if s is None else s for s in curve["std"]], dtype=np.float64)
-            if learner.startswith(ROLE_PREFIX):
-                suffix = f" {learner}"
-            else:
-                suffix = f"-{learner.upper()}" if learner != MEAN else ""
-            color = colors[cell.label]
-            ax.plot(
-                its,
-                mean,
-                color=color,
-                linestyle=style,
-                linewidth=2,
-                label=f"{cell.label}{suffix} (n={summary['n_seeds']})",
-            )
-            ax.fill_between(its, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
-            drawn = True
-    if not drawn:
-        return False
-    ax.set(xlabel="iteration", ylabel=title, title=f"{title}: mean ± std over seeds")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path, dpi=_DPI)
-    return True
-
-
-def _errors(entry: dict[str, Any]) -> float:
-    return 0.0 if entry["std"] is None else entry["std"]
-
-
-def _plot_axis(cells: list[Cell], finals, axis: str, path: Path) -> bool:
-    """Final ``mean`` metrics against one axis's values, error bars = std over seeds, one line per variant."""
-    fig = Figure(figsize=(_FIGSIZE[0], 2.2 * _FIGSIZE[1]), layout="constrained")
-    panels = fig.subplots(len(METRICS), 1, sharex=True)
-    ticks = sorted({_show(c.axes[axis]) for c in cells if axis in c.axes})
-    numeric = all(isinstance(c.axes.get(axis), (int, float)) for c in cells if axis in c.axes)
-    variants = list(dict.fromkeys(c.variant for c in cells))
-    drawn = False
-    for ax, (metric, title) in zip(panels, METRICS.items(), strict=True):
-        for variant, color in zip(variants, curve_colors(len(variants)), strict=True):
-            rows = []
-            for cell in cells:
-                entry = finals[cell.label].get(metric, {}).get(MEAN)
-                if cell.variant == variant and axis in cell.axes and entry is not None:
-                    x = cell.axes[axis] if numeric else ticks.index(_show(cell.axes[axis]))
-                    rows.append((x, entry["mean"], _errors(entry)))
-            if not rows:
-                continue
-            rows.sort()
-            x, y, err = zip(*rows, strict=True)
-            ax.errorbar(x, y, yerr=err, color=color, marker="o", capsize=4, label=variant)
-            drawn = True
-        ax.set(ylabel=f"final {title}")
-        ax.grid(alpha=0.3)
-    if not drawn:
-        return False
-    if not numeric:
-        panels[-1].set_xticks(range(len(ticks)), ticks)
-    panels[-1].set(xlabel=axis)
-    panels[0].set(title=f"Final metrics (mean of learners) vs {axis}\nbars = std over seeds")
-    panels[0].legend()
-    fig.savefig(path, dpi=_DPI)
-    return True
-
-
-def _plot_reward_vs_kl(cells: list[Cell], finals, pareto, colors, path: Path) -> bool:
-    fig = Figure(figsize=_FIGSIZE, layout="constrained")
-    ax = fig.add_subplot()
-    points: dict[str, tuple[float, float]] = {}
-    for cell in cells:
-        reward = finals[cell.label].get("task_reward", {}).get(MEAN)
-        kl = finals[cell.label].get("kl", {}).get(MEAN)
-        if reward is None or kl is None:
-            continue
-        points[cell.label] = (kl["mean"], reward["mean"])
-        ax.errorbar(
-            kl["mean"],
-            reward["mean"],
-            xerr=_errors(kl),
-            yerr=_errors(reward),
-            color=colors[cell.label],
-            marker="o",
-            capsize=4,
-            label=f"{cell.label} (n={reward['n']})",
-        )
-    if not points:
-        return False
-    variants = list(pareto)
-    for variant, color in zip(variants, curve_colors(len(variants)), strict=True):
-        front = [points[label] for label in pareto[variant]]
-        ax.step(
-            [p[0] for p in front],
-            [p[1] for p in front],
-            where="post",
-            color=color,
-            alpha=0.6,
-            linestyle="--",
-            marker="o",
-            markersize=14,
-            fillstyle="none",
-            label=f"{variant} frontier",
-        )
-    ax.set(
-        xlabel="final KL",
-        ylabel="final task reward",
-        title="Final task reward vs KL (up and left is better); bars = std over seeds",
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path, dpi=_DPI)
-    return True
 
 
 def _interval(entry: dict[str, Any]) -> str:
