@@ -217,6 +217,29 @@ def _iteration(record: Mapping[str, Any]) -> float:
     return value if isinstance(value, int) and not isinstance(value, bool) else float("inf")
 
 
+def sample_rows(dialogues: dict[str, dict[str, Any]], iteration: int, count: int) -> list[dict]:
+    """The first ``count`` dialogues of each learner's turns (``dialogues`` of :class:`~marllm.loop.IterationResult`),
+    as the rows of ``samples.jsonl``."""
+    rows = []
+    for learner_id, record in dialogues.items():
+        queries = record.get("queries")
+        for turn_index, turn in enumerate(record["turns"], start=1):
+            for i in range(min(count, len(turn["responses"]))):
+                row = {
+                    "iteration": iteration,
+                    "learner": learner_id,
+                    "role": record["role"],
+                    "query": None if queries is None else queries[i],
+                    "prompt": turn["prompts"][i],
+                    "response": turn["responses"][i],
+                    "task_reward": float(turn["task_rewards"][i]),
+                }
+                if len(record["turns"]) > 1:
+                    row["turn"] = turn_index
+                rows.append(row)
+    return rows
+
+
 class RunLog:
     """The per-iteration logs of a run: ``metrics.jsonl``, ``samples.jsonl`` and, optionally, TensorBoard scalars.
 

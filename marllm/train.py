@@ -48,6 +48,7 @@ from marllm.run_dir import (
     read_run_info,
     read_run_state,
     remove_run_files,
+    sample_rows,
     update_run_info,
     write_atomic,
     write_run_info,
@@ -249,7 +250,7 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
             run.result.history.append(metrics)
             run.completed = iteration + 1
             if log is not None:
-                log.write(iteration, metrics, _sample_rows(dialogues, iteration, config.logging.samples_per_iteration))
+                log.write(iteration, metrics, sample_rows(dialogues, iteration, config.logging.samples_per_iteration))
                 update_run_info(run.run_dir, completed_iterations=run.completed)
             _count_skips(run, metrics)
             if _checkpoint_due(run):
@@ -396,26 +397,3 @@ def _remove_new_run(run: _Run) -> None:
         shutil.rmtree(run.created, ignore_errors=True)
     elif run.run_dir.is_dir():
         remove_run_files(run.run_dir, [name for name in RUN_FILES if name not in run.preexisting])
-
-
-def _sample_rows(dialogues: dict[str, dict[str, Any]], iteration: int, count: int) -> list[dict]:
-    """The first ``count`` dialogues of each learner's turns (see :class:`~marllm.loop.IterationResult`), as the
-    rows of ``samples.jsonl``."""
-    rows = []
-    for learner_id, record in dialogues.items():
-        queries = record.get("queries")
-        for turn_index, turn in enumerate(record["turns"], start=1):
-            for i in range(min(count, len(turn["responses"]))):
-                row = {
-                    "iteration": iteration,
-                    "learner": learner_id,
-                    "role": record["role"],
-                    "query": None if queries is None else queries[i],
-                    "prompt": turn["prompts"][i],
-                    "response": turn["responses"][i],
-                    "task_reward": float(turn["task_rewards"][i]),
-                }
-                if len(record["turns"]) > 1:
-                    row["turn"] = turn_index
-                rows.append(row)
-    return rows

@@ -36,7 +36,7 @@ from marllm.algorithms.core import (
 from marllm.algorithms.kl_controller import KLController, kl_controller_from
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
-from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats
+from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_scores
 from marllm.algorithms.rollout import Rollout, RolloutCollector
 from marllm.distributed import DataParallel
 from marllm.models.generation import check_chat_template, logprob_logits
@@ -69,12 +69,9 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
             batch); see :class:`~marllm.algorithms.kl_controller.KLController`. The learner owns it and changes its
             state: give each learner its own. None builds it from ``config`` (``kl_control``, ``init_kl_coef``,
             ``target_kl``, ``kl_horizon``), which is then not read for the KL coefficient.
-        data_parallel: this process's rank in a data-parallel run (:mod:`marllm.distributed`), where each rank's
-            rollouts hold its slice of every batch; None for one process. The learner then starts from rank 0's
-            trainable parameters, and computes over the global batch what PPO computes over a batch: the running
-            score statistics, advantage whitening, the loss normalisers of every mini-batch and optimiser step, the
-            KL fed to the controller and its metrics (means over the ranks). Every rank must use the same ``seed``:
-            the response lengths and mini-batch order are drawn alike on all of them.
+        data_parallel: this process's rank of a data-parallel run (:mod:`marllm.distributed`), whose rollouts hold
+            its slice of each batch; None for one process. Starting from rank 0's parameters, it computes over the
+            global batch what PPO computes over a batch. Every rank must be given the same ``seed``.
 
     Everything after ``name`` is keyword-only. Subclasses change the algorithm through :meth:`_advantages` (what the
     update trains towards) and :meth:`_objective` (the loss of a mini-batch); ``uses_critic = False`` drops the
@@ -179,8 +176,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         return 1 if self.data_parallel is None else self.data_parallel.world_size
 
     def _all_reduce(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """The sum over data-parallel ranks that batch statistics take (None in one process)."""
-        return None if self.data_parallel is None else self.data_parallel.all_reduce_sum
+        return None if self.data_parallel is None else self.data_parallel.all_reduce_sum  # batch statistics' sum
 
     def _trained_parameters(self) -> list[torch.nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -242,22 +238,10 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         return UpdateBatch(Batch(rollout.tensors, **columns), scores, kl_coef, rollout.prompt_length)
 
     def _transform_scores(self, scores: np.ndarray) -> np.ndarray:
-        # Score scaling/normalisation from running statistics (Ziegler et al., 2019; TRL's use_score_scaling /
-        # use_score_norm): keeps the reward scale, and so the KL trade-off, stable as the policy improves.
-        if self.config.score_transform != "none":
-            # The statistics take the global batch, in one process's order, so that every rank keeps the same.
-            self.score_statistics.update(scores if self.data_parallel is None else self.data_parallel.gather(scores))
-            mean, std = float(self.score_statistics.mean), float(np.sqrt(self.score_statistics.var))
-            # Every score so far equal (each 0/1 answer right, CORY's r1 + r2 constant): the running std is 0 up to
-            # float64 rounding (~1e-8·|mean|), and TRL's std + eps would multiply the score by ~1e7. No spread is
-            # no scale to divide by, so leave the score undivided until the scores spread.
-            if std <= 1e-6 * max(1.0, abs(mean)):
-                std = 1.0
-            shift = mean if self.config.score_transform == "normalize" else 0.0
-            scores = (scores - shift) / std
-        if self.config.score_clip is not None:
-            scores = np.clip(scores, -self.config.score_clip, self.config.score_clip)
-        return scores
+        # The statistics take the global batch, in one process's order, so that every rank keeps the same.
+        batch = scores if self.data_parallel is None else self.data_parallel.gather(scores)
+        cfg = self.config
+        return transform_scores(scores, batch, self.score_statistics, cfg.score_transform, cfg.score_clip)
 
     def _advantages(self, b: Batch, scores: torch.Tensor, kl_coef: float) -> dict[str, torch.Tensor]:
         """The columns the update adds to the rollout's tensors ``b`` (which it does not change): ``advantages`` and
@@ -284,10 +268,9 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         """``ppo_epochs`` passes of optimiser steps over ``data.batch``, appending each mini-batch's loss parts to
         ``losses``. Raises :class:`NonFiniteLossError` before applying a step whose loss or gradient is not finite.
 
-        Data-parallel: the epochs walk the global batch in the order one process would (every rank draws the same
-        permutation), each rank computes the loss of its own samples of every mini-batch with the whole
-        mini-batch's normaliser, and the gradients are summed over the ranks before each step: the step one process
-        would take, up to float summation order.
+        Data-parallel, every rank walks the global batch in one process's order, computes the loss of its own rows
+        of each mini-batch with the whole mini-batch's normaliser, and the gradients are summed over the ranks
+        before each step: one process's step, up to float summation order.
         """
         cfg = self.config
         b, prompt_length = data.batch, data.prompt_length
@@ -334,9 +317,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
                         if dp is None:
                             break
                         continue
-                    if dp is not None:
-                        # This rank's share of the mini-batch's normaliser: summed over the ranks, the shares make
-                        # the mini-batch's loss.
+                    if dp is not None:  # this rank's share of the mini-batch's loss normaliser
                         weight *= float(masses[mine].sum()) / (float(masses[mb_inds].sum()) or 1.0)
                     (loss * weight).backward()
                 if dp is not None and dp.any(failure is not None):
@@ -368,8 +349,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         return loss, parts
 
     def _sample_masses(self, mask: torch.Tensor) -> torch.Tensor:
-        """What each response weighs in the normaliser of a mini-batch's loss, (B, L) -> (B,): its token count (the
-        losses are token means)."""
+        """Each response's weight in a mini-batch loss's normaliser, (B, L) -> (B,): its tokens (token means)."""
         return mask.sum(1)
 
     def _minibatch_weight(self, minibatch_masses: torch.Tensor, step_masses: torch.Tensor) -> float:

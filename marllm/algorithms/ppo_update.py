@@ -1,4 +1,5 @@
-"""What one PPO update works with: the batch its epochs train on, and the statistics it reports."""
+"""What one PPO update works with: the scores it trains on, the batch its epochs train on, and the statistics it
+reports."""
 
 from __future__ import annotations
 
@@ -6,6 +7,31 @@ from dataclasses import dataclass
 
 import numpy as np
 from tianshou.data import Batch
+from tianshou.utils.statistics import RunningMeanStd
+
+
+def transform_scores(
+    scores: np.ndarray, batch: np.ndarray, statistics: RunningMeanStd, transform: str, clip: float | None
+) -> np.ndarray:
+    """The scores (B,) an update trains on: ``ppo.score_transform`` from running ``statistics``, which first take in
+    the whole ``batch`` of scores (``scores`` itself in one process; every rank's, data-parallel), then the clip.
+
+    Score scaling/normalisation from running statistics (Ziegler et al., 2019; TRL's use_score_scaling /
+    use_score_norm) keeps the reward scale, and so the KL trade-off, stable as the policy improves.
+    """
+    if transform != "none":
+        statistics.update(batch)
+        mean, std = float(statistics.mean), float(np.sqrt(statistics.var))
+        # Every score so far equal (each 0/1 answer right, CORY's r1 + r2 constant): the running std is 0 up to
+        # float64 rounding (~1e-8·|mean|), and TRL's std + eps would multiply the score by ~1e7. No spread is
+        # no scale to divide by, so leave the score undivided until the scores spread.
+        if std <= 1e-6 * max(1.0, abs(mean)):
+            std = 1.0
+        shift = mean if transform == "normalize" else 0.0
+        scores = (scores - shift) / std
+    if clip is not None:
+        scores = np.clip(scores, -clip, clip)
+    return scores
 
 
 @dataclass(frozen=True)
