@@ -22,13 +22,9 @@ def _train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     run_dir = _train_run_dir(args) or config.resolved_run_dir()
     if args.nproc > 1:
-        from marllm.envs.turns import check_shard
         from marllm.launcher import launch_ranks
 
-        try:
-            check_shard((0, args.nproc), config.env.batch_size, config.env.group_size)
-        except ValueError as error:
-            raise ConfigError(f"env.batch_size with --nproc {args.nproc}: {error}") from None
+        config.check_data_parallel(args.nproc)
         return launch_ranks(args.nproc, _train_arguments(args))
     ranks = ["--nproc", str(launched_world_size())] if launched_world_size() > 1 else []
     resume_command = shlex.join(["marllm", "train", args.config, *args.overrides, *ranks, "--resume", str(run_dir)])

@@ -14,6 +14,7 @@ from marllm.assets import CAUSAL_LMS
 from marllm.config_loading import ConfigError, apply_overrides, build, read_yaml, to_dict
 from marllm.config_sections import AgentsConfig, EnvConfig, LoggingConfig, ModelConfig
 from marllm.envs.templates import check_template_keys
+from marllm.envs.turns import check_shard
 from marllm.models.policy import resolve_device
 from marllm.references import check_model_reference
 from marllm.tasks import TASKS, TaskConfig
@@ -59,6 +60,7 @@ class TrainConfig:
             if bad:
                 raise ValueError(f"agents.models must map learner ids to model names or paths, got {bad}")
         self._check_algorithms()
+        self._check_devices()
         clash = set(self.learner_ids) & set(self.env.roles)
         if clash and self.learner_ids != self.env.roles:
             raise ValueError(f"agents.learners {sorted(clash)} are also role names in env.roles; use distinct ids")
@@ -91,6 +93,52 @@ class TrainConfig:
                     f"env.group_size >= 2, got {self.env.group_size}"
                 )
 
+    def _check_devices(self) -> None:
+        devices = self.agents.devices
+        if isinstance(devices, list) and len(devices) != len(self.learner_ids):
+            raise ValueError(
+                f"agents.devices lists {len(devices)} device(s) for {len(self.learner_ids)} learners "
+                f"{self.learner_ids}; give one per learner, or a mapping learner id -> device"
+            )
+        if isinstance(devices, dict):
+            self._check_learner_keys("agents.devices", devices)
+        if devices and self.model.lora is not None:
+            placed = self.learner_devices()
+            for base in set(self.learner_models().values()):
+                on = sorted({placed[learner] for learner, model in self.learner_models().items() if model == base})
+                if len(on) > 1:
+                    raise ValueError(
+                        f"agents.devices puts the LoRA learners of {base} on {on}, but they share one base model: "
+                        "give them one device, or use full-model learners (model.lora: null)"
+                    )
+
+    def check_data_parallel(self, world_size: int) -> None:
+        """Whether this run can train on ``world_size`` data-parallel processes: its batch splits into whole groups,
+        one slice per process, and it places no agent on a device of its own (each rank takes one GPU).
+
+        Raises:
+            ConfigError: naming the setting that does not fit.
+        """
+        if world_size <= 1:
+            return
+        try:
+            check_shard((0, world_size), self.env.batch_size, self.env.group_size)
+        except ValueError as error:
+            raise ConfigError(f"env.batch_size on {world_size} processes: {error}") from None
+        if self.agents.devices is not None or self.agents.reference_device is not None:
+            raise ConfigError(
+                "agents.devices / agents.reference_device place agents on devices of one process; data-parallel "
+                "ranks each take the GPU of their LOCAL_RANK: leave them unset with --nproc"
+            )
+
+    def learner_devices(self) -> dict[str, str]:
+        """Each learner's device: ``agents.devices`` (a list in learner order, or per learner id), else
+        ``model.device``."""
+        devices = self.agents.devices
+        if isinstance(devices, list):
+            return dict(zip(self.learner_ids, devices, strict=True))
+        return per_learner(devices or {}, self.learner_ids, self.model.device)
+
     def learner_algorithms(self) -> dict[str, str]:
         """Each learner's algorithm: ``agents.algorithm`` (one for all, or per learner id; ``ppo`` if not named)."""
         return per_learner(self.agents.algorithm, self.learner_ids, "ppo")
@@ -120,10 +168,14 @@ class TrainConfig:
             ConfigError: naming the key whose path does not exist, whose hub id is not in the local cache while the
                 hub is offline, or whose device this machine lacks.
         """
-        try:
-            resolve_device(self.model.device)
-        except ValueError as error:
-            raise ConfigError(f"model.device: {error}") from error
+        placed = {f"agents.devices.{learner}": device for learner, device in (self.learner_devices()).items()}
+        if self.agents.reference_device is not None:
+            placed["agents.reference_device"] = self.agents.reference_device
+        for key, device in {"model.device": self.model.device, **placed}.items():
+            try:
+                resolve_device(device)
+            except ValueError as error:
+                raise ConfigError(f"{key}: {error}") from error
         check_model_reference(self.model.name_or_path, "model.name_or_path", asset=CAUSAL_LMS)
         for learner, model in (self.agents.models or {}).items():
             check_model_reference(model, f"agents.models.{learner}", asset=CAUSAL_LMS)

@@ -104,6 +104,11 @@ class AgentsConfig:
         algorithm: how every learner learns, ``ppo``, ``grpo``, ``rloo`` or ``reinforce_pp``, or a mapping learner
             id -> algorithm (learners not named use ``ppo``). The ``ppo`` section's optimisation settings apply to
             all; ``critic_free`` holds the GRPO family's own.
+        devices: one agent per device: a list of device names in ``learners`` order, or a mapping learner id ->
+            device (learners not named use ``model.device``). Each learner's policy lives on its device; learners
+            on distinct devices update concurrently. Learners sharing one LoRA base share its device.
+        reference_device: where the frozen reference of full-model learners lives (null: ``model.device``); each
+            learner's rollout is scored against it there.
     """
 
     learners: list[str] | None = None
@@ -111,8 +116,16 @@ class AgentsConfig:
     role_period: int | None = None
     models: dict[str, str] | None = None
     algorithm: str | dict[str, str] = "ppo"
+    devices: list[str] | dict[str, str] | None = None
+    reference_device: str | None = None
 
     def __post_init__(self) -> None:
+        names = list(self.devices.values()) if isinstance(self.devices, dict) else list(self.devices or [])
+        for name in [*names, *([self.reference_device] if self.reference_device is not None else [])]:
+            try:
+                check_device_name(name)
+            except ValueError as error:
+                raise ValueError(f"agents.devices / agents.reference_device: {error}") from error
         if self.role_period is not None and self.role_period < 1:
             raise ValueError(f"agents.role_period must be an int >= 1 or null, got {self.role_period}")
         if isinstance(self.reward_coefficients, float) and not math.isfinite(self.reward_coefficients):

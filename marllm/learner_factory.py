@@ -46,6 +46,8 @@ def learners_from_config(
         critic_free=config.critic_free,
         group_size=config.env.group_size,
         data_parallel=data_parallel,
+        devices=config.learner_devices(),
+        reference_device=config.agents.reference_device,
     )
 
 
@@ -66,6 +68,8 @@ def make_learners(
     critic_free: CriticFreeConfig | None = None,
     group_size: int = 1,
     data_parallel: DataParallel | None = None,
+    devices: Mapping[str, str] | None = None,
+    reference_device: str | None = None,
 ) -> tuple[dict[str, PPOLearner], Any]:
     """One PPO learner per id, each starting from its base model: ``model`` for all (a hub id, a local directory or a
     ``marllm:`` causal LM), or a mapping learner id -> model (heterogeneous agents; each base brings its tokenizer).
@@ -82,8 +86,11 @@ def make_learners(
     ``algorithm`` (one for all, or per learner id; ``ppo`` where not named) picks :class:`PPOLearner` or a
     :class:`CriticFreeLearner` (``grpo``, ``rloo``, ``reinforce_pp``) with ``critic_free`` settings and the env's
     ``group_size``. ``data_parallel`` (this process's rank of a data-parallel run) is handed to every learner.
+    ``devices`` places learners (learner id -> device; ``device`` where not named; the learners of one LoRA base on
+    the first one's device) and ``reference_device`` the shared references (``device`` when None).
     """
     algorithms = per_learner(algorithm, learner_ids, "ppo")
+    placement = dict(devices or {})
     seeds = {learner_id: seed + i for i, learner_id in enumerate(learner_ids)}
 
     def learner(learner_id: str, **kwargs: Any) -> PPOLearner:
@@ -111,18 +118,19 @@ def make_learners(
         base_tokenizer = tokenizer or load_tokenizer(path, trust_remote_code=trust_remote_code)
         if lora is not None:
             torch.manual_seed(seeds[group[0]])
-            shared = load_causal_lm(path, dtype, device, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code)
+            on = placement.get(group[0], device)
+            shared = load_causal_lm(path, dtype, on, load_in_4bit=load_in_4bit, trust_remote_code=trust_remote_code)
             shared = attach_adapters(shared, group, lora)
             for learner_id in group:
                 learners[learner_id] = learner(
                     learner_id, model=shared, tokenizer=base_tokenizer, reference=None, adapter=learner_id
                 )
             continue
-        reference = references.get(path, dtype, device, trust_remote_code=trust_remote_code)
+        reference = references.get(path, dtype, reference_device or device, trust_remote_code=trust_remote_code)
         base_references[base] = reference
         for learner_id in group:
             torch.manual_seed(seeds[learner_id])
-            policy = load_causal_lm(path, dtype, device, trust_remote_code=trust_remote_code)
+            policy = load_causal_lm(path, dtype, placement.get(learner_id, device), trust_remote_code=trust_remote_code)
             learners[learner_id] = learner(learner_id, model=policy, tokenizer=base_tokenizer, reference=reference)
     ordered = {learner_id: learners[learner_id] for learner_id in learner_ids}
     if lora is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,11 +31,18 @@ class IterationResult(NamedTuple):
     ``prompts``, ``responses`` and ``task_rewards``."""
 
 
-def run_iteration(env: AECEnv, learners: Mapping[str, Learner], seed: int | None = None) -> IterationResult:
+def run_iteration(
+    env: AECEnv, learners: Mapping[str, Learner], seed: int | None = None, concurrent_updates: bool = False
+) -> IterationResult:
     """One episode (a batch of dialogues) then one independent update per learner (any :class:`Learner`).
 
     Returns the iteration's metrics (``<learner>/<name>`` and ``time/*``) and, per learner, its dialogue record:
     its role, the batch's queries and, per turn it spoke, the prompts, responses and task rewards.
+
+    ``concurrent_updates`` runs the learners' updates at the same time, one thread each: for learners on distinct
+    devices (``agents.devices``), which share nothing an update writes. Turns cannot overlap (a turn reads the
+    earlier ones), and neither can an update and a later turn: with shared rewards an agent's reward needs every
+    agent's response, so updates start once the episode is over.
     """
     started = time.perf_counter()
     env.reset(seed=seed)
@@ -59,8 +67,13 @@ def run_iteration(env: AECEnv, learners: Mapping[str, Learner], seed: int | None
 
     metrics: dict[str, Any] = {}
     timings: dict[str, float] = defaultdict(float)
-    for learner_id, learner in learners.items():
-        stats = learner.update()
+    if concurrent_updates and len(learners) > 1:
+        with ThreadPoolExecutor(len(learners), thread_name_prefix="marllm-update") as pool:
+            futures = {learner_id: pool.submit(learner.update) for learner_id, learner in learners.items()}
+        updates = {learner_id: future.result() for learner_id, future in futures.items()}
+    else:
+        updates = {learner_id: learner.update() for learner_id, learner in learners.items()}
+    for learner_id, stats in updates.items():
         for key, value in stats.items():
             if key.startswith("time/"):
                 timings[key] += value

@@ -29,6 +29,8 @@ class Setup:
     task: TaskParts
     reference: Any
     tokenizer: Any
+    concurrent_updates: bool = False
+    """Whether the learners update at the same time: full-model learners, each on its own device."""
 
 
 def build_env(config: TrainConfig, task: TaskParts, data_parallel: DataParallel | None = None) -> AECEnv:
@@ -65,4 +67,6 @@ def build(config: TrainConfig, data_parallel: DataParallel | None = None) -> Set
     env = build_env(config, task, data_parallel)
     learners, reference = learners_from_config(config, tokenizer, data_parallel)
     reseed_sampling(config.seed, data_parallel)
-    return Setup(config, env, learners, task, reference, tokenizer)
+    devices = {str(next(learner.model.parameters()).device) for learner in learners.values()}
+    concurrent = config.model.lora is None and len(devices) == len(learners) > 1
+    return Setup(config, env, learners, task, reference, tokenizer, concurrent)

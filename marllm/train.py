@@ -25,7 +25,13 @@ from marllm.algorithms.ppo import NonFiniteLossError
 from marllm.checkpoint import CheckpointInfo, latest_checkpoint, load_checkpoint, save_checkpoint
 from marllm.config import TrainConfig, resume_differences
 from marllm.config_loading import ConfigError
-from marllm.distributed import DataParallel, close_data_parallel, init_data_parallel, reseed_sampling
+from marllm.distributed import (
+    DataParallel,
+    close_data_parallel,
+    init_data_parallel,
+    launched_world_size,
+    reseed_sampling,
+)
 from marllm.evaluation.deployed import evaluate_alone, evaluate_pass_at_k_alone
 from marllm.interrupts import StopSignals, TrainingInterrupted
 from marllm.loop import run_iteration
@@ -107,6 +113,7 @@ def train(
         check_can_start(run_dir)
     elif run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} is a file")
+    config.check_data_parallel(launched_world_size())
     data_parallel = init_data_parallel(resolve_device(config.model.device))
     try:
         if data_parallel is not None:
@@ -245,7 +252,7 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
                 break
             # A new run seeds the env once; a resumed one continues the env's generator from the checkpoint.
             seed = config.seed if run.fresh and iteration == 0 else None
-            metrics, dialogues = run_iteration(setup.env, setup.learners, seed=seed)
+            metrics, dialogues = run_iteration(setup.env, setup.learners, seed, setup.concurrent_updates)
             metrics = {"iteration": iteration, **metrics}
             run.result.history.append(metrics)
             run.completed = iteration + 1

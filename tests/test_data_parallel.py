@@ -135,5 +135,5 @@ def test_nproc_refuses_a_batch_that_does_not_split(tmp_path, tiny_lm_dir, tiny_c
         capture_output=True, text=True, cwd=ROOT, timeout=120, env=ENV,
     )
     assert completed.returncode == 2
-    assert "env.batch_size with --nproc 3" in completed.stderr and "multiple of 3" in completed.stderr
+    assert "env.batch_size on 3 processes" in completed.stderr and "multiple of 3" in completed.stderr
     assert not (tmp_path / "r").exists()

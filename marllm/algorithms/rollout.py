@@ -123,7 +123,10 @@ class RolloutCollector:
             # Tempered or processed in place: at most the policy's and the reference's (b, L, V) logits are alive.
             logits = logprob_logits(logits, ids, attention, *settings, inplace=True)
             with self.reference_model() as reference:
-                ref_logits, _ = response_forward(reference, ids, attention, prompt_length)
+                # The reference may live on another device than the policy (agents.reference_device).
+                on = next(reference.parameters()).device
+                ref_logits, _ = response_forward(reference, ids.to(on), attention.to(on), prompt_length)
+                ref_logits = ref_logits.to(logits.device)
             ref_logits = reference_logprob_logits(ref_logits, logits, ids, attention, *settings, inplace=True)
             logprobs, ref_logprobs, kl_full = logprobs_and_full_kl(logits, ref_logits, response[rows])
             del logits, ref_logits  # before the next chunk's forward
