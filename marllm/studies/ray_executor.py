@@ -243,12 +243,16 @@ def _attempt(run_function: RunFunction, run: StudyRun, study_dir: str, threads: 
             f"the study directory {study_dir} is not visible on this Ray node (no {EXPANSION_FILE}): on a cluster, "
             "put it on a filesystem every node mounts at the same path"
         )
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # as a local worker does: no progress bars of its own either
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    import datasets
     import torch
+    import transformers
 
     torch.set_num_threads(threads)
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
     run_dir = root / run.relative_dir
     action = plan(run, run_dir)
     if action == "skip":  # finished by an attempt whose result was lost
