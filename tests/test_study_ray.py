@@ -43,6 +43,39 @@ def final_metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
 
 
+def test_sigterm_cancels_the_tasks_which_checkpoint_and_the_resume_command_names_the_engine(tmp_path, base_file):
+    """What a batch scheduler's SIGTERM does to `marllm study --engine ray` (its own local Ray, before the module's
+    starts): the running run gets one SIGINT from ray.cancel, checkpoints and stops; the resume command names the
+    engine."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_durable_runs import SUBPROCESS_ENV
+
+    from .test_train import ROOT
+
+    path = write_study(tmp_path, {"name": "long", "base": "../configs/base.yaml", "overrides": ["iterations=200"]})
+    out = tmp_path / "study"
+    command = [sys.executable, "-m", "marllm.cli", "study", str(path), "--engine", "ray", "--out", str(out)]
+    env = {**SUBPROCESS_ENV, "HOME": str(Path.home())}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    metrics = out / "runs" / "base__seed0" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while process.poll() is None and time.monotonic() < deadline:
+        if metrics.is_file() and metrics.read_text().count("\n") >= 1:
+            process.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.05)
+    stderr = process.communicate(timeout=120)[1]
+    assert process.returncode == 130, stderr
+    info = json.loads((metrics.parent / "run.json").read_text())
+    assert info["status"] == "interrupted" and 1 <= info["completed_iterations"] < 200, stderr
+    assert (metrics.parent / "training_state").is_dir()
+    assert "--engine ray" in stderr.split("resume from their checkpoints with:")[1]
+
+
 def test_ray_study_writes_what_the_local_pool_writes_and_skips_finished_runs(tmp_path, base_file, local_ray, capsys):
     path = study_file(tmp_path)
     out = tmp_path / "ray"
