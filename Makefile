@@ -14,14 +14,15 @@ test: setup
 lint: setup
 	.venv/bin/ruff check .
 
-# Refresh requirements.lock: the newest versions that pyproject.toml's ranges and constraints.in allow. It resolves
-# against the public index alone (no local wheel directories or pip config of this machine), so the lock names
-# PyPI's torch and its CUDA packages; setup.sh still takes a local CPU build of the same version where no GPU is.
+# Refresh requirements.lock: the newest versions that pyproject.toml's ranges and constraints.in allow, with the dev
+# and ray extras (the tests run the Ray engine). It resolves against the public index alone (no local wheel
+# directories or pip config of this machine), so the lock names PyPI's torch and its CUDA packages; setup.sh still
+# takes a local CPU build of the same version where no GPU is.
 # Run `make test` afterwards: the lock is what the tests passed on.
 PIP_TOOLS_VERSION = 7.6.2
 lock:
 	[ -x .venv-lock/bin/pip-compile ] || { python3 -m venv .venv-lock && \
 		.venv-lock/bin/python -m pip install --quiet "pip-tools==$(PIP_TOOLS_VERSION)"; }
 	env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null .venv-lock/bin/pip-compile --quiet \
-		--upgrade --extra dev --strip-extras --allow-unsafe --no-emit-find-links --no-emit-index-url \
+		--upgrade --extra dev --extra ray --strip-extras --allow-unsafe --no-emit-find-links --no-emit-index-url \
 		--constraint constraints.in --output-file requirements.lock pyproject.toml

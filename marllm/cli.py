@@ -167,24 +167,44 @@ def _main_job(args: argparse.Namespace) -> int:
 def _study(args: argparse.Namespace) -> int:
     """``marllm study STUDY.yaml`` runs a study; ``marllm study report STUDY_DIR`` rebuilds its report."""
     if args.study == "report":
-        if args.study_dir is None or args.workers is not None or args.overwrite or args.out is not None:
+        options = (args.workers, args.out, args.engine, args.address)
+        if args.study_dir is None or args.overwrite or any(option is not None for option in options):
             raise ConfigError("marllm study report takes a study directory and no options: marllm study report DIR")
         return _study_report(Path(args.study_dir))
     if args.study_dir is not None:
         raise ConfigError(
             f"marllm study takes one study file, got also {args.study_dir!r} (or: marllm study report DIR)"
         )
-    from marllm.studies.execute import LocalExecutor, run_study
+    engine = args.engine or "local"
+    if engine == "ray" and args.workers is not None:
+        raise ConfigError(
+            "--workers is for --engine local; with --engine ray each run reserves the study file's resources "
+            "(resources: {cpus: N, gpus: N}) and as many run at once as the Ray cluster fits"
+        )
+    if engine == "local" and args.address is not None:
+        raise ConfigError("--address names a Ray cluster: give it with --engine ray")
+    from marllm.studies.execute import Executor, LocalExecutor, run_study
     from marllm.studies.spec import load_study
 
     study = load_study(args.study)
     study_dir = Path(args.out) if args.out else Path("runs") / "studies" / study.name
+    executor: Executor
+    if engine == "ray":
+        from marllm.studies.ray_executor import RayExecutor
+
+        executor = RayExecutor(args.address)
+    else:
+        executor = LocalExecutor(args.workers)
     try:
-        outcomes = run_study(study, study_dir, LocalExecutor(args.workers), overwrite=args.overwrite)
+        outcomes = run_study(study, study_dir, executor, overwrite=args.overwrite)
     except KeyboardInterrupt:
         again = ["marllm", "study", args.study, "--out", str(study_dir)]
         if args.workers is not None:
             again += ["--workers", str(args.workers)]
+        if engine == "ray":
+            again += ["--engine", "ray"]
+        if args.address is not None:
+            again += ["--address", args.address]
         print(
             f"\nmarllm: study {study.name} interrupted; finished runs are kept and stopped ones resume from their "
             f"checkpoints with: {shlex.join(again)}",
@@ -306,7 +326,23 @@ def parser() -> argparse.ArgumentParser:
     study.add_argument("study", metavar="STUDY.yaml", help="study file (or 'report' followed by a study directory)")
     study.add_argument("study_dir", nargs="?", default=None, metavar="STUDY_DIR", help="with 'report': the study")
     study.add_argument(
-        "--workers", type=_positive_int, default=None, help="runs at a time (default: the number of CPUs)"
+        "--workers",
+        type=_positive_int,
+        default=None,
+        help="with --engine local: runs at a time (default: the number of CPUs)",
+    )
+    study.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default=None,
+        help="local (default): a process pool on this machine; ray: one Ray task per run, with the study file's "
+        "resources (needs marllm[ray])",
+    )
+    study.add_argument(
+        "--address",
+        default=None,
+        help="with --engine ray: the Ray cluster to run on (e.g. auto or ray://HEAD:10001; default: a local Ray "
+        "instance); the study directory must be on a filesystem its nodes share",
     )
     study.add_argument("--out", default=None, help="study directory (default: runs/studies/NAME)")
     study.add_argument("--overwrite", action="store_true", help="start every run again, even finished ones")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv and installs marllm with everything it needs, at the versions of requirements.lock (the versions
-# the tests passed on; `make lock` refreshes it). Idempotent: a second run re-installs only when pyproject.toml,
-# the lock or constraints.in changed.
+# Creates .venv and installs marllm with everything it needs (its dev and ray extras too), at the versions of
+# requirements.lock (the versions the tests passed on; `make lock` refreshes it). Idempotent: a second run
+# re-installs only when pyproject.toml, the lock or constraints.in changed.
 #
 # PyTorch: the lock's version, installed before anything that depends on it. Where nvidia-smi finds no GPU the CPU
 # build is wanted: on this kind of machine pip finds it in a local wheel directory; elsewhere set
@@ -30,5 +30,5 @@ fi
 if ! command -v nvidia-smi >/dev/null 2>&1 && .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
   echo "warning: no GPU here but the installed torch is a CUDA build ($(.venv/bin/python -c 'import torch; print(torch.__version__)'))" >&2
 fi
-pip_install -e ".[dev]"
+pip_install -e ".[dev,ray]"  # the extras the lock is compiled with
 inputs > "$stamp"

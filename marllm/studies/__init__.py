@@ -12,6 +12,7 @@ from typing import Any
 _EXPORTS = {
     "Executor": "marllm.studies.execute",
     "LocalExecutor": "marllm.studies.execute",
+    "RayExecutor": "marllm.studies.ray_executor",
     "RunOutcome": "marllm.studies.execute",
     "run_study": "marllm.studies.execute",
     "Study": "marllm.studies.spec",

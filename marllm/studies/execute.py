@@ -60,7 +60,8 @@ class RunEvent:
 
 
 class Executor(Protocol):
-    """Runs the runs of a study (a local process pool here; a cluster executor could come later)."""
+    """Runs the runs of a study: :class:`LocalExecutor` (a process pool here) or
+    :class:`marllm.studies.ray_executor.RayExecutor` (Ray tasks)."""
 
     def run(
         self, runs: Sequence[StudyRun], study_dir: Path, on_event: Callable[[RunEvent], None], overwrite: bool = False
@@ -304,9 +305,13 @@ def _result(future: Future, name: str) -> RunOutcome:
 
 
 class StudyProgress:
-    """One tqdm bar on stderr for a whole study: runs done, running and failed, with an ETA."""
+    """One tqdm bar on stderr for a whole study: runs done, running and failed, with an ETA.
 
-    def __init__(self, total: int, workers: int, enabled: bool = True):
+    ``workers`` caps the running count shown (runs submitted beyond it wait); a callable is asked at each event (an
+    executor may know it only once it has started).
+    """
+
+    def __init__(self, total: int, workers: int | Callable[[], int], enabled: bool = True):
         from tqdm.auto import tqdm
 
         self.workers = workers
@@ -322,7 +327,8 @@ class StudyProgress:
             if event.outcome is not None and event.outcome.status == "failed":
                 self.failed += 1
             self.bar.update(1)
-        self.bar.set_postfix(running=min(self.running, self.workers), failed=self.failed, refresh=True)
+        workers = self.workers() if callable(self.workers) else self.workers
+        self.bar.set_postfix(running=min(self.running, workers), failed=self.failed, refresh=True)
 
     def close(self) -> None:
         self.bar.close()
@@ -349,7 +355,7 @@ def run_study(
     study.check_references(runs)
     prepare_study_dir(study, runs, study_dir, overwrite)
     executor = executor or LocalExecutor()
-    display = StudyProgress(len(runs), getattr(executor, "workers", len(runs)), progress)
+    display = StudyProgress(len(runs), lambda: getattr(executor, "workers", len(runs)), progress)
     try:
         return executor.run(runs, study_dir, display, overwrite)
     finally:

@@ -13,7 +13,7 @@ A study file is YAML::
       agents.reward_coefficients: [-1, 0, 1]
     seeds: [0, 1, 2]                  # optional (default [0])
     compare: [[cory, ppo]]            # optional: variant pairs the report compares
-    resources: {cpus: 1, gpus: 0}     # optional, per run; recorded for remote executors
+    resources: {cpus: 1, gpus: 0}     # optional, per run: what the Ray engine reserves for each (default 1 CPU)
 
 Each run applies, in order: ``overrides``, its variant's overrides, its grid values, ``seed=S`` and
 ``logging.progress=false`` (the study shows one progress display). A variant whose own overrides set a grid key
@@ -27,6 +27,7 @@ import copy
 import difflib
 import itertools
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from marllm.config_loading import ConfigError, apply_overrides, read_yaml
 
 STUDY_KEYS = ("name", "base", "overrides", "variants", "grid", "seeds", "compare", "resources")
 RESOURCE_KEYS = ("cpus", "gpus")
+DEFAULT_RESOURCES = {"cpus": 1.0, "gpus": 0.0}
 RUNS_DIR = "runs"
 DEFAULT_VARIANT = "base"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
@@ -92,6 +94,12 @@ class Study:
     seeds: list[int] = field(default_factory=lambda: [0])
     compare: list[list[str]] = field(default_factory=list)
     resources: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def run_resources(self) -> dict[str, float]:
+        """What each run asks for: ``cpus`` and ``gpus``, the study file's ``resources`` over the defaults (1 CPU,
+        no GPU). The local executor gives every run one thread whatever they say; the Ray engine reserves them."""
+        return {**DEFAULT_RESOURCES, **{key: float(value) for key, value in self.resources.items()}}
 
     def runs(self) -> list[StudyRun]:
         """Every run (variants × grid × seeds, in that nesting), each config built and checked. A variant that sets
@@ -296,8 +304,14 @@ def _resources(resources: Any) -> dict[str, float]:
             raise ConfigError(
                 f"unknown study key 'resources.{key}'{_hint(str(key), RESOURCE_KEYS)}; valid: {list(RESOURCE_KEYS)}"
             )
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ConfigError(f"study resources.{key} must be a number >= 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"study resources.{key} must be a number, got {value!r}")
+        if key == "cpus" and value <= 0:
+            raise ConfigError(f"study resources.cpus must be > 0 (a run needs a CPU; 0.5 shares one), got {value!r}")
+        if key == "gpus" and (value < 0 or (value > 1 and value != int(value))):
+            raise ConfigError(
+                f"study resources.gpus must be 0, a fraction of one GPU (0.5) or a whole number, got {value!r}"
+            )
     return dict(resources)
 
 

@@ -1,0 +1,28 @@
+"""Run functions for the Ray executor's tests, imported by the Ray workers (kept free of pytest and test modules)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from marllm.studies.execute import Action, RunOutcome, run_one
+
+
+def dying_attempts(
+    config_data: dict[str, Any], run_dir: str, action: Action, *, deaths: Mapping[str, int], count_dir: str
+) -> RunOutcome:
+    """``run_one``, except that the first ``deaths[name]`` attempts at a run kill their worker process: the first one
+    after training one iteration (so that its checkpoint is there for the retry), later ones at once. Each attempt
+    appends its action to ``count_dir/<name>``."""
+    name = Path(run_dir).name
+    log = Path(count_dir) / name
+    with log.open("a") as file:
+        file.write(action + "\n")
+    attempt = len(log.read_text().splitlines())
+    if attempt <= deaths.get(name, 0):
+        if attempt == 1:
+            run_one({**config_data, "iterations": 1}, run_dir, action)
+        os._exit(1)
+    return run_one(config_data, run_dir, action)
