@@ -40,8 +40,9 @@ def launched_world_size() -> int:
 def init_data_parallel(device: str) -> DataParallel | None:
     """Join the process group of a run started by torchrun (None for a single process).
 
-    The backend follows the model's device: gloo for ``cpu``, NCCL for CUDA, where each rank takes the GPU of its
-    ``LOCAL_RANK``. The rendezvous (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``) is the launcher's.
+    The backend follows the model's device (``model.device``): gloo for ``cpu``, NCCL for ``auto`` or CUDA where
+    CUDA is present, each rank then taking the GPU of its ``LOCAL_RANK``. The rendezvous (``MASTER_ADDR``,
+    ``MASTER_PORT``, ``RANK``) is the launcher's.
     """
     if launched_world_size() <= 1:
         return None

@@ -35,7 +35,6 @@ from marllm.distributed import (
 from marllm.evaluation.deployed import evaluate_alone, evaluate_pass_at_k_alone
 from marllm.interrupts import StopSignals, TrainingInterrupted
 from marllm.loop import run_iteration
-from marllm.models.policy import resolve_device
 from marllm.run_dir import (
     CONFIG_FILE,
     END_OF_RUN_FILES,
@@ -114,7 +113,7 @@ def train(
     elif run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} is a file")
     config.check_data_parallel(launched_world_size())
-    data_parallel = init_data_parallel(resolve_device(config.model.device))
+    data_parallel = init_data_parallel(config.model.device)
     try:
         if data_parallel is not None:
             data_parallel.barrier()  # every rank has checked the run directory before rank 0 writes to it

@@ -469,7 +469,7 @@ def test_a_flat_list_or_array_of_rewards_is_fine(values):
 
 
 def failing_build(error: Exception):
-    def build(config):
+    def build(config, data_parallel=None):
         raise error
 
     return build
@@ -516,11 +516,11 @@ def test_a_programming_error_still_shows_its_traceback(monkeypatch, tmp_path):
 
 def stub_setup(monkeypatch, failures: list[bool]):
     """build() returns a stand-in; each iteration fails or logs one line, in the order of ``failures``."""
-    setup = SimpleNamespace(env=SimpleNamespace(), learners={})
-    monkeypatch.setattr(train_module, "build", lambda config: setup)
+    setup = SimpleNamespace(env=SimpleNamespace(), learners={}, concurrent_updates=False)
+    monkeypatch.setattr(train_module, "build", lambda config, data_parallel=None: setup)
     steps = iter(failures)
 
-    def run_iteration(env, learners, seed=None):
+    def run_iteration(env, learners, seed=None, concurrent_updates=False):
         if next(steps):
             raise RuntimeError("out of memory in iteration")
         return {}, {}

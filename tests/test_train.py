@@ -214,12 +214,9 @@ def test_offline_main_job_configs_differ_only_in_the_agents():
     ppo = load_config(ROOT / "examples/ppo_offline.yaml").to_dict()
     assert cory["model"]["name_or_path"] == "marllm:offline-base"
     assert cory["task"]["reward_model"] == "marllm:offline-sentiment"
-    assert cory["agents"] == {
-        "learners": ["llm1", "llm2"], "reward_coefficients": 1.0, "role_period": 5, "models": None, "algorithm": "ppo"
-    }
-    assert ppo["agents"] == {
-        "learners": ["llm1"], "reward_coefficients": None, "role_period": None, "models": None, "algorithm": "ppo"
-    }
+    one_process = {"models": None, "algorithm": "ppo", "devices": None, "reference_device": None}
+    assert cory["agents"] == {"learners": ["llm1", "llm2"], "reward_coefficients": 1.0, "role_period": 5, **one_process}
+    assert ppo["agents"] == {"learners": ["llm1"], "reward_coefficients": None, "role_period": None, **one_process}
     assert ppo["env"]["roles"] == ["pioneer"] and cory["env"]["roles"] == ["pioneer", "observer"]
     for config in (cory, ppo):
         for key in ("name", "agents", "env"):
