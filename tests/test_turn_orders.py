@@ -136,7 +136,7 @@ def test_pettingzoo_api_with_turn_orders(wrapping, turns):
         ({"turn_rewards": "first"}, r"turn_rewards must be one of \['each', 'last'\]"),
         ({"templates": {"critic": "{proposer}", "proposer_2": "{critic}"}}, r"missing \['proposer'\]"),
         ({"templates": {**TEMPLATES, "critic_2": "{query}"}}, r"unknown \['critic_2'\]"),
-        ({"templates": {**TEMPLATES, "proposer": "{critic}"}}, r"role .proposer \(turn proposer_1\). uses unknown"),
+        ({"templates": {**TEMPLATES, "proposer": "{critic}"}}, r"role 'proposer' \(turn proposer_1\) uses unknown"),
         ({"templates": {**TEMPLATES, "critic": "{proposer_2}"}}, r"unknown field\(s\) \['proposer_2'\]"),
     ],
 )

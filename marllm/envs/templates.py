@@ -6,7 +6,7 @@ import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from marllm.envs.turns import turn_names
+from marllm.envs.turns import describe_turn, turn_names
 
 PromptFn = Callable[[Mapping[str, Any], Mapping[str, str]], str]
 """A callable template: ``prompt_fn(sample, responses) -> prompt`` where ``responses`` maps each earlier role
@@ -27,13 +27,14 @@ class PromptTemplate:
         self.template = template
         self.fields: tuple[str, ...] = tuple(_field_names(template))
 
-    def check(self, role: str, sample_fields: Sequence[str], earlier_roles: Sequence[str]) -> None:
-        """Raise if the template names a field that is neither a sample column nor an earlier role or turn name."""
+    def check(self, who: str, sample_fields: Sequence[str], earlier_roles: Sequence[str]) -> None:
+        """Raise if the template names a field that is neither a sample column nor an earlier role or turn name;
+        ``who`` names the turn in the message (``role 'critic'``)."""
         available = set(sample_fields) | set(earlier_roles)
         missing = [f for f in self.fields if f not in available]
         if missing:
             raise ValueError(
-                f"prompt template of role {role!r} uses unknown field(s) {missing}; available: sample columns "
+                f"prompt template of {who} uses unknown field(s) {missing}; available: sample columns "
                 f"{sorted(sample_fields)} and earlier roles and turns {list(earlier_roles)}"
             )
 
@@ -107,6 +108,6 @@ def check_templates(
         fn = as_prompt_fn(by_role.get(name, by_role.get(role)))
         if isinstance(fn, PromptTemplate):
             earlier = list(dict.fromkeys(turns[:k])) + names[:k]
-            fn.check(role if len(turns) == len(roles) else f"{role} (turn {name})", columns, earlier)
+            fn.check(describe_turn(turns, roles, k), columns, earlier)
         checked[name] = fn
     return checked

@@ -41,7 +41,7 @@ from pettingzoo.utils import wrappers
 from marllm.envs.info_keys import BATCH_REWARDS, QUERIES, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
 from marllm.envs.spaces import TextBatch
 from marllm.envs.templates import PromptFn, check_templates
-from marllm.envs.turns import TURN_REWARDS, check_roles, check_shard, check_turns, turn_names
+from marllm.envs.turns import TURN_REWARDS, check_roles, check_shard, check_turns, describe_turn, turn_names
 
 RewardFn = Callable[[list[dict[str, Any]], list[str]], Sequence[float]]
 """A task reward: ``reward_fn(samples, responses) -> one float per sample``."""
@@ -261,8 +261,7 @@ class SequentialTextEnv(AECEnv):
 
     def _who(self, turn: int) -> str:
         """The role of a turn, for messages, with the turn's name where some role speaks more than once."""
-        role = self.turns[turn]
-        return f"role {role!r}" + (f" (turn {self.turn_names[turn]})" if len(self.turns) > len(self.roles) else "")
+        return describe_turn(self.turns, self.roles, turn)
 
     def _task_rewards(self, role: str, turn: int) -> np.ndarray:
         name = getattr(self.reward_fn, "__name__", type(self.reward_fn).__name__)

@@ -47,6 +47,12 @@ def turn_names(turns: Sequence[str]) -> list[str]:
     return names
 
 
+def describe_turn(turns: Sequence[str], roles: Sequence[str], index: int) -> str:
+    """How messages name turn ``index``: ``role 'r'``, with the turn's name where some role speaks more than once."""
+    role = turns[index]
+    return f"role {role!r}" + (f" (turn {turn_names(turns)[index]})" if len(turns) > len(roles) else "")
+
+
 def check_shard(shard: tuple[int, int], batch_size: int, group_size: int) -> tuple[int, int]:
     """``(index, count)`` of a data-parallel env's slice of each batch: ``0 <= index < count``, and ``count`` slices
     of whole groups must make up ``batch_size``."""
