@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from marllm.cli import main
+from marllm.config import load_config
 from marllm.config_loading import ConfigError
 from marllm.run_dir import update_run_info
 from marllm.studies.execute import LocalExecutor, plan, prepare_study_dir, run_study
@@ -272,6 +273,18 @@ def test_every_built_in_study_expands_to_valid_configs(path):
         assert run.config.seed == run.seed
         if run.variant in ("ppo", "one"):  # the single-agent baseline of a study is examples/ppo_offline.yaml's
             assert run.config.env.roles == ["pioneer"] and run.config.agents.reward_coefficients is None
+
+
+def test_the_arithmetic_study_runs_the_arithmetic_examples():
+    """Its ppo and cory runs are examples/ppo_arith_offline.yaml and cory_arith_offline.yaml (but the progress bar)."""
+    study = load_study(ROOT / "examples" / "studies" / "arith_algorithms.yaml")
+    runs = {(run.variant, run.seed): run.config for run in study.runs()}
+    for variant, example in (("ppo", "ppo_arith_offline"), ("cory", "cory_arith_offline")):
+        expected = load_config(ROOT / "examples" / f"{example}.yaml")
+        expected.logging.progress = False
+        assert runs[(variant, 0)].to_dict() == expected.to_dict()
+    grpo = runs[("grpo", 1)]
+    assert grpo.learner_algorithms() == {"llm1": "grpo"} and grpo.env.group_size == 4 and grpo.seed == 1
 
 
 def test_a_missing_model_fails_before_any_run_naming_the_variant_and_key(tmp_path, base_file):
