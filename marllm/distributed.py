@@ -1,7 +1,7 @@
 """Data-parallel training over torch.distributed: the rank a process plays and the collectives its learners need.
 
-A run on N processes (``marllm train CONFIG --nproc N``, which runs torchrun; ``torchrun -m marllm.cli train …`` and
-``accelerate launch -m marllm.cli train …`` set the same environment) plays every batch of B dialogues as N slices of
+A run on N processes (``marllm train CONFIG --nproc N``, which runs torchrun, or ``torchrun -m marllm.cli train …``;
+``accelerate launch --multi_gpu`` runs torchrun too) plays every batch of B dialogues as N slices of
 B/N, one per rank. The learners of each rank keep their own rollouts and compute over the global batch what PPO
 computes over a batch (score statistics, advantage whitening, the KL fed to the controller, the loss normalisers),
 sum their gradients across ranks before each optimiser step, and so stay in step: N ranks train as one process with

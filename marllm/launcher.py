@@ -2,8 +2,8 @@
 
 torchrun (``torch.distributed.run``) starts the ranks on this machine (``--standalone``: a local rendezvous on a free
 port), restarts nothing (a failed rank fails the run) and sets each rank's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``,
-from which :func:`marllm.train.train` joins the process group. Launching torchrun (or ``accelerate launch``) by hand
-does the same: ``torchrun --nproc-per-node N -m marllm.cli train CONFIG …``.
+from which :func:`marllm.train.train` joins the process group. Launching torchrun by hand does the same:
+``torchrun --nproc-per-node N -m marllm.cli train CONFIG …``.
 """
 
 from __future__ import annotations
