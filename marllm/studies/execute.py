@@ -158,7 +158,7 @@ def run_one(config_data: dict[str, Any], run_dir: str, action: Action) -> RunOut
     except KeyboardInterrupt:
         return RunOutcome(name, "interrupted", "interrupted before training began", time.monotonic() - started)
     except Exception as error:  # noqa: BLE001 - a failed run is recorded and the study goes on
-        message = _one_line(error)
+        message = error_line(error)
         with contextlib.suppress(OSError):  # e.g. the run directory is a file: the outcome still says why
             path.mkdir(parents=True, exist_ok=True)
             write_atomic(path / ERROR_FILE, message + "\n")
@@ -168,7 +168,8 @@ def run_one(config_data: dict[str, Any], run_dir: str, action: Action) -> RunOut
     return RunOutcome(name, "finished", None, time.monotonic() - started)
 
 
-def _one_line(error: BaseException) -> str:
+def error_line(error: BaseException) -> str:
+    """The error's type and message on one line, as a run's failure is recorded."""
     text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
@@ -241,7 +242,7 @@ class LocalExecutor:
         pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(stopping,))
         pending: dict[Future, str] = {}
         queue = list(reversed(todo))
-        previous_sigterm = _sigterm_interrupts()
+        previous_sigterm = sigterm_interrupts()
         try:
             while queue or pending:
                 while queue and len(pending) < workers:  # no more than the workers can start: nothing waits queued
@@ -275,7 +276,7 @@ class LocalExecutor:
         return outcomes
 
 
-def _sigterm_interrupts() -> Any:
+def sigterm_interrupts() -> Any:
     """In the main thread, make SIGTERM raise KeyboardInterrupt (the Ctrl-C path); returns the handler it replaced,
     or None where it could not install one (another thread)."""
 
@@ -301,7 +302,7 @@ def _result(future: Future, name: str) -> RunOutcome:
     try:
         return future.result()
     except BaseException as error:  # noqa: BLE001 - a worker that died (killed, out of memory) fails its run only
-        return RunOutcome(name, "failed", f"worker failed: {_one_line(error)}")
+        return RunOutcome(name, "failed", f"worker failed: {error_line(error)}")
 
 
 class StudyProgress:

@@ -38,10 +38,10 @@ from marllm.studies.execute import (
     Action,
     RunEvent,
     RunOutcome,
-    _one_line,
-    _sigterm_interrupts,
+    error_line,
     plan,
     run_one,
+    sigterm_interrupts,
 )
 from marllm.studies.spec import DEFAULT_RESOURCES, StudyRun
 
@@ -155,7 +155,7 @@ class RayExecutor:
         try:
             ray.init(address=self.address, **options)
         except ConnectionError as error:
-            raise ConfigError(f"cannot connect to the Ray cluster at {self.address!r}: {_one_line(error)}") from error
+            raise ConfigError(f"cannot connect to the Ray cluster at {self.address!r}: {error_line(error)}") from error
         return True
 
     def _check_fits(self, resources: Mapping[str, float]) -> None:
@@ -192,7 +192,7 @@ class RayExecutor:
         threads = max(1, math.floor(resources["cpus"]))
         outcomes: dict[str, RunOutcome] = {}
         pending: dict[Any, StudyRun] = {}
-        previous_sigterm = _sigterm_interrupts()
+        previous_sigterm = sigterm_interrupts()
         try:
             try:
                 for run in todo:
@@ -282,6 +282,6 @@ def _ray_error(error: BaseException) -> str:
     """A Ray error on one line: the exception a task raised, or Ray's message without the traceback it carries."""
     cause = getattr(error, "cause", None)
     if isinstance(cause, BaseException):
-        return _one_line(cause)
+        return error_line(cause)
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[-1]}" if lines else type(error).__name__
