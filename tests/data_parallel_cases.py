@@ -16,9 +16,9 @@ import torch
 from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import PPOLearner, Rollout
-from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.distributed import init_data_parallel
-from tests.conftest import make_tiny_gpt2, make_tokenizer
+from tests.conftest import make_tokenizer
+from tests.test_ppo_learner import make_learner
 
 BATCH = 8
 # Two optimiser steps per epoch of two mini-batches each, two epochs: the mini-batches and steps cross the ranks'
@@ -37,21 +37,15 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def build_learner(case: str, tokenizer: Any, data_parallel: Any = None) -> PPOLearner:
-    """The learner of ``case`` on a tiny GPT-2 seeded alike on every process."""
+    """The learner of ``case`` on a tiny GPT-2 seeded alike on every process, with the adaptive KL controller."""
     spec = CASES[case]
-    common = {
-        "model": make_tiny_gpt2(tokenizer, seed=0),
-        "tokenizer": tokenizer,
-        "reference": make_tiny_gpt2(tokenizer, seed=0).requires_grad_(False).eval(),
-        "config": PPOConfig(init_kl_coef=0.05, **spec["ppo"]),
-        "generation": GenerationConfig(4, 8),
-        "seed": 0,
-        "data_parallel": data_parallel,
-    }
-    if "algorithm" not in spec:
-        return PPOLearner("llm1", **common)
-    settings = CriticFreeConfig(**spec.get("critic_free", {}))
-    return CriticFreeLearner("llm1", algorithm=spec["algorithm"], group_size=2, settings=settings, **common)
+    extra: dict[str, Any] = {"data_parallel": data_parallel}
+    learner_class = PPOLearner
+    if "algorithm" in spec:
+        learner_class = CriticFreeLearner
+        settings = CriticFreeConfig(**spec.get("critic_free", {}))
+        extra.update(algorithm=spec["algorithm"], group_size=2, settings=settings)
+    return make_learner(tokenizer, 0, learner_class, extra, init_kl_coef=0.05, kl_control="adaptive", **spec["ppo"])
 
 
 def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
