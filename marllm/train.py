@@ -218,7 +218,6 @@ def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> 
         if overwrite:
             remove_run_files(run_dir)
         run.preexisting = frozenset(name for name in RUN_FILES if (run_dir / name).exists())
-        run.streaks = _skip_streaks([], list(run.setup.learners))
     (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     write_run_info(run_dir, {**info, "status": "running", "completed_iterations": run.completed})
 
