@@ -114,12 +114,18 @@ class TrainConfig:
 
     def check_data_parallel(self, world_size: int) -> None:
         """Whether this run can train on ``world_size`` data-parallel processes: its batch splits into whole groups,
-        one slice per process, and it places no agent on a device of its own (each rank takes one GPU).
+        one slice per process, and it places no agent on a device of its own (each rank takes one GPU); and
+        ``model.fsdp`` has more than one process to shard over.
 
         Raises:
             ConfigError: naming the setting that does not fit.
         """
         if world_size <= 1:
+            if self.model.fsdp:
+                raise ConfigError(
+                    "model.fsdp shards the models over the processes of a data-parallel run, and this is one "
+                    "process: start it with marllm train --nproc N (N >= 2), or set model.fsdp: false"
+                )
             return
         try:
             check_shard((0, world_size), self.env.batch_size, self.env.group_size)
@@ -248,6 +254,7 @@ RESUMABLE_KEYS = (
     "run_dir",
     "logging.*",
     "model.trust_remote_code",
+    "model.fsdp",  # a checkpoint holds whole tensors, whether the run that wrote it was sharded or not
     "ppo.on_nonfinite",
     "ppo.max_consecutive_skips",
 )

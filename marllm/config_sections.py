@@ -26,6 +26,9 @@ class ModelConfig:
         load_in_4bit: load the base in 4 bits (needs CUDA, bitsandbytes and ``lora``).
         trust_remote_code: let transformers run the Python code a hub model ships with its weights (only for a
             model whose code you trust; a model that needs it fails to load without it).
+        fsdp: on a data-parallel run (``--nproc N``), shard every policy, its value head and Adam state, and the
+            shared reference over the N ranks (FSDP2), for models too large for one device; each rank loads the
+            model on the CPU and keeps 1/N of it on its device. Full models only (not with ``lora``).
     """
 
     name_or_path: str = "gpt2-large"
@@ -34,8 +37,14 @@ class ModelConfig:
     lora: LoraSettings | None = None
     load_in_4bit: bool = False
     trust_remote_code: bool = False
+    fsdp: bool = False
 
     def __post_init__(self) -> None:
+        if self.fsdp and self.lora is not None:
+            raise ValueError(
+                "model.fsdp shards full models; with model.lora the base is frozen and only small adapters train, "
+                "so set model.fsdp: false (or model.lora: null to shard full models)"
+            )
         if self.load_in_4bit and self.lora is None:
             raise ValueError("model.load_in_4bit needs model.lora: 4-bit base weights are not trained directly")
         try:

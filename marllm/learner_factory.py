@@ -17,6 +17,7 @@ from marllm.config import TrainConfig, per_learner
 from marllm.distributed import DataParallel
 from marllm.models.lora import LoraSettings, attach_adapters
 from marllm.models.policy import ReferencePool, load_causal_lm, load_tokenizer
+from marllm.sharding import is_sharded, shard_module
 
 
 def learners_from_config(
@@ -48,6 +49,7 @@ def learners_from_config(
         data_parallel=data_parallel,
         devices=config.learner_devices(),
         reference_device=config.agents.reference_device,
+        fsdp=config.model.fsdp,
     )
 
 
@@ -70,6 +72,7 @@ def make_learners(
     data_parallel: DataParallel | None = None,
     devices: Mapping[str, str] | None = None,
     reference_device: str | None = None,
+    fsdp: bool = False,
 ) -> tuple[dict[str, PPOLearner], Any]:
     """One PPO learner per id, each starting from its base model: ``model`` for all (a hub id, a local directory or a
     ``marllm:`` causal LM), or a mapping learner id -> model (heterogeneous agents; each base brings its tokenizer).
@@ -88,7 +91,14 @@ def make_learners(
     ``group_size``. ``data_parallel`` (this process's rank of a data-parallel run) is handed to every learner.
     ``devices`` places learners (learner id -> device; ``device`` where not named; the learners of one LoRA base on
     the first one's device) and ``reference_device`` the shared references (``device`` when None).
+    ``fsdp`` shards each policy and reference over the ranks of ``data_parallel`` (:mod:`marllm.sharding`): each is
+    loaded on the CPU and its shards go to the rank's device. Full models only.
     """
+    if fsdp and (data_parallel is None or lora is not None or any(d != device for d in (devices or {}).values())):
+        raise ValueError(
+            "make_learners: fsdp shards full models (no lora) over the ranks of data_parallel, each on its rank's "
+            "device (no devices per learner)"
+        )
     algorithms = per_learner(algorithm, learner_ids, "ppo")
     placement = dict(devices or {})
     seeds = {learner_id: seed + i for i, learner_id in enumerate(learner_ids)}
@@ -126,11 +136,17 @@ def make_learners(
                     learner_id, model=shared, tokenizer=base_tokenizer, reference=None, adapter=learner_id
                 )
             continue
-        reference = references.get(path, dtype, reference_device or device, trust_remote_code=trust_remote_code)
+        on = "cpu" if fsdp else reference_device or device
+        reference = references.get(path, dtype, on, trust_remote_code=trust_remote_code)
+        if fsdp and not is_sharded(reference):  # a pool's reference may be sharded already
+            shard_module(reference, data_parallel)
         base_references[base] = reference
         for learner_id in group:
             torch.manual_seed(seeds[learner_id])
-            policy = load_causal_lm(path, dtype, placement.get(learner_id, device), trust_remote_code=trust_remote_code)
+            on = "cpu" if fsdp else placement.get(learner_id, device)
+            policy = load_causal_lm(path, dtype, on, trust_remote_code=trust_remote_code)
+            if fsdp:
+                shard_module(policy, data_parallel)
             learners[learner_id] = learner(learner_id, model=policy, tokenizer=base_tokenizer, reference=reference)
     ordered = {learner_id: learners[learner_id] for learner_id in learner_ids}
     if lora is not None:

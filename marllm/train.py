@@ -13,7 +13,7 @@ import json
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,9 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
+from marllm.algorithms.learner import Learner
 from marllm.algorithms.ppo import NonFiniteLossError
-from marllm.checkpoint import CheckpointInfo, latest_checkpoint, load_checkpoint, save_checkpoint
+from marllm.checkpoint import CheckpointInfo, LearnerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from marllm.config import TrainConfig, resume_differences
 from marllm.config_loading import ConfigError
 from marllm.distributed import (
@@ -286,12 +287,15 @@ def _checkpoint_due(run: _Run) -> bool:
 
 def _save_training_state(run: _Run) -> None:
     run.checkpointed = run.completed
+    learners: Mapping[str, Learner | LearnerState] = run.setup.learners
+    if run.setup.sharded:  # every rank gathers the sharded states; rank 0 writes them
+        learners = {learner_id: LearnerState(*learner.state_dict()) for learner_id, learner in learners.items()}
     if not run.writes:
         return
     save_checkpoint(
         run.run_dir,
         run.completed,
-        run.setup.learners,
+        learners,
         run.setup.env,
         keep=run.config.logging.keep_checkpoints,
         extra={"config": run.config.to_dict()},
@@ -357,7 +361,8 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
     stop.graceful = False
     if stop.requested:  # a signal during that save
         _stop_gracefully(run, stop)
-    if not run.writes:
+    # Sharded models need every rank in their forwards and gathers: all ranks export and evaluate, rank 0 writes.
+    if not run.writes and not setup.sharded:
         return
     if config.logging.save_checkpoint:
         for learner_id, learner in setup.learners.items():
@@ -366,11 +371,14 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
         run.result.eval_rows = evaluate_alone(
             config, setup.task, setup.learners, config.logging.eval_queries, config.seed
         )
-        write_atomic(run_dir / EVAL_FILE, "".join(json.dumps(row) + "\n" for row in run.result.eval_rows))
+        if run.writes:
+            write_atomic(run_dir / EVAL_FILE, "".join(json.dumps(row) + "\n" for row in run.result.eval_rows))
     if config.logging.pass_at_k is not None:
         results = evaluate_pass_at_k_alone(config, setup.learners)
-        write_atomic(run_dir / PASS_AT_K_FILE, json.dumps(results, indent=2))
-    update_run_info(run_dir, status="finished", completed_iterations=run.completed)
+        if run.writes:
+            write_atomic(run_dir / PASS_AT_K_FILE, json.dumps(results, indent=2))
+    if run.writes:
+        update_run_info(run_dir, status="finished", completed_iterations=run.completed)
 
 
 def _record_stop(run: _Run, error: BaseException) -> BaseException:

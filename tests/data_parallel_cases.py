@@ -2,7 +2,9 @@
 
 Run by torchrun as ``python -m torch.distributed.run --nproc-per-node 2 -m tests.data_parallel_cases ROLLOUTS OUT``:
 each rank takes its half of every case's rollout (saved by the test), runs one update, and saves its parameters,
-metrics and controller state to ``OUT/rank<r>.pt``.
+metrics, controller state and checkpoint state to ``OUT/rank<r>.pt``. The :data:`SHARDED_CASES` run again with
+the models sharded over the ranks (FSDP, under ``fsdp/<case>``), and also restore their checkpoint state into
+fresh sharded learners and export to ``OUT/export-<case>``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import PPOLearner, Rollout
 from marllm.distributed import init_data_parallel
+from marllm.sharding import full_tensor
 from tests.conftest import make_tokenizer
 from tests.test_ppo_learner import make_learner
 
@@ -36,8 +39,12 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def build_learner(case: str, tokenizer: Any, data_parallel: Any = None) -> PPOLearner:
-    """The learner of ``case`` on a tiny GPT-2 seeded alike on every process, with the adaptive KL controller."""
+SHARDED_CASES = ("ppo", "grpo_kl_in_loss")
+
+
+def build_learner(case: str, tokenizer: Any, data_parallel: Any = None, sharded: bool = False) -> PPOLearner:
+    """The learner of ``case`` on a tiny GPT-2 seeded alike on every process, with the adaptive KL controller;
+    ``sharded``: its models sharded over the ranks of ``data_parallel``."""
     spec = CASES[case]
     extra: dict[str, Any] = {"data_parallel": data_parallel}
     learner_class = PPOLearner
@@ -45,7 +52,10 @@ def build_learner(case: str, tokenizer: Any, data_parallel: Any = None) -> PPOLe
         learner_class = CriticFreeLearner
         settings = CriticFreeConfig(**spec.get("critic_free", {}))
         extra.update(algorithm=spec["algorithm"], group_size=2, settings=settings)
-    return make_learner(tokenizer, 0, learner_class, extra, init_kl_coef=0.05, kl_control="adaptive", **spec["ppo"])
+    shard_over = data_parallel if sharded else None
+    return make_learner(
+        tokenizer, 0, learner_class, extra, shard_over, init_kl_coef=0.05, kl_control="adaptive", **spec["ppo"]
+    )
 
 
 def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
@@ -61,11 +71,13 @@ def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
 
 
 def state_after_update(learner: PPOLearner, rollout: Rollout) -> dict[str, Any]:
-    """One update on ``rollout``; the learner's trained parameters, metrics, η and score statistics after it."""
+    """One update on ``rollout``; the learner's trained parameters (whole), metrics, η, score statistics and
+    checkpoint tensors after it. Sharded, a collective."""
     learner.rollouts = [rollout]
     metrics = learner.update()
     return {
-        "parameters": [p.detach().clone() for p in learner._trained_parameters()],
+        "parameters": [full_tensor(p.detach()).clone() for p in learner._trained_parameters()],
+        "state": {name: tensor.clone() for name, tensor in learner.state_dict()[0].items()},
         "metrics": metrics,
         "kl_coef": float(learner.kl_controller.value),
         "score_mean": float(learner.score_statistics.mean),
@@ -84,6 +96,14 @@ def main(rollouts_file: str, out_dir: str) -> None:
         learner = build_learner(case, tokenizer, data_parallel)
         part = rank_slice(rollouts[case], data_parallel.rank, data_parallel.world_size)
         results[case] = state_after_update(learner, part)
+    for case in SHARDED_CASES:
+        learner = build_learner(case, tokenizer, data_parallel, sharded=True)
+        part = rank_slice(rollouts[case], data_parallel.rank, data_parallel.world_size)
+        results[f"fsdp/{case}"] = result = state_after_update(learner, part)
+        fresh = build_learner(case, tokenizer, data_parallel, sharded=True)
+        fresh.load_state_dict(*learner.state_dict())
+        result["restored"] = fresh.state_dict()[0]
+        learner.save(f"{out_dir}/export-{case}")
     torch.save(results, f"{out_dir}/rank{data_parallel.rank}.pt")
 
 

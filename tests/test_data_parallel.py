@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from transformers import AutoModelForCausalLM
 
 from marllm.envs.text_env import SequentialTextEnv
-from tests.data_parallel_cases import CASES, build_learner, state_after_update
+from tests.data_parallel_cases import CASES, SHARDED_CASES, build_learner, state_after_update
 from tests.test_train import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def one_and_two_ranks(tmp_path_factory, tokenizer):
     completed = torchrun("-m", "tests.data_parallel_cases", str(directory / "rollouts.pt"), str(directory))
     assert completed.returncode == 0, completed.stderr[-4000:]
     single = {case: state_after_update(build_learner(case, tokenizer), copy.deepcopy(rollouts[case])) for case in CASES}
-    ranks = [torch.load(directory / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    ranks = [{**torch.load(directory / f"rank{r}.pt", weights_only=False), "out_dir": directory} for r in range(2)]
     return single, ranks
 
 
@@ -74,6 +75,32 @@ def test_two_ranks_update_as_one_process_does(one_and_two_ranks, case, tokenizer
         assert ranks[1][case]["metrics"][key] == ranks[0][case]["metrics"][key]
 
 
+@pytest.mark.parametrize("case", SHARDED_CASES)
+def test_sharded_ranks_update_checkpoint_and_export_as_one_process_does(one_and_two_ranks, case, tmp_path_factory):
+    single, ranks = one_and_two_ranks
+    sharded = [ranks[r][f"fsdp/{case}"] for r in range(2)]
+    for after_one, after_rank0, after_rank1 in zip(
+        single[case]["parameters"], sharded[0]["parameters"], sharded[1]["parameters"], strict=True
+    ):
+        torch.testing.assert_close(after_rank0, after_rank1, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(after_rank0, after_one, rtol=1e-4, atol=2e-5)
+    for key in ("task_reward", "kl", "response_length"):
+        assert sharded[0]["metrics"][key] == pytest.approx(single[case]["metrics"][key], rel=1e-5), key
+    # The checkpoint state is gathered whole (policy, value head, Adam's moments) under the unsharded names, and
+    # restores into fresh sharded learners as it was.
+    state, expected = sharded[0]["state"], single[case]["state"]
+    assert state.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(state[name], expected[name], rtol=1e-4, atol=2e-5, msg=name)
+        torch.testing.assert_close(sharded[0]["restored"][name], state[name], rtol=0, atol=0, msg=name)
+    # The export is a whole Hugging Face model under its own class name, written once.
+    export = Path(ranks[0]["out_dir"]) / f"export-{case}"
+    assert json.loads((export / "policy" / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
+    exported = AutoModelForCausalLM.from_pretrained(export / "policy")
+    for name, parameter in exported.named_parameters():
+        torch.testing.assert_close(parameter, state[f"policy/{name}"], rtol=0, atol=0, msg=name)
+
+
 def test_sharded_envs_play_disjoint_slices_of_one_envs_batches():
     rows = [{"query": f"q{i}"} for i in range(10)]
 
@@ -94,11 +121,15 @@ def test_sharded_envs_play_disjoint_slices_of_one_envs_batches():
         make((2, 2))
 
 
-def test_cli_trains_cory_on_two_ranks_and_resumes_on_one(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["replicated", "sharded"])
+def test_cli_trains_cory_on_two_ranks_and_resumes_on_one(
+    tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file, fsdp
+):
     data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
     for section, values in tiny_overrides(tiny_lm_dir, tiny_classifier_dir, reviews_file).items():
         data[section].update(values)
-    data["logging"].update({"checkpoint_every": 1, "samples_per_iteration": 1})
+    data["logging"].update({"checkpoint_every": 1, "samples_per_iteration": 1, "save_checkpoint": fsdp})
+    data["model"]["fsdp"] = fsdp
     config = tmp_path / "cory_tiny.yaml"
     config.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "run"
@@ -115,9 +146,18 @@ def test_cli_trains_cory_on_two_ranks_and_resumes_on_one(tmp_path, tiny_lm_dir, 
     assert len(samples) == 2 * 2  # per iteration, one dialogue of each learner
     run_info = json.loads((run_dir / "run.json").read_text())
     assert run_info["status"] == "finished" and run_info["checkpoint_iteration"] == 2
-    # The checkpoint of two ranks resumes on one process (a checkpoint does not depend on the number of ranks).
+    # The end-of-run evaluation ran once (sharded, every rank joined its forwards) and was written once.
+    evaluated = [json.loads(line) for line in (run_dir / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(evaluated) == 3 * 3  # the base and each learner, on 3 queries
+    if fsdp:  # the export is whole: it loads on one process
+        for learner_id in ("llm1", "llm2"):
+            exported = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / learner_id / "policy")
+            assert exported.num_parameters() == AutoModelForCausalLM.from_pretrained(tiny_lm_dir).num_parameters()
+    # The checkpoint of two ranks resumes on one process (a checkpoint does not depend on the number of ranks, nor
+    # on whether they sharded the models).
     completed = subprocess.run(
-        [*train, "iterations=3", "--resume"], capture_output=True, text=True, cwd=ROOT, timeout=300, env=ENV
+        [*train, "iterations=3", "model.fsdp=false", "--resume"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env=ENV,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -7,16 +7,21 @@ import torch
 from marllm.algorithms import GenerationConfig, NonFiniteLossError, PPOConfig, PPOLearner
 from marllm.models.generation import PromptTooLongError
 from marllm.models.policy import ReferencePool
+from marllm.sharding import shard_module
 from tests.conftest import make_tiny_gpt2
 
 
-def make_learner(tokenizer, seed=0, learner_class=PPOLearner, learner_kwargs=None, **ppo):
+def make_learner(tokenizer, seed=0, learner_class=PPOLearner, learner_kwargs=None, shard_over=None, **ppo):
     """A ``learner_class`` (PPO by default; ``learner_kwargs`` for its own arguments) on a tiny GPT-2, with a fixed
-    η and a learning rate that moves it within a few updates; ``ppo`` overrides the PPO settings."""
+    η and a learning rate that moves it within a few updates; ``ppo`` overrides the PPO settings. ``shard_over`` (a
+    DataParallel) shards the policy and the reference over its ranks (FSDP)."""
     settings = {"mini_batch_size": 8, "learning_rate": 3e-3, "init_kl_coef": 0.01, "kl_control": "fixed"}
     settings.update(ppo)
     model = make_tiny_gpt2(tokenizer, seed=seed)
     reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
+    if shard_over is not None:
+        shard_module(model, shard_over)
+        shard_module(reference, shard_over)
     return learner_class(
         "llm1",
         model=model,

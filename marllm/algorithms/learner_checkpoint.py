@@ -23,6 +23,7 @@ from marllm.checkpoint import (
     write_json,
     write_tensors,
 )
+from marllm.sharding import gathered, load_full_state_, local_part
 
 if TYPE_CHECKING:
     from tianshou.utils.statistics import RunningMeanStd
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     from marllm.algorithms.kl_controller import KLController
     from marllm.algorithms.rollout import Rollout
+    from marllm.distributed import DataParallel
     from marllm.models.policy import ValueHead
 
 LEARNER_STATE_TENSORS = "learner_state.safetensors"
@@ -55,6 +57,8 @@ class LearnerCheckpoint:
     score_statistics: RunningMeanStd
     num_updates: int
     rollouts: list[Rollout]
+    sharded: bool
+    data_parallel: DataParallel | None
     _rng: np.random.Generator
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -71,7 +75,8 @@ class LearnerCheckpoint:
         """
         tensors, meta = self._training_state()
         tensors.update({f"policy/{name}": tensor for name, tensor in self._policy_tensors().items()})
-        return tensors, {"adapter": self.adapter, **meta}
+        # A sharded learner's tensors are made whole: every rank of its run must call this, in the same order.
+        return gathered(tensors), {"adapter": self.adapter, **meta}
 
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned into a learner built like the one that saved it.
@@ -100,13 +105,23 @@ class LearnerCheckpoint:
         head, optimiser, KL coefficient, score statistics, update count, generator), which :meth:`load_state` reads.
         """
         directory = Path(directory)
+        if self.sharded:
+            # Gathered on every rank (collectives), written by rank 0 alone.
+            weights = gathered(self.model.state_dict())
+            tensors, meta = self._training_state()
+            tensors = gathered(tensors)
+            if not self.data_parallel.is_main:
+                return
         directory.mkdir(parents=True, exist_ok=True)
         if self.adapter is not None:
             self.model.save_pretrained(directory / "policy", selected_adapters=[self.adapter])
+        elif self.sharded:
+            self.model.save_pretrained(directory / "policy", state_dict=weights)
         else:
             self.model.save_pretrained(directory / "policy")
         self.tokenizer.save_pretrained(directory / "policy")
-        tensors, meta = self._training_state()
+        if not self.sharded:
+            tensors, meta = self._training_state()
         write_tensors(directory / LEARNER_STATE_TENSORS, tensors)
         write_json(directory / LEARNER_STATE_META, meta)
 
@@ -173,8 +188,8 @@ class LearnerCheckpoint:
     ) -> None:
         if self.value_head is not None:
             head = {key.removeprefix("value_head/"): t for key, t in tensors.items() if key.startswith("value_head/")}
-            self.value_head.load_state_dict(head)
-        self.optimizer.load_state_dict(optimizer)
+            load_full_state_(self.value_head, head)
+        self.optimizer.load_state_dict(_laid_out_like_parameters(optimizer, self.optimizer))
         self.kl_controller.value = float(meta["kl_coef"])
         statistics = meta["score_statistics"]
         # np.float64, as RunningMeanStd.update leaves them: the arithmetic that follows is the same either way.
@@ -198,7 +213,7 @@ class LearnerCheckpoint:
             return
         with torch.no_grad():
             for name, parameter in self.model.named_parameters():
-                parameter.copy_(tensors[name])
+                parameter.copy_(local_part(tensors[name], parameter))
 
     def _optimizer_names(self) -> list[list[str]]:
         """A name for every parameter the optimiser holds, group by group (``policy/…`` or ``value_head/…``)."""
@@ -229,6 +244,20 @@ class LearnerCheckpoint:
         self.score_statistics.var = state["score_var"]
         self.score_statistics.count = state["score_count"]
         self.num_updates = state["num_updates"]
+
+
+def _laid_out_like_parameters(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """An optimiser ``state`` of full tensors with each parameter-shaped one laid out as its parameter: sharded
+    where the parameter is (FSDP), whole otherwise (then unchanged)."""
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    laid_out = {
+        index: {
+            key: local_part(value, parameters[index]) if isinstance(value, torch.Tensor) and value.dim() else value
+            for key, value in values.items()
+        }
+        for index, values in state["state"].items()
+    }
+    return {**state, "state": laid_out}
 
 
 def _trained_part(adapter: str | None) -> str:

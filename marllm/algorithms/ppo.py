@@ -42,6 +42,7 @@ from marllm.distributed import DataParallel
 from marllm.models.generation import check_chat_template, logprob_logits
 from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
+from marllm.sharding import full_tensor, is_sharded, shard_module
 
 __all__ = ["NonFiniteLossError", "PPOLearner", "Rollout"]
 
@@ -110,7 +111,16 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         self.generation = generation or GenerationConfig()
         check_chat_template(self.tokenizer, self.generation.chat_template, f"learner {name!r}")
         self.device = next(model.parameters()).device
+        self.sharded = is_sharded(model)
+        if self.sharded and (data_parallel is None or adapter is not None):
+            raise ValueError(
+                f"learner {name!r}: a sharded (FSDP) model trains data-parallel as a full model: give data_parallel, "
+                "and no adapter"
+            )
         self.value_head = ValueHead(model.config.hidden_size).to(self.device) if self.uses_critic else None
+        if self.sharded and self.value_head is not None:
+            # Sharded like the policy, so that every trained parameter is a DTensor whose gradient FSDP reduces.
+            shard_module(self.value_head, data_parallel)
         # Dropout stays off in rollout and update alike, so the first PPO ratio of a batch is exactly 1.
         self.model.eval()
         if adapter is not None:
@@ -138,7 +148,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         )
         self.kl_controller = kl_controller if kl_controller is not None else kl_controller_from(self.config)
         self.data_parallel = data_parallel
-        if data_parallel is not None:
+        if data_parallel is not None and not self.sharded:  # shard_module started sharded ones from rank 0's
             data_parallel.broadcast_(self._trained_parameters())
         self.score_statistics = RunningMeanStd(mean=0.0, std=1.0, clip_max=None)
         self.context_length = context_length(model)
@@ -295,6 +305,8 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
                     if len(mine):
                         mb = b[mine - offset]
                         loss, parts = self._loss(mb, prompt_length)
+                    elif self.sharded:  # FSDP needs every rank in every forward and backward: a stand-in row
+                        loss, _ = self._loss(b[:1], prompt_length)
                     ratio = parts.get("ratio", 0.0)
                     if dp is not None and cfg.ratio_threshold is not None:
                         ratio = dp.weighted_mean(ratio, float(mb.mask.sum()) if parts else 0.0)
@@ -307,17 +319,18 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
                     if skipped:
                         continue
                     applied += 1
-                    if not parts:
+                    if not parts and not self.sharded:
                         continue
-                    if not torch.isfinite(loss):
+                    if parts and not torch.isfinite(loss):
                         failure = (
                             f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.num_updates}, "
                             f"epoch {_epoch}; the optimiser step was not applied"
                         )
                         if dp is None:
                             break
-                        continue
-                    if dp is not None:  # this rank's share of the mini-batch's loss normaliser
+                        if not self.sharded:  # sharded, the backward runs all the same (FSDP's reduce-scatter)
+                            continue
+                    if dp is not None:  # this rank's share of the mini-batch's loss normaliser (0 for a stand-in)
                         weight *= float(masses[mine].sum()) / (float(masses[mb_inds].sum()) or 1.0)
                     (loss * weight).backward()
                 if dp is not None and dp.any(failure is not None):
@@ -327,7 +340,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
                     raise NonFiniteLossError(failure)
                 # Every mini-batch skipped: no step at all, so Adam's momentum does not move the weights either.
                 if applied:
-                    if dp is not None:
+                    if dp is not None and not self.sharded:  # FSDP has summed a sharded model's gradients
                         dp.sum_gradients_(self._trained_parameters())
                     self._optimizer_step(_epoch)
 
@@ -386,9 +399,12 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         parameters = self._trained_parameters()
         if self.config.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
+        elif self.sharded:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
         else:
             grads = [p.grad.norm() for p in parameters if p.grad is not None]
             norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0)
+        norm = full_tensor(norm)  # over sharded gradients, a DTensor: the global norm once made whole
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(

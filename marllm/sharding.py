@@ -1,0 +1,89 @@
+"""Fully sharded models (FSDP2, ``torch.distributed.fsdp.fully_shard``) for a data-parallel run with ``model.fsdp``.
+
+Each rank then holds 1/N of every policy's parameters, gradients and Adam state, and of the shared reference's
+parameters, and all-gathers one transformer block at a time for a forward or backward. Every parameter of a sharded
+module is a ``DTensor`` whose global shape and name are those of the unsharded model, so shapes check and
+checkpoints name as before; :func:`gathered` makes the full tensors (a collective) and :func:`local_part` takes a
+rank's part of one again.
+
+FSDP's collectives put two rules on the learners, which they follow when their model is sharded:
+
+- every rank runs every forward and backward, in the same order: a rank with no row in a mini-batch runs a stand-in
+  row with weight 0, and a rank whose loss is not finite still runs its backward (the step is then dropped on all);
+- generation goes on until every rank's batch has finished (``generate`` does this, ``synced_gpus``, for a model
+  FSDP manages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from marllm.distributed import DataParallel
+
+
+def shard_module(module: nn.Module, data_parallel: DataParallel) -> nn.Module:
+    """Shard ``module`` over the ranks of ``data_parallel`` in place (FSDP2) and return it.
+
+    Parameters start from rank 0's (broadcast first), then each block the model names unsplittable (transformers'
+    ``_no_split_modules``: GPT-2's ``GPT2Block``, Llama's ``LlamaDecoderLayer``, …) is sharded as one unit, and the
+    rest (embeddings, final norm, LM head, or a value head) as the root. The shards move to the rank's device
+    (``data_parallel.device``), so a model may be loaded on the CPU and reach its GPU a shard at a time.
+    """
+    data_parallel.broadcast_(list(module.parameters()))
+    mesh = init_device_mesh(data_parallel.device.type, (data_parallel.world_size,))
+    blocks = set(getattr(module, "_no_split_modules", None) or ())
+    # Resharding after forward, root included (FSDP's default keeps the root's parameters whole after a forward),
+    # so that between calls every parameter is its DTensor shard: what the optimiser and checkpoints hold.
+    for child in module.modules():
+        if child is not module and type(child).__name__ in blocks:
+            fully_shard(child, mesh=mesh, reshard_after_forward=True)
+    fully_shard(module, mesh=mesh, reshard_after_forward=True)
+    # A learner's loss weights already sum to the global batch's normaliser over the ranks: gradients are summed,
+    # not averaged. Sum-reduction also keeps gloo working (a divide factor would ask for PREMUL_SUM, NCCL only).
+    # Both settings are per sharded unit, not inherited.
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)
+    return module
+
+
+def is_sharded(module: nn.Module | None) -> bool:
+    """Whether ``module`` was sharded by :func:`shard_module` (FSDP2)."""
+    return isinstance(module, FSDPModule)
+
+
+def gathered(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` with every sharded one (``DTensor``) replaced by its full tensor; the others as they are.
+
+    A collective for sharded tensors: every rank must call it with the same names in the same order.
+    """
+    return {name: full_tensor(tensor) for name, tensor in tensors.items()}
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The full value of a sharded tensor (a collective), or ``tensor`` itself."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def local_part(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``full`` laid out as ``like``: this rank's shard of it where ``like`` is sharded (every rank holds ``full``,
+    so nothing is sent), else ``full``; on ``like``'s device and dtype."""
+    if not isinstance(like, DTensor):
+        return full.to(like.device, like.dtype)
+    full = full.to(like.device_mesh.device_type, like.dtype)
+    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+
+
+@torch.no_grad()
+def load_full_state_(module: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy the full tensors of ``state`` (names as ``module.state_dict()``) into ``module``'s parameters and
+    buffers, sharded or not. Names must match; shapes are the caller's to check."""
+    for name, tensor in module.state_dict().items():
+        tensor.copy_(local_part(state[name], tensor))
