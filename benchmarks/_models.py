@@ -135,11 +135,13 @@ def learner_ids(num_agents: int) -> list[str]:
     return [f"llm{i + 1}" for i in range(num_agents)]
 
 
-def chain_env(dataset: list[dict[str, str]], num_agents: int, batch_size: int, period: int = 5) -> AECEnv:
+def chain_env(
+    dataset: list[dict[str, str]], num_agents: int, batch_size: int, period: int = 5, shard: tuple[int, int] = (0, 1)
+) -> AECEnv:
     """``num_agents`` roles speaking in turn (1: single-agent PPO; 2: CORY), agents renamed ``llm1 … llmN``.
 
     Two or more agents share the sum of the task rewards (``SharedReward``) and rotate roles every ``period``
-    episodes (``RolePermutation``), as CORY does.
+    episodes (``RolePermutation``), as CORY does. ``shard`` = (rank, N): the rank's slice of every batch.
     """
     if not 1 <= num_agents <= len(ROLE_NAMES):
         raise ValueError(f"num_agents must be in 1..{len(ROLE_NAMES)}, got {num_agents}")
@@ -148,7 +150,12 @@ def chain_env(dataset: list[dict[str, str]], num_agents: int, batch_size: int, p
     for previous, role in zip(roles, roles[1:], strict=False):
         templates[role] = FOLLOWER_TEMPLATE.format(previous=previous)
     env = text_env(
-        dataset=dataset, roles=roles, templates=templates, reward_fn=distinct_word_reward, batch_size=batch_size
+        dataset=dataset,
+        roles=roles,
+        templates=templates,
+        reward_fn=distinct_word_reward,
+        batch_size=batch_size,
+        shard=shard,
     )
     if num_agents == 1:
         return RolePermutation(env, None, learner_ids(1))

@@ -6,7 +6,8 @@ B/N, one per rank. The learners of each rank keep their own rollouts and compute
 computes over a batch (score statistics, advantage whitening, the KL fed to the controller, the loss normalisers),
 sum their gradients across ranks before each optimiser step, and so stay in step: N ranks train as one process with
 the whole batch would. :class:`DataParallel` is what a learner is handed for that; without one (a single process)
-nothing here runs.
+nothing here runs. With ``model.fsdp`` the models themselves are sharded over the ranks as well
+(:mod:`marllm.sharding`).
 
 Why not ``DistributedDataParallel``: DDP all-reduces in backward hooks on every backward pass, while a PPO optimiser
 step sums several mini-batch backwards with weights that depend on the whole step, and learners sharing one LoRA base

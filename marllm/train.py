@@ -98,8 +98,9 @@ def train(
 
     Started by torchrun with several processes (``marllm train --nproc N``), it joins their process group and trains
     data-parallel (:mod:`marllm.distributed`): each rank plays its slice of every batch, and rank 0 alone writes the
-    run directory and evaluates at the end; the others return a result without evaluation. A stop signal stops every
-    rank after the same iteration.
+    run directory and evaluates at the end; the others return a result without evaluation. With ``model.fsdp`` the
+    models are sharded over the ranks (:mod:`marllm.sharding`), and every rank joins the gathering of states to save
+    and the end-of-run evaluation. A stop signal stops every rank after the same iteration.
 
     Raises:
         RunDirError: ``run_dir`` holds a run (and neither flag is given), or there is nothing to resume.

@@ -100,6 +100,8 @@ def main(rollouts_file: str, out_dir: str) -> None:
         learner = build_learner(case, tokenizer, data_parallel, sharded=True)
         part = rank_slice(rollouts[case], data_parallel.rank, data_parallel.world_size)
         results[f"fsdp/{case}"] = result = state_after_update(learner, part)
+        held = [*learner._trained_parameters(), *learner.reference.parameters()]
+        result["elements_held"] = sum(p.to_local().numel() for p in held)  # this rank's shards
         fresh = build_learner(case, tokenizer, data_parallel, sharded=True)
         fresh.load_state_dict(*learner.state_dict())
         result["restored"] = fresh.state_dict()[0]

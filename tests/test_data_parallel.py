@@ -14,6 +14,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
+from marllm.config import load_config
+from marllm.config_loading import ConfigError
 from marllm.envs.text_env import SequentialTextEnv
 from tests.data_parallel_cases import CASES, SHARDED_CASES, build_learner, state_after_update
 from tests.test_train import tiny_overrides
@@ -84,6 +86,10 @@ def test_sharded_ranks_update_checkpoint_and_export_as_one_process_does(one_and_
     ):
         torch.testing.assert_close(after_rank0, after_rank1, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(after_rank0, after_one, rtol=1e-4, atol=2e-5)
+    # Each rank holds its shard of the policy, value head and reference, not a whole copy.
+    whole = sum(p.numel() for p in after_update_and_reference(single, case))
+    assert sharded[0]["elements_held"] + sharded[1]["elements_held"] == whole
+    assert max(sharded[0]["elements_held"], sharded[1]["elements_held"]) < 0.6 * whole
     for key in ("task_reward", "kl", "response_length"):
         assert sharded[0]["metrics"][key] == pytest.approx(single[case]["metrics"][key], rel=1e-5), key
     # The checkpoint state is gathered whole (policy, value head, Adam's moments) under the unsharded names, and
@@ -99,6 +105,27 @@ def test_sharded_ranks_update_checkpoint_and_export_as_one_process_does(one_and_
     exported = AutoModelForCausalLM.from_pretrained(export / "policy")
     for name, parameter in exported.named_parameters():
         torch.testing.assert_close(parameter, state[f"policy/{name}"], rtol=0, atol=0, msg=name)
+
+
+def after_update_and_reference(single, case):
+    """The one-process learner's trained parameters and its reference's (a copy of the policy's)."""
+    policy = [p for name, p in single[case]["state"].items() if name.startswith("policy/")]
+    return [*single[case]["parameters"], *policy]
+
+
+def test_fsdp_config_is_checked_before_anything_starts():
+    config = load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml")
+    config.check_data_parallel(8)
+    with pytest.raises(ConfigError, match="model.fsdp shards the models over the processes"):
+        config.check_data_parallel(1)
+    with pytest.raises(ConfigError, match="model.fsdp shards full models"):
+        load_config(ROOT / "examples" / "cory_gsm8k.yaml", ["model.fsdp=true"])
+    # The sharded example is the LoRA one trained on full float32 weights: nothing else changes.
+    sharded, lora = config.to_dict(), load_config(ROOT / "examples" / "cory_gsm8k.yaml").to_dict()
+    assert sharded["model"] == {**lora["model"], "dtype": "float32", "fsdp": True, "lora": None, "load_in_4bit": False}
+    for data in (sharded, lora):
+        del data["name"], data["model"], data["ppo"]["learning_rate"]
+    assert sharded == lora
 
 
 def test_sharded_envs_play_disjoint_slices_of_one_envs_batches():
