@@ -12,8 +12,7 @@ import contextlib
 import json
 import shutil
 import signal
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ import yaml
 from tqdm.auto import tqdm
 
 from marllm.algorithms.learner import Learner
-from marllm.algorithms.ppo import NonFiniteLossError
 from marllm.checkpoint import CheckpointInfo, LearnerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from marllm.config import TrainConfig, resume_differences
 from marllm.config_loading import ConfigError
@@ -60,6 +58,7 @@ from marllm.run_dir import (
     write_run_info,
 )
 from marllm.setup import Setup, build
+from marllm.skip_streaks import count_skips, skip_streaks
 
 KL_METRIC = "full-vocabulary KL(policy || reference) summed over response tokens, batch mean"
 
@@ -205,7 +204,7 @@ def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> 
         reseed_sampling(config.seed, run.data_parallel, loaded.iteration)
         # Rank 0 rewrites the log atomically, and every rank keeps the same lines of it whichever version it reads.
         run.result.history = keep_iterations_before(run_dir / METRICS_FILE, loaded.iteration, rewrite=run.writes)
-        run.streaks = _skip_streaks(run.result.history, list(run.setup.learners))
+        run.streaks = skip_streaks(run.result.history, list(run.setup.learners))
         if not run.writes:
             return
         remove_run_files(run_dir, END_OF_RUN_FILES)
@@ -259,7 +258,9 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
             if log is not None:
                 log.write(iteration, metrics, sample_rows(dialogues, iteration, config.logging.samples_per_iteration))
                 update_run_info(run.run_dir, completed_iterations=run.completed)
-            _count_skips(run, metrics)
+            count_skips(
+                run.streaks, setup.learners, metrics, config.ppo.max_consecutive_skips, run.checkpointed
+            )
             if _checkpoint_due(run):
                 _save_training_state(run)
             bar.set_postfix(
@@ -313,44 +314,6 @@ def _stop_gracefully(run: _Run, stop: StopSignals) -> None:
     raise TrainingInterrupted(
         stop.received, run.run_dir, run.completed, run.config.iterations, run.checkpointed, at_once=False
     )
-
-
-def _count_skips(run: _Run, metrics: dict[str, Any]) -> None:
-    """Count each learner's consecutive skipped (non-finite) updates; say so on stderr; stop past the limit."""
-    iteration = metrics["iteration"]
-    for learner_id, learner in run.setup.learners.items():
-        if metrics.get(f"{learner_id}/nonfinite_skipped"):
-            run.streaks[learner_id] = run.streaks.get(learner_id, 0) + 1
-            print(
-                f"marllm: iteration {iteration}: learner {learner_id!r} skipped its update "
-                f"({run.streaks[learner_id]} in a row): {getattr(learner, 'last_nonfinite', None)}",
-                file=sys.stderr,
-                flush=True,
-            )
-        else:
-            run.streaks[learner_id] = 0
-    limit = run.config.ppo.max_consecutive_skips
-    over = {learner_id: n for learner_id, n in run.streaks.items() if n > limit}
-    if over:
-        kept = f"iteration {run.checkpointed}" if run.checkpointed is not None else "none"
-        raise NonFiniteLossError(
-            f"learner(s) {sorted(over)} skipped more than ppo.max_consecutive_skips = {limit} updates in a row "
-            f"(non-finite loss or gradient; the last at iteration {iteration}); the run stops, and its latest "
-            f"checkpoint ({kept}) is from before the first of these skips"
-        )
-
-
-def _skip_streaks(history: Sequence[dict[str, Any]], learner_ids: Sequence[str]) -> dict[str, int]:
-    """Each learner's consecutive skipped updates at the end of ``history`` (a resumed run's kept metrics)."""
-    streaks = {}
-    for learner_id in learner_ids:
-        count = 0
-        for metrics in reversed(history):
-            if not metrics.get(f"{learner_id}/nonfinite_skipped"):
-                break
-            count += 1
-        streaks[learner_id] = count
-    return streaks
 
 
 def _end_training(run: _Run, stop: StopSignals) -> None:

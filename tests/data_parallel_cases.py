@@ -40,6 +40,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 SHARDED_CASES = ("ppo", "grpo_kl_in_loss")
+RATIO_SKIPS = {"ratio_threshold": 1.02}  # low enough that some mini-batches of the second epoch run over it
 
 
 def build_learner(case: str, tokenizer: Any, data_parallel: Any = None, sharded: bool = False) -> PPOLearner:
@@ -85,6 +86,23 @@ def state_after_update(learner: PPOLearner, rollout: Rollout) -> dict[str, Any]:
     }
 
 
+def sharded_agreement(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict[str, Any]:
+    """Sharded learners where ranks must agree to skip: mini-batches over a low ratio threshold (forwards with no
+    backward), and a non-finite loss (rank 1's shard of one weight set to NaN, which the all-gather spreads)."""
+    found = {}
+    for name, overrides in {"ratio": RATIO_SKIPS, "nonfinite": {"on_nonfinite": "skip"}}.items():
+        learner = make_learner(tokenizer, 0, PPOLearner, {"data_parallel": data_parallel}, data_parallel,
+                               **{**PPO, **overrides})
+        if name == "nonfinite" and data_parallel.rank == 1:
+            with torch.no_grad():
+                learner.model.transformer.ln_f.weight.to_local().fill_(float("nan"))
+        before = [full_tensor(p.detach()).clone() for p in learner._trained_parameters()]
+        found[name] = state_after_update(learner, copy.copy(part))
+        found[name]["before"] = before
+        found[name]["last_nonfinite"] = learner.last_nonfinite
+    return found
+
+
 def main(rollouts_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     data_parallel = init_data_parallel("cpu")
@@ -92,13 +110,14 @@ def main(rollouts_file: str, out_dir: str) -> None:
     tokenizer = make_tokenizer()
     rollouts = torch.load(rollouts_file, weights_only=False)
     results = {}
+    ranks = (data_parallel.rank, data_parallel.world_size)
     for case in CASES:
         learner = build_learner(case, tokenizer, data_parallel)
-        part = rank_slice(rollouts[case], data_parallel.rank, data_parallel.world_size)
+        part = rank_slice(rollouts[case], *ranks)
         results[case] = state_after_update(learner, part)
     for case in SHARDED_CASES:
         learner = build_learner(case, tokenizer, data_parallel, sharded=True)
-        part = rank_slice(rollouts[case], data_parallel.rank, data_parallel.world_size)
+        part = rank_slice(rollouts[case], *ranks)
         results[f"fsdp/{case}"] = result = state_after_update(learner, part)
         held = [*learner._trained_parameters(), *learner.reference.parameters()]
         result["elements_held"] = sum(p.to_local().numel() for p in held)  # this rank's shards
@@ -106,6 +125,7 @@ def main(rollouts_file: str, out_dir: str) -> None:
         fresh.load_state_dict(*learner.state_dict())
         result["restored"] = fresh.state_dict()[0]
         learner.save(f"{out_dir}/export-{case}")
+    results["fsdp/agreement"] = sharded_agreement(tokenizer, data_parallel, rank_slice(rollouts["ppo"], *ranks))
     torch.save(results, f"{out_dir}/rank{data_parallel.rank}.pt")
 
 

@@ -14,10 +14,12 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
+from marllm.algorithms.ppo import PPOLearner
 from marllm.config import load_config
 from marllm.config_loading import ConfigError
 from marllm.envs.text_env import SequentialTextEnv
-from tests.data_parallel_cases import CASES, SHARDED_CASES, build_learner, state_after_update
+from tests.data_parallel_cases import CASES, PPO, RATIO_SKIPS, SHARDED_CASES, build_learner, state_after_update
+from tests.test_ppo_learner import make_learner
 from tests.test_train import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +107,25 @@ def test_sharded_ranks_update_checkpoint_and_export_as_one_process_does(one_and_
     exported = AutoModelForCausalLM.from_pretrained(export / "policy")
     for name, parameter in exported.named_parameters():
         torch.testing.assert_close(parameter, state[f"policy/{name}"], rtol=0, atol=0, msg=name)
+
+
+def test_sharded_ranks_agree_to_skip(one_and_two_ranks, tokenizer):
+    _, ranks = one_and_two_ranks
+    single = make_learner(tokenizer, 0, PPOLearner, None, **{**PPO, **RATIO_SKIPS})
+    rollout = torch.load(Path(ranks[0]["out_dir"]) / "rollouts.pt", weights_only=False)["ppo"]
+    expected = state_after_update(single, rollout)
+    assert 0 < expected["metrics"]["skipped_minibatch_fraction"] < 1  # the threshold skips some, not all
+    for rank in ranks:
+        ratio, nonfinite = rank["fsdp/agreement"]["ratio"], rank["fsdp/agreement"]["nonfinite"]
+        # The mini-batches over the threshold give no gradient on either rank (they ran forwards only): the steps
+        # are one process's.
+        for after, after_one in zip(ratio["parameters"], expected["parameters"], strict=True):
+            torch.testing.assert_close(after, after_one, rtol=1e-4, atol=2e-5)
+        # Rank 1's NaN weight reaches both ranks' losses: the step is dropped on both, after the backward FSDP needs.
+        assert nonfinite["metrics"]["nonfinite_skipped"] == 1.0
+        assert "non-finite PPO loss" in nonfinite["last_nonfinite"]
+        for before, after in zip(nonfinite["before"], nonfinite["parameters"], strict=True):
+            torch.testing.assert_close(after, before, rtol=0, atol=0, equal_nan=True)
 
 
 def after_update_and_reference(single, case):

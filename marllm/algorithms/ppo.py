@@ -34,6 +34,7 @@ from marllm.algorithms.core import (
     token_rewards,
 )
 from marllm.algorithms.kl_controller import KLController, kl_controller_from
+from marllm.algorithms.learner_arguments import check_full_precision, check_learner_arguments
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_scores
@@ -98,25 +99,21 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         self.name = name
         self.model = model
         self.tokenizer = ready_for_generation(tokenizer, f"learner {name}")
-        if reference is None and adapter is None:
-            raise ValueError(f"learner {name!r} needs a reference model (or a LoRA adapter on a shared base)")
-        if kl_controller is not None and not isinstance(kl_controller, KLController):
-            raise TypeError(
-                f"learner {name!r}: kl_controller must have a value and an update(kl, n_steps) method, got "
-                f"{type(kl_controller).__name__}"
-            )
+        self.sharded = is_sharded(model)
+        check_learner_arguments(
+            name,
+            reference=reference,
+            adapter=adapter,
+            kl_controller=kl_controller,
+            sharded=self.sharded,
+            data_parallel=data_parallel,
+        )
         self.reference = reference
         self.adapter = adapter
         self.config = config or PPOConfig()
         self.generation = generation or GenerationConfig()
         check_chat_template(self.tokenizer, self.generation.chat_template, f"learner {name!r}")
         self.device = next(model.parameters()).device
-        self.sharded = is_sharded(model)
-        if self.sharded and (data_parallel is None or adapter is not None):
-            raise ValueError(
-                f"learner {name!r}: a sharded (FSDP) model trains data-parallel as a full model: give data_parallel, "
-                "and no adapter"
-            )
         self.value_head = ValueHead(model.config.hidden_size).to(self.device) if self.uses_critic else None
         if self.sharded and self.value_head is not None:
             # Sharded like the policy, so that every trained parameter is a DTensor whose gradient FSDP reduces.
@@ -127,20 +124,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
             trainable = adapter_parameters(model, adapter)
         else:
             trainable = [p for p in model.parameters() if p.requires_grad]
-        # Adam on half-precision weights: at PPO's learning rates most updates are below half a unit in the last
-        # place of the weight and round away, silently. There are no float32 master weights here, so refuse it.
-        half = sorted({str(p.dtype).removeprefix("torch.") for p in trainable if p.dtype.itemsize < 4})
-        if half:
-            cause = (
-                f"model.dtype {half[0]} with model.lora: null"
-                if adapter is None
-                else f"adapter {adapter!r} was made without peft's autocast_adapter_dtype"
-            )
-            raise ValueError(
-                f"learner {name!r} would train {'/'.join(half)} parameters directly ({cause}), where most small "
-                "optimiser updates round away; use model.dtype: float32, or model.lora, whose adapters peft keeps "
-                "in float32 on a half-precision base"
-            )
+        check_full_precision(name, trainable, adapter)
         self.optimizer = torch.optim.Adam(
             trainable + (list(self.value_head.parameters()) if self.value_head is not None else []),
             lr=self.config.learning_rate,
