@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from marllm.envs.turns import TURN_REWARDS, check_roles, check_turns
 from marllm.field_checks import choice
 from marllm.models.lora import LoraSettings
-from marllm.models.policy import check_device_name
+from marllm.models.policy import check_device_name, resolve_dtype
 
 
 @dataclass
@@ -29,6 +29,9 @@ class ModelConfig:
         fsdp: on a data-parallel run (``--nproc N``), shard every policy, its value head and Adam state, and the
             shared reference over the N ranks (FSDP2), for models too large for one device; each rank loads the
             model on the CPU and keeps 1/N of it on its device. Full models only (not with ``lora``).
+        fsdp_compute_dtype: with ``fsdp``, the dtype of the gathered weights that forwards and backwards compute
+            in (``bfloat16`` or ``float16``; gradients are still summed in float32 into the ``dtype`` shards Adam
+            updates); null computes in ``dtype``.
     """
 
     name_or_path: str = "gpt2-large"
@@ -38,8 +41,16 @@ class ModelConfig:
     load_in_4bit: bool = False
     trust_remote_code: bool = False
     fsdp: bool = False
+    fsdp_compute_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        if self.fsdp_compute_dtype is not None:
+            if not self.fsdp:
+                raise ValueError("model.fsdp_compute_dtype applies to sharded models: set model.fsdp: true, or null it")
+            try:
+                resolve_dtype(self.fsdp_compute_dtype)
+            except ValueError as error:
+                raise ValueError(f"model.fsdp_compute_dtype: {error}") from None
         if self.fsdp and self.lora is not None:
             raise ValueError(
                 "model.fsdp shards full models; with model.lora the base is frozen and only small adapters train, "

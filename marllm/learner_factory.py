@@ -16,7 +16,7 @@ from marllm.assets import resolve_model
 from marllm.config import TrainConfig, per_learner
 from marllm.distributed import DataParallel
 from marllm.models.lora import LoraSettings, attach_adapters
-from marllm.models.policy import ReferencePool, load_causal_lm, load_tokenizer
+from marllm.models.policy import ReferencePool, load_causal_lm, load_tokenizer, resolve_dtype
 from marllm.sharding import is_sharded, shard_module
 
 
@@ -50,6 +50,7 @@ def learners_from_config(
         devices=config.learner_devices(),
         reference_device=config.agents.reference_device,
         fsdp=config.model.fsdp,
+        fsdp_compute_dtype=config.model.fsdp_compute_dtype,
     )
 
 
@@ -73,6 +74,7 @@ def make_learners(
     devices: Mapping[str, str] | None = None,
     reference_device: str | None = None,
     fsdp: bool = False,
+    fsdp_compute_dtype: str | None = None,
 ) -> tuple[dict[str, PPOLearner], Any]:
     """One PPO learner per id, each starting from its base model: ``model`` for all (a hub id, a local directory or a
     ``marllm:`` causal LM), or a mapping learner id -> model (heterogeneous agents; each base brings its tokenizer).
@@ -92,8 +94,12 @@ def make_learners(
     ``devices`` places learners (learner id -> device; ``device`` where not named; the learners of one LoRA base on
     the first one's device) and ``reference_device`` the shared references (``device`` when None).
     ``fsdp`` shards each policy and reference over the ranks of ``data_parallel`` (:mod:`marllm.sharding`): each is
-    loaded on the CPU and its shards go to the rank's device. Full models only.
+    loaded on the CPU and its shards go to the rank's device. Full models only. ``fsdp_compute_dtype`` (e.g.
+    ``bfloat16``): the dtype the sharded models compute in (None: ``dtype``).
     """
+    compute = resolve_dtype(fsdp_compute_dtype) if fsdp_compute_dtype is not None else None
+    if compute is not None and not fsdp:
+        raise ValueError("make_learners: fsdp_compute_dtype is the compute dtype of sharded models; give fsdp=True")
     if fsdp and (data_parallel is None or lora is not None or any(d != device for d in (devices or {}).values())):
         raise ValueError(
             "make_learners: fsdp shards full models (no lora) over the ranks of data_parallel, each on its rank's "
@@ -139,14 +145,14 @@ def make_learners(
         on = "cpu" if fsdp else reference_device or device
         reference = references.get(path, dtype, on, trust_remote_code=trust_remote_code)
         if fsdp and not is_sharded(reference):  # a pool's reference may be sharded already
-            shard_module(reference, data_parallel)
+            shard_module(reference, data_parallel, compute)
         base_references[base] = reference
         for learner_id in group:
             torch.manual_seed(seeds[learner_id])
             on = "cpu" if fsdp else placement.get(learner_id, device)
             policy = load_causal_lm(path, dtype, on, trust_remote_code=trust_remote_code)
             if fsdp:
-                shard_module(policy, data_parallel)
+                shard_module(policy, data_parallel, compute)
             learners[learner_id] = learner(learner_id, model=policy, tokenizer=base_tokenizer, reference=reference)
     ordered = {learner_id: learners[learner_id] for learner_id in learner_ids}
     if lora is not None:

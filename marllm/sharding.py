@@ -16,34 +16,44 @@ FSDP's collectives put two rules on the learners, which they follow when their m
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from marllm.distributed import DataParallel
 
+_COMPUTE_DTYPES: weakref.WeakKeyDictionary[nn.Module, torch.dtype | None] = weakref.WeakKeyDictionary()
 
-def shard_module(module: nn.Module, data_parallel: DataParallel) -> nn.Module:
+
+def shard_module(
+    module: nn.Module, data_parallel: DataParallel, compute_dtype: torch.dtype | None = None
+) -> nn.Module:
     """Shard ``module`` over the ranks of ``data_parallel`` in place (FSDP2) and return it.
 
     Parameters start from rank 0's (broadcast first), then each block the model names unsplittable (transformers'
     ``_no_split_modules``: GPT-2's ``GPT2Block``, Llama's ``LlamaDecoderLayer``, …) is sharded as one unit, and the
     rest (embeddings, final norm, LM head, or a value head) as the root. The shards move to the rank's device
     (``data_parallel.device``), so a model may be loaded on the CPU and reach its GPU a shard at a time.
+    ``compute_dtype`` (e.g. bfloat16): the weights are gathered in it for forwards and backwards, while the shards
+    keep their dtype and gradients are summed in float32 (FSDP's ``MixedPrecisionPolicy``); None computes in the
+    shards' dtype.
     """
     data_parallel.broadcast_(list(module.parameters()))
     mesh = init_device_mesh(data_parallel.device.type, (data_parallel.world_size,))
     blocks = set(getattr(module, "_no_split_modules", None) or ())
+    precision = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None)
     # Resharding after forward, root included (FSDP's default keeps the root's parameters whole after a forward),
     # so that between calls every parameter is its DTensor shard: what the optimiser and checkpoints hold.
     for child in module.modules():
         if child is not module and type(child).__name__ in blocks:
-            fully_shard(child, mesh=mesh, reshard_after_forward=True)
-    fully_shard(module, mesh=mesh, reshard_after_forward=True)
+            fully_shard(child, mesh=mesh, reshard_after_forward=True, mp_policy=precision)
+    fully_shard(module, mesh=mesh, reshard_after_forward=True, mp_policy=precision)
+    _COMPUTE_DTYPES[module] = compute_dtype
     # A learner's loss weights already sum to the global batch's normaliser over the ranks: gradients are summed,
     # not averaged. Sum-reduction also keeps gloo working (a divide factor would ask for PREMUL_SUM, NCCL only).
     # Both settings are per sharded unit, not inherited.
@@ -57,6 +67,11 @@ def shard_module(module: nn.Module, data_parallel: DataParallel) -> nn.Module:
 def is_sharded(module: nn.Module | None) -> bool:
     """Whether ``module`` was sharded by :func:`shard_module` (FSDP2)."""
     return isinstance(module, FSDPModule)
+
+
+def compute_dtype_of(module: nn.Module) -> torch.dtype | None:
+    """The ``compute_dtype`` that :func:`shard_module` sharded ``module`` with (None: its own dtype)."""
+    return _COMPUTE_DTYPES.get(module)
 
 
 def gathered(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -86,6 +86,18 @@ def state_after_update(learner: PPOLearner, rollout: Rollout) -> dict[str, Any]:
     }
 
 
+def sharded_bfloat16(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict[str, Any]:
+    """The ``ppo`` case's update with the sharded models computing in bfloat16 over float32 shards, and the dtypes
+    the first decoder layer computed in."""
+    learner = make_learner(tokenizer, 0, PPOLearner, {"data_parallel": data_parallel}, data_parallel, torch.bfloat16,
+                           init_kl_coef=0.05, kl_control="adaptive", **PPO)
+    computed = set()
+    learner.model.transformer.h[0].register_forward_hook(lambda module, args, output: computed.add(output[0].dtype))
+    result = state_after_update(learner, part)
+    result["computed_in"] = computed
+    return result
+
+
 def sharded_agreement(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict[str, Any]:
     """Sharded learners where ranks must agree to skip: mini-batches over a low ratio threshold (forwards with no
     backward), and a non-finite loss (rank 1's shard of one weight set to NaN, which the all-gather spreads)."""
@@ -125,6 +137,7 @@ def main(rollouts_file: str, out_dir: str) -> None:
         fresh.load_state_dict(*learner.state_dict())
         result["restored"] = fresh.state_dict()[0]
         learner.save(f"{out_dir}/export-{case}")
+    results["fsdp/bfloat16"] = sharded_bfloat16(tokenizer, data_parallel, rank_slice(rollouts["ppo"], *ranks))
     results["fsdp/agreement"] = sharded_agreement(tokenizer, data_parallel, rank_slice(rollouts["ppo"], *ranks))
     torch.save(results, f"{out_dir}/rank{data_parallel.rank}.pt")
 

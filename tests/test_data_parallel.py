@@ -109,6 +109,24 @@ def test_sharded_ranks_update_checkpoint_and_export_as_one_process_does(one_and_
         torch.testing.assert_close(parameter, state[f"policy/{name}"], rtol=0, atol=0, msg=name)
 
 
+def test_sharded_models_compute_in_bfloat16_and_train_float32_shards(one_and_two_ranks, tokenizer):
+    single, ranks = one_and_two_ranks
+    start = [p.detach() for p in build_learner("ppo", tokenizer)._trained_parameters()]
+    steps = {}
+    for name, parameters in (("one process", single["ppo"]["parameters"]),
+                             ("bfloat16", ranks[0]["fsdp/bfloat16"]["parameters"])):
+        assert {p.dtype for p in parameters} == {torch.float32}
+        steps[name] = torch.cat([(after - before).flatten() for after, before in zip(parameters, start, strict=True)])
+    assert ranks[0]["fsdp/bfloat16"]["computed_in"] == {torch.bfloat16}
+    rank0, rank1 = (rank["fsdp/bfloat16"]["parameters"] for rank in ranks)
+    for after_rank0, after_rank1 in zip(rank0, rank1, strict=True):
+        torch.testing.assert_close(after_rank0, after_rank1, rtol=1e-6, atol=1e-7)
+    # bfloat16 forwards change every step a little (8 bits of mantissa) but not where the update goes.
+    similarity = torch.nn.functional.cosine_similarity(steps["one process"], steps["bfloat16"], dim=0)
+    print(f"cosine similarity of the float32 and bfloat16-compute updates: {similarity:.4f}")
+    assert similarity > 0.9
+
+
 def test_sharded_ranks_agree_to_skip(one_and_two_ranks, tokenizer):
     _, ranks = one_and_two_ranks
     single = make_learner(tokenizer, 0, PPOLearner, None, **{**PPO, **RATIO_SKIPS})
@@ -141,9 +159,16 @@ def test_fsdp_config_is_checked_before_anything_starts():
         config.check_data_parallel(1)
     with pytest.raises(ConfigError, match="model.fsdp shards full models"):
         load_config(ROOT / "examples" / "cory_gsm8k.yaml", ["model.fsdp=true"])
+    with pytest.raises(ConfigError, match="model.fsdp_compute_dtype applies to sharded models"):
+        load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["model.fsdp=false"])
+    with pytest.raises(ConfigError, match="model.fsdp_compute_dtype: model dtype must be one of"):
+        load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["model.fsdp_compute_dtype=float8"])
     # The sharded example is the LoRA one trained on full float32 weights: nothing else changes.
     sharded, lora = config.to_dict(), load_config(ROOT / "examples" / "cory_gsm8k.yaml").to_dict()
-    assert sharded["model"] == {**lora["model"], "dtype": "float32", "fsdp": True, "lora": None, "load_in_4bit": False}
+    assert sharded["model"] == {
+        **lora["model"], "dtype": "float32", "fsdp": True, "fsdp_compute_dtype": "bfloat16", "lora": None,
+        "load_in_4bit": False,
+    }
     for data in (sharded, lora):
         del data["name"], data["model"], data["ppo"]["learning_rate"]
     assert sharded == lora

@@ -11,17 +11,19 @@ from marllm.sharding import shard_module
 from tests.conftest import make_tiny_gpt2
 
 
-def make_learner(tokenizer, seed=0, learner_class=PPOLearner, learner_kwargs=None, shard_over=None, **ppo):
+def make_learner(
+    tokenizer, seed=0, learner_class=PPOLearner, learner_kwargs=None, shard_over=None, compute_dtype=None, **ppo
+):
     """A ``learner_class`` (PPO by default; ``learner_kwargs`` for its own arguments) on a tiny GPT-2, with a fixed
     η and a learning rate that moves it within a few updates; ``ppo`` overrides the PPO settings. ``shard_over`` (a
-    DataParallel) shards the policy and the reference over its ranks (FSDP)."""
+    DataParallel) shards the policy and the reference over its ranks (FSDP), computing in ``compute_dtype``."""
     settings = {"mini_batch_size": 8, "learning_rate": 3e-3, "init_kl_coef": 0.01, "kl_control": "fixed"}
     settings.update(ppo)
     model = make_tiny_gpt2(tokenizer, seed=seed)
     reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
     if shard_over is not None:
-        shard_module(model, shard_over)
-        shard_module(reference, shard_over)
+        shard_module(model, shard_over, compute_dtype)
+        shard_module(reference, shard_over, compute_dtype)
     return learner_class(
         "llm1",
         model=model,

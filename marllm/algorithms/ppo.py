@@ -43,7 +43,7 @@ from marllm.distributed import DataParallel
 from marllm.models.generation import check_chat_template, logprob_logits
 from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
-from marllm.sharding import full_tensor, is_sharded, shard_module
+from marllm.sharding import compute_dtype_of, full_tensor, is_sharded, shard_module
 
 __all__ = ["NonFiniteLossError", "PPOLearner", "Rollout"]
 
@@ -117,7 +117,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         self.value_head = ValueHead(model.config.hidden_size).to(self.device) if self.uses_critic else None
         if self.sharded and self.value_head is not None:
             # Sharded like the policy, so that every trained parameter is a DTensor whose gradient FSDP reduces.
-            shard_module(self.value_head, data_parallel)
+            shard_module(self.value_head, data_parallel, compute_dtype_of(model))
         # Dropout stays off in rollout and update alike, so the first PPO ratio of a batch is exactly 1.
         self.model.eval()
         if adapter is not None:
