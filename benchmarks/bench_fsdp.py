@@ -36,6 +36,7 @@ from marllm.models.policy import load_tokenizer
 
 MIB = 2**20
 MODES = ("one process", "replicated", "sharded")
+PHASES = ("generation", "forward", "update")
 
 
 def local_bytes(tensors: list[torch.Tensor]) -> int:
@@ -76,17 +77,20 @@ def measure(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
         data_parallel=data_parallel,
         fsdp=mode == "sharded",
     )
-    seconds = []
+    seconds, phases = [], {phase: [] for phase in PHASES}
     for iteration in range(args.iterations):
         started = time.perf_counter()
-        run_iteration(env, learners, seed=0 if iteration == 0 else None)
+        metrics, _ = run_iteration(env, learners, seed=0 if iteration == 0 else None)
         seconds.append(time.perf_counter() - started)
+        for phase in PHASES:
+            phases[phase].append(metrics[f"time/{phase}_s"])  # summed over the learners
     figures = {
         **model_state(learners),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cuda_peak_mib": torch.cuda.max_memory_allocated() / MIB if torch.cuda.is_available() else None,
         "s_per_iteration": float(np.mean(seconds[1:])),
         "sd": float(np.std(seconds[1:])),
+        **{phase: float(np.mean(values[1:])) for phase, values in phases.items()},
     }
     everyone = [figures] if data_parallel is None else data_parallel_gather(figures, world)
     close_data_parallel(data_parallel)
@@ -122,6 +126,7 @@ def format_row(result: dict[str, Any]) -> str:
         f"{result['mode']:<12}{len(ranks):>6}{worst['parameters'] / MIB:>12.0f}{worst['gradients'] / MIB:>11.0f}"
         f"{worst['adam'] / MIB:>8.0f}{state / MIB:>13.0f}{worst['peak_rss_mib']:>10.0f}"
         f"{ranks[0]['s_per_iteration']:>8.2f} ± {ranks[0]['sd']:.2f}"
+        + "".join(f"{ranks[0][phase]:>{len(phase) + 2}.2f}" for phase in PHASES)
     )
     return row + (f"{cuda:>11.0f}" if cuda else "")
 
@@ -137,6 +142,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--child", nargs=2, metavar=("MODE", "MODEL_DIR"), help=argparse.SUPPRESS)
     parser.add_argument("--save-model", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -161,8 +167,9 @@ def main() -> None:
             f"{args.threads} torch thread(s) per process; {args.device}"
         )
         print(f"{'models':<12}{'ranks':>6}{'params':>12}{'grads':>11}{'adam':>8}{'model state':>13}{'peak RSS':>10}"
-              f"{'s/iteration':>14}{' CUDA peak' if args.device == 'cuda' else ''}   (MiB per rank, the largest)")
-        for mode in MODES:
+              f"{'s/iteration':>14}" + "".join(f"  {phase}" for phase in PHASES)
+              + f"{' CUDA peak' if args.device == 'cuda' else ''}   (MiB per rank, the largest; seconds)")
+        for mode in args.modes:
             print(format_row(run_mode(mode, model_dir, args)), flush=True)
 
 

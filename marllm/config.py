@@ -255,6 +255,7 @@ RESUMABLE_KEYS = (
     "logging.*",
     "model.trust_remote_code",
     "model.fsdp",  # a checkpoint holds whole tensors, whether the run that wrote it was sharded or not
+    "model.fsdp_gather_for_generation",  # where the weights are while generating, not what is computed
     "ppo.on_nonfinite",
     "ppo.max_consecutive_skips",
 )

@@ -32,6 +32,9 @@ class ModelConfig:
         fsdp_compute_dtype: with ``fsdp``, the dtype of the gathered weights that forwards and backwards compute
             in (``bfloat16`` or ``float16``; gradients are still summed in float32 into the ``dtype`` shards Adam
             updates); null computes in ``dtype``.
+        fsdp_gather_for_generation: with ``fsdp``, gather a model's whole weights once for each ``generate`` call
+            (the rank holds the whole model in its compute dtype while it generates) rather than layer by layer at
+            every token; false for a model whose weights do not fit one device whole.
     """
 
     name_or_path: str = "gpt2-large"
@@ -42,8 +45,11 @@ class ModelConfig:
     trust_remote_code: bool = False
     fsdp: bool = False
     fsdp_compute_dtype: str | None = None
+    fsdp_gather_for_generation: bool = True
 
     def __post_init__(self) -> None:
+        if not self.fsdp_gather_for_generation and not self.fsdp:
+            raise ValueError("model.fsdp_gather_for_generation applies to sharded models: set model.fsdp: true")
         if self.fsdp_compute_dtype is not None:
             if not self.fsdp:
                 raise ValueError("model.fsdp_compute_dtype applies to sharded models: set model.fsdp: true, or null it")

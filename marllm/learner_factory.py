@@ -51,6 +51,7 @@ def learners_from_config(
         reference_device=config.agents.reference_device,
         fsdp=config.model.fsdp,
         fsdp_compute_dtype=config.model.fsdp_compute_dtype,
+        fsdp_gather_for_generation=config.model.fsdp_gather_for_generation,
     )
 
 
@@ -75,6 +76,7 @@ def make_learners(
     reference_device: str | None = None,
     fsdp: bool = False,
     fsdp_compute_dtype: str | None = None,
+    fsdp_gather_for_generation: bool = True,
 ) -> tuple[dict[str, PPOLearner], Any]:
     """One PPO learner per id, each starting from its base model: ``model`` for all (a hub id, a local directory or a
     ``marllm:`` causal LM), or a mapping learner id -> model (heterogeneous agents; each base brings its tokenizer).
@@ -95,7 +97,8 @@ def make_learners(
     the first one's device) and ``reference_device`` the shared references (``device`` when None).
     ``fsdp`` shards each policy and reference over the ranks of ``data_parallel`` (:mod:`marllm.sharding`): each is
     loaded on the CPU and its shards go to the rank's device. Full models only. ``fsdp_compute_dtype`` (e.g.
-    ``bfloat16``): the dtype the sharded models compute in (None: ``dtype``).
+    ``bfloat16``): the dtype the sharded models compute in (None: ``dtype``); ``fsdp_gather_for_generation``: whether
+    they are gathered whole for each ``generate`` call (else layer by layer at every token).
     """
     compute = resolve_dtype(fsdp_compute_dtype) if fsdp_compute_dtype is not None else None
     if compute is not None and not fsdp:
@@ -145,14 +148,14 @@ def make_learners(
         on = "cpu" if fsdp else reference_device or device
         reference = references.get(path, dtype, on, trust_remote_code=trust_remote_code)
         if fsdp and not is_sharded(reference):  # a pool's reference may be sharded already
-            shard_module(reference, data_parallel, compute)
+            shard_module(reference, data_parallel, compute, fsdp_gather_for_generation)
         base_references[base] = reference
         for learner_id in group:
             torch.manual_seed(seeds[learner_id])
             on = "cpu" if fsdp else placement.get(learner_id, device)
             policy = load_causal_lm(path, dtype, on, trust_remote_code=trust_remote_code)
             if fsdp:
-                shard_module(policy, data_parallel, compute)
+                shard_module(policy, data_parallel, compute, fsdp_gather_for_generation)
             learners[learner_id] = learner(learner_id, model=policy, tokenizer=base_tokenizer, reference=reference)
     ordered = {learner_id: learners[learner_id] for learner_id in learner_ids}
     if lora is not None:

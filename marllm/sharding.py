@@ -16,8 +16,9 @@ FSDP's collectives put two rules on the learners, which they follow when their m
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch import nn
@@ -27,11 +28,16 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from marllm.distributed import DataParallel
 
+# How each module was sharded, for what uses it later: the value head sharded like its policy, generation.
 _COMPUTE_DTYPES: weakref.WeakKeyDictionary[nn.Module, torch.dtype | None] = weakref.WeakKeyDictionary()
+_GATHER_FOR_GENERATION: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def shard_module(
-    module: nn.Module, data_parallel: DataParallel, compute_dtype: torch.dtype | None = None
+    module: nn.Module,
+    data_parallel: DataParallel,
+    compute_dtype: torch.dtype | None = None,
+    gather_for_generation: bool = True,
 ) -> nn.Module:
     """Shard ``module`` over the ranks of ``data_parallel`` in place (FSDP2) and return it.
 
@@ -41,7 +47,9 @@ def shard_module(
     (``data_parallel.device``), so a model may be loaded on the CPU and reach its GPU a shard at a time.
     ``compute_dtype`` (e.g. bfloat16): the weights are gathered in it for forwards and backwards, while the shards
     keep their dtype and gradients are summed in float32 (FSDP's ``MixedPrecisionPolicy``); None computes in the
-    shards' dtype.
+    shards' dtype. ``gather_for_generation``: :func:`whole_for_generation` gathers the whole model for a
+    ``generate`` call; False keeps generation sharded (an all-gather per unit per token), for a model whose weights
+    do not fit one device whole.
     """
     data_parallel.broadcast_(list(module.parameters()))
     mesh = init_device_mesh(data_parallel.device.type, (data_parallel.world_size,))
@@ -54,6 +62,7 @@ def shard_module(
             fully_shard(child, mesh=mesh, reshard_after_forward=True, mp_policy=precision)
     fully_shard(module, mesh=mesh, reshard_after_forward=True, mp_policy=precision)
     _COMPUTE_DTYPES[module] = compute_dtype
+    _GATHER_FOR_GENERATION[module] = gather_for_generation
     # A learner's loss weights already sum to the global batch's normaliser over the ranks: gradients are summed,
     # not averaged. Sum-reduction also keeps gloo working (a divide factor would ask for PREMUL_SUM, NCCL only).
     # Both settings are per sharded unit, not inherited.
@@ -62,6 +71,27 @@ def shard_module(
             unit.set_gradient_divide_factor(1.0)
             unit.set_force_sum_reduction_for_comms(True)
     return module
+
+
+@contextlib.contextmanager
+def whole_for_generation(module: nn.Module) -> Iterator[None]:
+    """Within the block, keep a sharded model's weights gathered: each unit all-gathers once for the block, not at
+    every forward of it (one per generated token), and its shards come back at the end. The rank then holds the
+    whole model in its compute dtype for that time. Nothing happens for a model that is not sharded, or one sharded
+    with ``gather_for_generation=False``."""
+    units = [unit for unit in module.modules() if isinstance(unit, FSDPModule)]
+    if not units or not _GATHER_FOR_GENERATION.get(module, False):
+        yield
+        return
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True, recurse=False)
 
 
 def is_sharded(module: nn.Module | None) -> bool:

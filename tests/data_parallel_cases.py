@@ -14,13 +14,16 @@ import sys
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import PPOLearner, Rollout
 from marllm.distributed import init_data_parallel
-from marllm.sharding import full_tensor
-from tests.conftest import make_tokenizer
+from marllm.models.generation import generate_responses
+from marllm.models.generation_config import GenerationConfig
+from marllm.sharding import full_tensor, shard_module
+from tests.conftest import make_tiny_gpt2, make_tokenizer
 from tests.test_ppo_learner import make_learner
 
 BATCH = 8
@@ -86,6 +89,27 @@ def state_after_update(learner: PPOLearner, rollout: Rollout) -> dict[str, Any]:
     }
 
 
+GENERATION_PROMPTS = (("this movie was", "the story is"), ("i hated the", "what a"))  # one pair per rank
+
+
+def generated(model: Any, tokenizer: Any, rank: int) -> tuple[str, ...]:
+    """Responses of ``model`` to rank ``rank``'s prompts, sampled from a seed of the rank's own: the ranks'
+    responses end at different lengths."""
+    torch.manual_seed(5 + rank)
+    return generate_responses(model, tokenizer, GENERATION_PROMPTS[rank], 8, GenerationConfig(1, 8)).texts
+
+
+def sharded_generation(tokenizer: Any, data_parallel: Any) -> dict[str, Any]:
+    """Each rank's responses from a sharded tiny GPT-2, gathered whole for generation and left sharded, and whether
+    its parameters are shards again afterwards."""
+    found: dict[str, Any] = {}
+    for gather in (True, False):
+        model = shard_module(make_tiny_gpt2(tokenizer, seed=0), data_parallel, gather_for_generation=gather)
+        found[f"gathered={gather}"] = generated(model, tokenizer, data_parallel.rank)
+        found[f"sharded_after/gathered={gather}"] = all(isinstance(p, DTensor) for p in model.parameters())
+    return found
+
+
 def sharded_bfloat16(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict[str, Any]:
     """The ``ppo`` case's update with the sharded models computing in bfloat16 over float32 shards, and the dtypes
     the first decoder layer computed in."""
@@ -138,6 +162,7 @@ def main(rollouts_file: str, out_dir: str) -> None:
         result["restored"] = fresh.state_dict()[0]
         learner.save(f"{out_dir}/export-{case}")
     results["fsdp/bfloat16"] = sharded_bfloat16(tokenizer, data_parallel, rank_slice(rollouts["ppo"], *ranks))
+    results["fsdp/generation"] = sharded_generation(tokenizer, data_parallel)
     results["fsdp/agreement"] = sharded_agreement(tokenizer, data_parallel, rank_slice(rollouts["ppo"], *ranks))
     torch.save(results, f"{out_dir}/rank{data_parallel.rank}.pt")
 

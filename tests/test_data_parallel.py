@@ -18,7 +18,16 @@ from marllm.algorithms.ppo import PPOLearner
 from marllm.config import load_config
 from marllm.config_loading import ConfigError
 from marllm.envs.text_env import SequentialTextEnv
-from tests.data_parallel_cases import CASES, PPO, RATIO_SKIPS, SHARDED_CASES, build_learner, state_after_update
+from tests.conftest import make_tiny_gpt2
+from tests.data_parallel_cases import (
+    CASES,
+    PPO,
+    RATIO_SKIPS,
+    SHARDED_CASES,
+    build_learner,
+    generated,
+    state_after_update,
+)
 from tests.test_ppo_learner import make_learner
 from tests.test_train import tiny_overrides
 
@@ -127,6 +136,18 @@ def test_sharded_models_compute_in_bfloat16_and_train_float32_shards(one_and_two
     assert similarity > 0.9
 
 
+def test_sharded_models_generate_what_the_whole_model_generates(one_and_two_ranks, tokenizer):
+    _, ranks = one_and_two_ranks
+    whole = make_tiny_gpt2(tokenizer, seed=0)
+    for rank, results in enumerate(ranks):
+        found = results["fsdp/generation"]
+        # The same seed and prompts give the same responses as the whole model: gathered once for the call, or
+        # gathered layer by layer at every token, while the other rank generates for other prompts.
+        assert found["gathered=True"] == found["gathered=False"] == generated(whole, tokenizer, rank)
+        assert found["sharded_after/gathered=True"] and found["sharded_after/gathered=False"]
+    assert ranks[0]["fsdp/generation"]["gathered=True"] != ranks[1]["fsdp/generation"]["gathered=True"]
+
+
 def test_sharded_ranks_agree_to_skip(one_and_two_ranks, tokenizer):
     _, ranks = one_and_two_ranks
     single = make_learner(tokenizer, 0, PPOLearner, None, **{**PPO, **RATIO_SKIPS})
@@ -161,6 +182,8 @@ def test_fsdp_config_is_checked_before_anything_starts():
         load_config(ROOT / "examples" / "cory_gsm8k.yaml", ["model.fsdp=true"])
     with pytest.raises(ConfigError, match="model.fsdp_compute_dtype applies to sharded models"):
         load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["model.fsdp=false"])
+    with pytest.raises(ConfigError, match="model.fsdp_gather_for_generation applies to sharded models"):
+        load_config(ROOT / "examples" / "cory_gsm8k.yaml", ["model.fsdp_gather_for_generation=false"])
     with pytest.raises(ConfigError, match="model.fsdp_compute_dtype: model dtype must be one of"):
         load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["model.fsdp_compute_dtype=float8"])
     # The sharded example is the LoRA one trained on full float32 weights: nothing else changes.

@@ -20,6 +20,7 @@ from transformers import (
 )
 
 from marllm.models.generation_config import GenerationConfig
+from marllm.sharding import whole_for_generation
 
 # transformers >= 5.23 can keep each row's left padding out of the repetition penalty (a per-row
 # prompt_ignore_length, as its generate then passes); 5.0–5.22 take one int for the whole batch only.
@@ -354,20 +355,23 @@ def generate_responses(
     check_prompt_lengths(prompts, prompt_mask, budget, context, owner)
     check_model_sampling_defaults(model, owner)
     eos = tokenizer.eos_token_id
-    output = model.generate(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        do_sample=True,
-        max_new_tokens=budget,
-        logits_processor=sampling_processors(generation, prompt_mask, eos, budget),
-        # The neutral values, explicitly: left unset, generate would take them from the model's generation_config.
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        repetition_penalty=1.0,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos,
-    )
+    # A sharded model is gathered once for the call, not at each token's forward; generate keeps every rank
+    # stepping until all are done (synced_gpus, on by itself for a model FSDP manages).
+    with whole_for_generation(model):
+        output = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            do_sample=True,
+            max_new_tokens=budget,
+            logits_processor=sampling_processors(generation, prompt_mask, eos, budget),
+            # The neutral values, explicitly: left unset, generate would take them from the model's generation_config.
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            repetition_penalty=1.0,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos,
+        )
     response = output[:, prompt_ids.shape[1] :]  # (B, L), L <= budget
     if generation.stop_at_eos and eos is not None:
         is_eos = (response == eos).long()
