@@ -76,7 +76,6 @@ __all__ = [
     "STATE_FILE",
     "CheckpointError",
     "CheckpointInfo",
-    "LearnerState",
     "check_tensors",
     "latest_checkpoint",
     "load_checkpoint",
@@ -105,26 +104,11 @@ class CheckpointInfo:
     extra: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class LearnerState:
-    """A learner's ``state_dict()`` taken beforehand, which :func:`save_checkpoint` takes in the learner's place.
-
-    A sharded learner's state is gathered by every rank of its run together, while rank 0 alone writes.
-    """
-
-    tensors: dict[str, torch.Tensor]
-    meta: dict[str, Any]
-
-    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """The state as it was taken."""
-        return self.tensors, self.meta
-
-
 # ----------------------------------------------------------------------------------------------- public API
 def save_checkpoint(
     run_dir: Path,
     iteration: int,
-    learners: Mapping[str, Learner | LearnerState],
+    learners: Mapping[str, Learner],
     env: AECEnv,
     keep: int = 2,
     extra: dict[str, Any] | None = None,
@@ -138,7 +122,7 @@ def save_checkpoint(
     Args:
         run_dir: the run directory; checkpoints go to ``run_dir / CHECKPOINTS_DIR``.
         iteration: completed iterations (names the directory ``iteration-%06d``).
-        learners: the learners by id, or their :class:`LearnerState`.
+        learners: the learners by id; their ``state_dict()`` is taken one at a time, in this order, as each is written.
         env: the wrapped env; every object on its ``.env`` chain that has ``state_dict`` is saved.
         keep: how many complete checkpoints to keep, >= 1.
         extra: JSON-able data of the caller's (e.g. the config), returned as :attr:`CheckpointInfo.extra`; JSON
@@ -240,7 +224,7 @@ def _check_save_arguments(iteration: int, learners: Mapping[str, Any], keep: int
 
 
 def _write_contents(
-    directory: Path, iteration: int, learners: Mapping[str, Learner | LearnerState], env: AECEnv, extra: dict[str, Any]
+    directory: Path, iteration: int, learners: Mapping[str, Learner], env: AECEnv, extra: dict[str, Any]
 ) -> None:
     rng_tensors, rng_meta = _global_rng_state()
     state: dict[str, Any] = {"learners": {}, "env": [], "rng": rng_meta}

@@ -20,10 +20,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+COLLECTIVE_TIMEOUT = timedelta(hours=1)
+"""How long a rank waits in a collective for the others: longer than torch's default (10 minutes for NCCL), as the
+other ranks wait in their next collective while rank 0 writes a checkpoint or an export, which for several 7B models
+with their Adam state is hundreds of GB."""
 
 WORLD_SIZE_VARIABLE = "WORLD_SIZE"
 """The environment variable by which torchrun (and accelerate) tell a process how many ranks the run has."""
@@ -51,7 +57,7 @@ def init_data_parallel(device: str) -> DataParallel | None:
         cuda = device != "cpu" and torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
     return DataParallel.of_default_group()
 
 

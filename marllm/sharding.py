@@ -17,6 +17,7 @@ FSDP's collectives put two rules on the learners, which they follow when their m
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 
@@ -27,6 +28,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from marllm.distributed import DataParallel
+
+_ONE_UNIT_WARNING = 10_000_000  # parameters: below, a model is small enough to gather whole (a value head, a test's)
 
 # How each module was sharded, for what uses it later: the value head sharded like its policy, generation.
 _COMPUTE_DTYPES: weakref.WeakKeyDictionary[nn.Module, torch.dtype | None] = weakref.WeakKeyDictionary()
@@ -54,6 +57,13 @@ def shard_module(
     data_parallel.broadcast_(list(module.parameters()))
     mesh = init_device_mesh(data_parallel.device.type, (data_parallel.world_size,))
     blocks = set(getattr(module, "_no_split_modules", None) or ())
+    if not blocks and sum(p.numel() for p in module.parameters()) > _ONE_UNIT_WARNING:
+        warnings.warn(
+            f"{type(module).__name__} names no _no_split_modules: it is sharded as one unit, so every forward "
+            "gathers the whole model",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     precision = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None)
     # Resharding after forward, root included (FSDP's default keeps the root's parameters whole after a forward),
     # so that between calls every parameter is its DTensor shard: what the optimiser and checkpoints hold.
@@ -83,13 +93,15 @@ def whole_for_generation(module: nn.Module) -> Iterator[None]:
     if not units or not _GATHER_FOR_GENERATION.get(module, False):
         yield
         return
-    for unit in units:
-        unit.set_reshard_after_forward(False, recurse=False)
-        unit.unshard()
+    changed: list[FSDPModule] = []
     try:
-        yield
-    finally:
         for unit in units:
+            changed.append(unit)
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        yield
+    finally:  # also after a failed gather (out of memory): every unit changed goes back to its shards
+        for unit in changed:
             unit.reshard()
             unit.set_reshard_after_forward(True, recurse=False)
 
@@ -104,12 +116,30 @@ def compute_dtype_of(module: nn.Module) -> torch.dtype | None:
     return _COMPUTE_DTYPES.get(module)
 
 
-def gathered(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``tensors`` with every sharded one (``DTensor``) replaced by its full tensor; the others as they are.
+@torch.no_grad()
+def gathered(tensors: Mapping[str, torch.Tensor], keep: bool = True) -> dict[str, torch.Tensor]:
+    """``tensors`` with every sharded one (``DTensor``) replaced by its full tensor on the CPU; the others as they
+    are.
 
-    A collective for sharded tensors: every rank must call it with the same names in the same order.
+    The sharded tensors are gathered one at a time and moved off the device at once, so that a device holds one
+    whole tensor at most. A ``DTensor`` given under several names (tied weights, from ``state_dict(keep_vars=True)``)
+    is gathered once and shared by its names, as the unsharded model shares it. ``keep=False``: take part in the
+    gathers and keep none (a rank that does not write); the result then holds the unsharded tensors alone. A
+    collective for sharded tensors: every rank must call it with the same names in the same order.
     """
-    return {name: full_tensor(tensor) for name, tensor in tensors.items()}
+    wholes: dict[int, torch.Tensor | None] = {}  # by the identity of the sharded tensor: one gather each, on all ranks
+    result = {}
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, DTensor):
+            result[name] = tensor
+            continue
+        if id(tensor) not in wholes:
+            whole = tensor.full_tensor()
+            wholes[id(tensor)] = whole.cpu() if keep else None
+            del whole
+        if keep:
+            result[name] = wholes[id(tensor)]
+    return result
 
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:

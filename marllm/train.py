@@ -12,7 +12,6 @@ import contextlib
 import json
 import shutil
 import signal
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,7 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
-from marllm.algorithms.learner import Learner
-from marllm.checkpoint import CheckpointInfo, LearnerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from marllm.checkpoint import CheckpointInfo, latest_checkpoint, load_checkpoint, save_checkpoint
 from marllm.config import TrainConfig, resume_differences
 from marllm.config_loading import ConfigError
 from marllm.distributed import (
@@ -97,9 +95,10 @@ def train(
 
     Started by torchrun with several processes (``marllm train --nproc N``), it joins their process group and trains
     data-parallel (:mod:`marllm.distributed`): each rank plays its slice of every batch, and rank 0 alone writes the
-    run directory and evaluates at the end; the others return a result without evaluation. With ``model.fsdp`` the
-    models are sharded over the ranks (:mod:`marllm.sharding`), and every rank joins the gathering of states to save
-    and the end-of-run evaluation. A stop signal stops every rank after the same iteration.
+    run directory; with whole models it alone evaluates at the end, and the others return a result without
+    evaluation. With ``model.fsdp`` the models are sharded over the ranks (:mod:`marllm.sharding`): every rank joins
+    the gathering of the states rank 0 writes and the end-of-run evaluation's forwards. A stop signal stops every rank
+    after the same iteration.
 
     Raises:
         RunDirError: ``run_dir`` holds a run (and neither flag is given), or there is nothing to resume.
@@ -269,7 +268,7 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
                     for lid in setup.learners
                 }
             )
-    if stop.requested:
+    if _stop_requested(run, stop):  # a signal during the last iteration, on any rank
         _stop_gracefully(run, stop)
 
 
@@ -289,15 +288,16 @@ def _checkpoint_due(run: _Run) -> bool:
 
 def _save_training_state(run: _Run) -> None:
     run.checkpointed = run.completed
-    learners: Mapping[str, Learner | LearnerState] = run.setup.learners
-    if run.setup.sharded:  # every rank gathers the sharded states; rank 0 writes them
-        learners = {learner_id: LearnerState(*learner.state_dict()) for learner_id, learner in learners.items()}
     if not run.writes:
+        if run.setup.sharded:
+            # Rank 0's save_checkpoint gathers each learner's state_dict in turn as it writes; every rank joins.
+            for learner in run.setup.learners.values():
+                learner.share_state()
         return
     save_checkpoint(
         run.run_dir,
         run.completed,
-        learners,
+        run.setup.learners,
         run.setup.env,
         keep=run.config.logging.keep_checkpoints,
         extra={"config": run.config.to_dict()},
@@ -323,7 +323,7 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
     if run.checkpointed != run.completed:
         _save_training_state(run)
     stop.graceful = False
-    if stop.requested:  # a signal during that save
+    if _stop_requested(run, stop):  # a signal during that save, on any rank
         _stop_gracefully(run, stop)
     # Sharded models need every rank in their forwards and gathers: all ranks export and evaluate, rank 0 writes.
     if not run.writes and not setup.sharded:

@@ -32,6 +32,7 @@ BATCH = 8
 PPO = {"mini_batch_size": 2, "gradient_accumulation_steps": 2, "ppo_epochs": 2, "learning_rate": 3e-3}
 CASES: dict[str, dict[str, Any]] = {
     "ppo": {"ppo": PPO},
+    "ppo_clipped": {"ppo": {**PPO, "max_grad_norm": 0.1}},  # clipped at every step: the global norm decides
     "ppo_step_token_mean": {"ppo": {**PPO, "loss_reduction": "step_token_mean", "score_transform": "scale"}},
     "grpo_kl_in_loss": {
         "ppo": PPO,
@@ -42,7 +43,7 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-SHARDED_CASES = ("ppo", "grpo_kl_in_loss")
+SHARDED_CASES = ("ppo", "ppo_clipped", "grpo_kl_in_loss")
 RATIO_SKIPS = {"ratio_threshold": 1.02}  # low enough that some mini-batches of the second epoch run over it
 
 

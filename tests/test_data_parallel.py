@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from marllm.algorithms.ppo import PPOLearner
@@ -89,7 +90,9 @@ def test_two_ranks_update_as_one_process_does(one_and_two_ranks, case, tokenizer
 
 
 @pytest.mark.parametrize("case", SHARDED_CASES)
-def test_sharded_ranks_update_checkpoint_and_export_as_one_process_does(one_and_two_ranks, case, tmp_path_factory):
+def test_sharded_ranks_update_checkpoint_and_export_as_one_process_does(
+    one_and_two_ranks, case, tmp_path_factory, tokenizer
+):
     single, ranks = one_and_two_ranks
     sharded = [ranks[r][f"fsdp/{case}"] for r in range(2)]
     for after_one, after_rank0, after_rank1 in zip(
@@ -113,6 +116,10 @@ def test_sharded_ranks_update_checkpoint_and_export_as_one_process_does(one_and_
     # The export is a whole Hugging Face model under its own class name, written once.
     export = Path(ranks[0]["out_dir"]) / f"export-{case}"
     assert json.loads((export / "policy" / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
+    # Tied weights (GPT-2's LM head is its token embedding) stay one tensor, saved once as an unsharded model saves it.
+    unsharded = tmp_path_factory.mktemp("unsharded")
+    make_tiny_gpt2(tokenizer, seed=0).save_pretrained(unsharded)
+    assert safetensor_names(export / "policy") == safetensor_names(unsharded)
     exported = AutoModelForCausalLM.from_pretrained(export / "policy")
     for name, parameter in exported.named_parameters():
         torch.testing.assert_close(parameter, state[f"policy/{name}"], rtol=0, atol=0, msg=name)
@@ -165,6 +172,15 @@ def test_sharded_ranks_agree_to_skip(one_and_two_ranks, tokenizer):
         assert "non-finite PPO loss" in nonfinite["last_nonfinite"]
         for before, after in zip(nonfinite["before"], nonfinite["parameters"], strict=True):
             torch.testing.assert_close(after, before, rtol=0, atol=0, equal_nan=True)
+
+
+def safetensor_names(directory):
+    """The tensor names of a saved model's safetensors files."""
+    names = set()
+    for file in Path(directory).glob("*.safetensors"):
+        with safe_open(str(file), "pt") as weights:
+            names.update(weights.keys())
+    return names
 
 
 def after_update_and_reference(single, case):

@@ -73,10 +73,20 @@ class LearnerCheckpoint:
         Raises:
             RuntimeError: the learner holds a rollout it has not trained on yet (save between iterations).
         """
+        tensors, meta = self._state_tensors()
+        # A sharded learner's tensors are gathered whole onto the CPU: each other rank of its run must call this or
+        # share_state() at the same time, for the learners in the same order.
+        return gathered(tensors), {"adapter": self.adapter, **meta}
+
+    def share_state(self) -> None:
+        """On a rank of a sharded run that does not write: take part in the gathers of the :meth:`state_dict` that
+        rank 0 takes (for its checkpoint) at the same time, keeping nothing."""
+        gathered(self._state_tensors()[0], keep=False)
+
+    def _state_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors, meta = self._training_state()
         tensors.update({f"policy/{name}": tensor for name, tensor in self._policy_tensors().items()})
-        # A sharded learner's tensors are made whole: every rank of its run must call this, in the same order.
-        return gathered(tensors), {"adapter": self.adapter, **meta}
+        return tensors, meta
 
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned into a learner built like the one that saved it.
@@ -106,11 +116,13 @@ class LearnerCheckpoint:
         """
         directory = Path(directory)
         if self.sharded:
-            # Gathered on every rank (collectives), written by rank 0 alone.
-            weights = gathered(self.model.state_dict())
+            # Gathered by every rank (collectives), kept and written by rank 0 alone. Parameters as themselves
+            # (keep_vars), so that tied weights stay one tensor and are saved once.
+            keep = self.data_parallel.is_main
+            weights = gathered(self.model.state_dict(keep_vars=True), keep)
             tensors, meta = self._training_state()
-            tensors = gathered(tensors)
-            if not self.data_parallel.is_main:
+            tensors = gathered(tensors, keep)
+            if not keep:
                 return
         directory.mkdir(parents=True, exist_ok=True)
         if self.adapter is not None:
@@ -224,6 +236,11 @@ class LearnerCheckpoint:
 
     def _load_legacy_state(self, directory: Path) -> None:
         """The ``value_head.safetensors`` + ``learner_state.pt`` pair earlier marllm versions wrote."""
+        if self.sharded:
+            raise CheckpointError(
+                f"learner {self.name!r}: {directory / LEGACY_STATE} (an earlier marllm version's format) is not "
+                "loaded into sharded models; load it on one process and save it again"
+            )
         try:
             state: dict[str, Any] = torch.load(directory / LEGACY_STATE, map_location=self.device, weights_only=True)
         except (pickle.UnpicklingError, RuntimeError) as error:
