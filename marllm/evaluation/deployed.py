@@ -147,9 +147,12 @@ def evaluate_alone(
     return rows
 
 
-def evaluate_pass_at_k_alone(config: TrainConfig, learners: Mapping[str, Learner]) -> list[dict[str, Any]]:
+def evaluate_pass_at_k_alone(
+    config: TrainConfig, learners: Mapping[str, Learner], progress: bool | None = None
+) -> list[dict[str, Any]]:
     """pass@k of the base model and of each learner deployed alone, on the task's eval split, with the
-    ``logging.pass_at_k*`` settings of ``config``; one :meth:`PassAtKResult.to_dict` per model."""
+    ``logging.pass_at_k*`` settings of ``config``; one :meth:`PassAtKResult.to_dict` per model. ``progress``: show
+    progress bars (None: ``logging.progress``)."""
     log = config.logging
     problems = eval_problems(config, log.pass_at_k_problems)
     results = []
@@ -163,7 +166,7 @@ def evaluate_pass_at_k_alone(config: TrainConfig, learners: Mapping[str, Learner
             log.pass_at_k,
             log.pass_at_k_samples,
             seed=config.seed,
-            progress=log.progress,
+            progress=log.progress if progress is None else progress,
         )
         results.append(result.to_dict())
     return results
