@@ -1,11 +1,12 @@
 """Memory per rank and seconds per iteration of CORY on N data-parallel ranks, models replicated or sharded (FSDP).
 
     .venv/bin/python benchmarks/bench_fsdp.py [--nproc 2] [--iterations 4] [--n-layer 8] [--n-embd 512]
+        [--model marllm:smollm2-135m-instruct]
 
-Two learners (pioneer, observer) train full copies of a random GPT-2 against one shared reference, as CORY does,
-with the global batch split over the ranks. Each configuration runs under its own torchrun: one process alone, N
-ranks each holding whole models (``model.fsdp: false``), and N ranks sharding them (``model.fsdp: true``). Per rank
-it reports the bytes of model state the rank holds after the iterations (the parameters of both policies, their
+Two learners (pioneer, observer) train full copies of a random GPT-2 (or ``--model``, e.g. the embedded SmolLM2, a
+Llama) against one shared reference, as CORY does, with the global batch split over the ranks. Each configuration
+runs under its own torchrun: one process alone, N ranks each holding whole models (``model.fsdp: false``), and N
+ranks sharding them (``model.fsdp: true``). Per rank it reports the bytes of model state the rank holds after the iterations (the parameters of both policies, their
 value heads and the reference; gradients; Adam's moments: local shards where sharded), the peak resident set size,
 and the mean seconds of an iteration after the first. Gloo on CPU; NCCL, one GPU per rank, with ``--device cuda``.
 """
@@ -26,9 +27,11 @@ import numpy as np
 import torch
 from _models import chain_env, random_queries, run_child, save_random_model_counted
 from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.assets import resolve_model
 from marllm.distributed import close_data_parallel, init_data_parallel
 from marllm.learner_factory import make_learners
 from marllm.loop import run_iteration
@@ -143,6 +146,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--model", help="a model directory or marllm: model to train instead of a random GPT-2")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "MODEL_DIR"), help=argparse.SUPPRESS)
     parser.add_argument("--save-model", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -158,11 +162,16 @@ def main() -> None:
         return
     if args.iterations < 2 or args.nproc < 2 or args.batch_size % (2 * args.nproc):
         parser.error("give --iterations >= 2, --nproc >= 2, and a --batch-size that splits into 2 mini-batches a rank")
-    with tempfile.TemporaryDirectory(prefix="marllm-bench-") as model_dir:
-        shape = {"vocab_size": args.vocab_size, "n_layer": args.n_layer, "n_embd": args.n_embd}
-        params = run_child(__file__, ["--save-model", model_dir], shape)["parameters"]
+    with tempfile.TemporaryDirectory(prefix="marllm-bench-") as scratch:
+        if args.model is None:
+            model_dir, what = scratch, "random GPT-2"
+            shape = {"vocab_size": args.vocab_size, "n_layer": args.n_layer, "n_embd": args.n_embd}
+            params = run_child(__file__, ["--save-model", model_dir], shape)["parameters"]
+        else:
+            model_dir, what = resolve_model(args.model), args.model
+            params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
         print(
-            f"CORY, 2 full-model learners + 1 reference; random GPT-2 of {params / 1e6:.1f}M parameters "
+            f"CORY, 2 full-model learners + 1 reference; {what} of {params / 1e6:.1f}M parameters "
             f"({4 * params / MIB:.0f} MiB in float32); global batch {args.batch_size}, {args.new_tokens} new tokens; "
             f"{args.threads} torch thread(s) per process; {args.device}"
         )
