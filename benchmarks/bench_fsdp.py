@@ -6,9 +6,10 @@
 Two learners (pioneer, observer) train full copies of a random GPT-2 (or ``--model``, e.g. the embedded SmolLM2, a
 Llama) against one shared reference, as CORY does, with the global batch split over the ranks. Each configuration
 runs under its own torchrun: one process alone, N ranks each holding whole models (``model.fsdp: false``), and N
-ranks sharding them (``model.fsdp: true``). Per rank it reports the bytes of model state the rank holds after the iterations (the parameters of both policies, their
-value heads and the reference; gradients; Adam's moments: local shards where sharded), the peak resident set size,
-and the mean seconds of an iteration after the first. Gloo on CPU; NCCL, one GPU per rank, with ``--device cuda``.
+ranks sharding them (``model.fsdp: true``). Per rank it reports the bytes of model state the rank holds after the
+iterations (the parameters of both policies, their value heads and the reference; gradients; Adam's moments: local
+shards where sharded), the peak resident set size, and the mean seconds of an iteration after the first (rank 0's,
+and of each phase). Gloo on CPU; NCCL, one GPU per rank, with ``--device cuda``.
 """
 
 from __future__ import annotations
