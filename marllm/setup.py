@@ -31,9 +31,12 @@ class Setup:
     tokenizer: Any
     concurrent_updates: bool = False
     """Whether the learners update at the same time: full-model learners, each on its own device."""
-    sharded: bool = False
-    """Whether the models are sharded over the data-parallel ranks (``model.fsdp``): every rank then joins every
-    forward, including the end-of-run evaluation's, and every gathering of a state to save."""
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the models are sharded over the data-parallel ranks (``model.fsdp``): every rank then joins every
+        forward, including the end-of-run evaluation's, and every gathering of a state to save."""
+        return self.config.model.fsdp
 
 
 def build_env(config: TrainConfig, task: TaskParts, data_parallel: DataParallel | None = None) -> AECEnv:
@@ -72,4 +75,4 @@ def build(config: TrainConfig, data_parallel: DataParallel | None = None) -> Set
     reseed_sampling(config.seed, data_parallel)
     devices = {str(next(learner.model.parameters()).device) for learner in learners.values()}
     concurrent = config.model.lora is None and len(devices) == len(learners) > 1
-    return Setup(config, env, learners, task, reference, tokenizer, concurrent, config.model.fsdp)
+    return Setup(config, env, learners, task, reference, tokenizer, concurrent)

@@ -115,25 +115,22 @@ class LearnerCheckpoint:
         head, optimiser, KL coefficient, score statistics, update count, generator), which :meth:`load_state` reads.
         """
         directory = Path(directory)
+        tensors, meta = self._training_state()
+        weights = None  # a sharded model's weights, gathered whole
         if self.sharded:
             # Gathered by every rank (collectives), kept and written by rank 0 alone. Parameters as themselves
             # (keep_vars), so that tied weights stay one tensor and are saved once.
             keep = self.data_parallel.is_main
             weights = gathered(self.model.state_dict(keep_vars=True), keep)
-            tensors, meta = self._training_state()
             tensors = gathered(tensors, keep)
             if not keep:
                 return
         directory.mkdir(parents=True, exist_ok=True)
         if self.adapter is not None:
             self.model.save_pretrained(directory / "policy", selected_adapters=[self.adapter])
-        elif self.sharded:
-            self.model.save_pretrained(directory / "policy", state_dict=weights)
         else:
-            self.model.save_pretrained(directory / "policy")
+            self.model.save_pretrained(directory / "policy", state_dict=weights)
         self.tokenizer.save_pretrained(directory / "policy")
-        if not self.sharded:
-            tensors, meta = self._training_state()
         write_tensors(directory / LEARNER_STATE_TENSORS, tensors)
         write_json(directory / LEARNER_STATE_META, meta)
 
