@@ -1,4 +1,4 @@
-.PHONY: setup run test lint lock
+.PHONY: setup run test lint docs lock
 
 setup:
 	./scripts/setup.sh
@@ -13,9 +13,14 @@ test: setup
 
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports
 
-# Refresh requirements.lock: the newest versions that pyproject.toml's ranges and constraints.in allow, with the dev
-# and ray extras (the tests run the Ray engine). It resolves against the public index alone (no local wheel
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link or a missing symbol.
+docs: setup
+	.venv/bin/mkdocs build --strict
+
+# Refresh requirements.lock: the newest versions that pyproject.toml's ranges and constraints.in allow, with the dev,
+# ray and games extras (the tests run the Ray engine). It resolves against the public index alone (no local wheel
 # directories or pip config of this machine), so the lock names PyPI's torch and its CUDA packages; setup.sh still
 # takes a local CPU build of the same version where no GPU is.
 # Run `make test` afterwards: the lock is what the tests passed on.
@@ -24,5 +29,5 @@ lock:
 	[ -x .venv-lock/bin/pip-compile ] || { python3 -m venv .venv-lock && \
 		.venv-lock/bin/python -m pip install --quiet "pip-tools==$(PIP_TOOLS_VERSION)"; }
 	env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null .venv-lock/bin/pip-compile --quiet \
-		--upgrade --extra dev --extra ray --strip-extras --allow-unsafe --no-emit-find-links --no-emit-index-url \
+		--upgrade --extra dev --extra ray --extra games --strip-extras --allow-unsafe --no-emit-find-links --no-emit-index-url \
 		--constraint constraints.in --output-file requirements.lock pyproject.toml

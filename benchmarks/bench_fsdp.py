@@ -33,10 +33,10 @@ from transformers.utils import logging as hf_logging
 
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import resolve_model
-from marllm.distributed import close_data_parallel, init_data_parallel
-from marllm.learner_factory import make_learners
 from marllm.loop import run_iteration
 from marllm.models.policy import load_tokenizer
+from marllm.parallel.distributed import close_data_parallel, init_data_parallel
+from marllm.run.learners import make_learners
 
 MIB = 2**20
 MODES = ("one process", "replicated", "sharded")

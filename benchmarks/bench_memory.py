@@ -30,10 +30,10 @@ from _models import chain_env, learner_ids, random_queries, run_child, save_rand
 from transformers.utils import logging as hf_logging
 
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
-from marllm.learner_factory import make_learners
 from marllm.loop import run_iteration
 from marllm.models.lora import LoraSettings
 from marllm.models.policy import load_tokenizer, resolve_device
+from marllm.run.learners import make_learners
 
 MODES = ("full", "lora")
 MAX_AGENTS = 3

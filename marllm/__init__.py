@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from marllm.lazy_exports import lazy_exports
+from marllm.utils.lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -25,12 +25,12 @@ _EXPORTS = {
     "PPOLearner": "marllm.algorithms.ppo",
     "PPOConfig": "marllm.algorithms.ppo_config",
     "GenerationConfig": "marllm.models.generation_config",
-    "make_learners": "marllm.learner_factory",
+    "make_learners": "marllm.run.learners",
     "run_iteration": "marllm.loop",
-    "train": "marllm.train",
+    "train": "marllm.run.train",
     "TrainConfig": "marllm.config",
     "load_config": "marllm.config",
-    "ConfigError": "marllm.config_loading",
+    "ConfigError": "marllm.config.loading",
 }
 
 __all__ = [
@@ -54,12 +54,12 @@ if TYPE_CHECKING:
     from marllm.algorithms.ppo import PPOLearner
     from marllm.algorithms.ppo_config import PPOConfig
     from marllm.config import TrainConfig, load_config
-    from marllm.config_loading import ConfigError
+    from marllm.config.loading import ConfigError
     from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
-    from marllm.learner_factory import make_learners
     from marllm.loop import run_iteration
     from marllm.models.generation_config import GenerationConfig
-    from marllm.train import train
+    from marllm.run.learners import make_learners
+    from marllm.run.train import train
     from marllm.wrappers.role_permutation import RolePermutation
     from marllm.wrappers.shared_reward import SharedReward
 

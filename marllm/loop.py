@@ -1,17 +1,20 @@
-"""The multi-agent training loop: PettingZoo's ``agent_iter`` over a wrapped text env, one learner per agent id.
+"""The multi-agent loop: PettingZoo's ``agent_iter`` over a wrapped env, one player per agent id.
 
 CORY is not a code path here: it is ``SequentialTextEnv(roles=[pioneer, observer])`` wrapped by ``SharedReward`` and
 ``RolePermutation``, driven by the same loop as single-agent PPO. The loop reads the env only through the AEC API
 (``reset``, ``agent_iter``, ``last``, ``step``): what it records of a dialogue comes from the observations and infos.
+:func:`play_episode` plays one episode with any players (training, evaluation and cross-play all use it);
+:func:`run_iteration` is an episode followed by one update per learner.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from pettingzoo import AECEnv
@@ -20,15 +23,85 @@ from marllm.algorithms.learner import Learner
 from marllm.envs.info_keys import BATCH_REWARDS, QUERIES, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
 
 
+class Player(Protocol):
+    """What :func:`play_episode` needs of whoever plays an agent: an answer per prompt, then the rewards of each
+    answer (oldest first). Every :class:`~marllm.algorithms.learner.Learner` is one; so is :class:`ActOnly`."""
+
+    def act(self, observation: Mapping[str, Sequence[str]], role: str | None = None) -> Sequence[str]: ...
+
+    def finish(self, rewards: Sequence[float], task_rewards: Sequence[float] | None = None) -> None: ...
+
+
+class ActOnly:
+    """A player that answers with ``answer(prompts)`` and learns nothing (evaluation, cross-play, replays)."""
+
+    def __init__(self, answer: Callable[[Sequence[str]], Sequence[str]]) -> None:
+        self.answer = answer
+
+    def act(self, observation: Mapping[str, Sequence[str]], role: str | None = None) -> list[str]:
+        return list(self.answer(observation["prompt"]))
+
+    def finish(self, rewards: Sequence[float], task_rewards: Sequence[float] | None = None) -> None:
+        """Nothing to learn."""
+
+
+@dataclass
+class Episode:
+    """One played episode, as :func:`play_episode` returns it."""
+
+    dialogues: dict[str, dict[str, Any]]
+    """Per agent that acted: ``role``, ``queries`` (the batch's queries, as the env reports them under
+    :data:`~marllm.envs.info_keys.QUERIES`; None if it does not) and ``turns``: per turn it spoke, its ``prompts``,
+    ``responses`` and ``task_rewards``."""
+    final_infos: dict[str, Mapping[str, Any]]
+    """Each agent's info when it was done (its rewards, under the keys of :mod:`marllm.envs.info_keys`)."""
+    env_seconds: float
+    """Time spent in ``env.step`` (rendering prompts, scoring rewards)."""
+
+    def task_rewards(self, agent: str) -> np.ndarray:
+        """The agent's own per-dialogue task reward of the episode."""
+        return np.asarray(self.final_infos[agent][TASK_REWARDS])
+
+
 class IterationResult(NamedTuple):
     """What :func:`run_iteration` returns; unpacks as ``metrics, dialogues``."""
 
     metrics: dict[str, Any]
     """``<learner>/<name>`` per learner (its update's metrics and its role) and ``time/*`` summed over learners."""
     dialogues: dict[str, dict[str, Any]]
-    """Per learner: ``role``, ``queries`` (the batch's queries, as the env reports them under
-    :data:`~marllm.envs.info_keys.QUERIES`; None if it does not) and ``turns``: per turn it spoke, its
-    ``prompts``, ``responses`` and ``task_rewards``."""
+    """Per learner, its dialogue record (:attr:`Episode.dialogues`)."""
+
+
+def play_episode(env: AECEnv, players: Mapping[str, Player], seed: int | None = None) -> Episode:
+    """Reset ``env`` and play one episode: each agent's player answers when the agent is to move.
+
+    Once the episode is over, every answer's rewards go to its player's ``finish`` in the order the answers were
+    given, so that a player sitting in several seats gets each reward for the rollout it belongs to.
+    """
+    env.reset(seed=seed)
+    dialogues: dict[str, dict[str, Any]] = {}
+    final_infos: dict[str, Mapping[str, Any]] = {}
+    acted: list[str] = []  # the agent of every answer, oldest first
+    env_seconds = 0.0
+    for agent in env.agent_iter():
+        observation, _, terminated, truncated, info = env.last()
+        if agent not in players:
+            raise KeyError(f"the env's agent {agent!r} has no player; players are {sorted(players)}")
+        if terminated or truncated:
+            final_infos[agent] = info
+            action = None
+        else:
+            action = players[agent].act(observation, role=info.get("role"))
+            acted.append(agent)
+            record = dialogues.setdefault(
+                agent, {"role": info.get("role", agent), "queries": info.get(QUERIES), "turns": []}
+            )
+            record["turns"].append({"prompts": observation["prompt"], "responses": action})
+        step_started = time.perf_counter()
+        env.step(action)
+        env_seconds += time.perf_counter() - step_started
+    _finish_turns(players, acted, final_infos, dialogues)
+    return Episode(dialogues, final_infos, env_seconds)
 
 
 def run_iteration(
@@ -37,7 +110,8 @@ def run_iteration(
     """One episode (a batch of dialogues) then one independent update per learner (any :class:`Learner`).
 
     Returns the iteration's metrics (``<learner>/<name>`` and ``time/*``) and, per learner, its dialogue record:
-    its role, the batch's queries and, per turn it spoke, the prompts, responses and task rewards.
+    its role, the batch's queries and, per turn it spoke, the prompts, responses and task rewards. A learner
+    object that plays several agents (self-play) is updated once, under the first of its agent ids.
 
     ``concurrent_updates`` runs the learners' updates at the same time, one thread each: for learners on distinct
     devices (``agents.devices``), which share nothing an update writes. Turns cannot overlap (a turn reads the
@@ -45,57 +119,54 @@ def run_iteration(
     agent's response, so updates start once the episode is over.
     """
     started = time.perf_counter()
-    env.reset(seed=seed)
-    dialogues: dict[str, dict[str, Any]] = {}
-    env_time = 0.0
-    for agent in env.agent_iter():
-        observation, _, terminated, truncated, info = env.last()
-        if agent not in learners:
-            raise KeyError(f"the env's agent {agent!r} has no learner; learners are {sorted(learners)}")
-        if terminated or truncated:
-            _finish_turns(learners[agent], agent, info, dialogues[agent])
-            action = None
-        else:
-            action = learners[agent].act(observation, role=info.get("role"))
-            record = dialogues.setdefault(
-                agent, {"role": info.get("role", agent), "queries": info.get(QUERIES), "turns": []}
-            )
-            record["turns"].append({"prompts": observation["prompt"], "responses": action})
-        step_started = time.perf_counter()
-        env.step(action)
-        env_time += time.perf_counter() - step_started
-
-    metrics: dict[str, Any] = {}
-    timings: dict[str, float] = defaultdict(float)
-    if concurrent_updates and len(learners) > 1:
-        with ThreadPoolExecutor(len(learners), thread_name_prefix="marllm-update") as pool:
-            futures = {learner_id: pool.submit(learner.update) for learner_id, learner in learners.items()}
+    episode = play_episode(env, learners, seed)
+    first_seat = {id(learners[agent]): agent for agent in reversed(list(learners)) if agent in episode.dialogues}
+    to_update = {agent: learner for agent, learner in learners.items() if first_seat.get(id(learner)) == agent}
+    if concurrent_updates and len(to_update) > 1:
+        with ThreadPoolExecutor(len(to_update), thread_name_prefix="marllm-update") as pool:
+            futures = {learner_id: pool.submit(learner.update) for learner_id, learner in to_update.items()}
         updates = {learner_id: future.result() for learner_id, future in futures.items()}
     else:
-        updates = {learner_id: learner.update() for learner_id, learner in learners.items()}
+        updates = {learner_id: learner.update() for learner_id, learner in to_update.items()}
+    metrics: dict[str, Any] = {}
+    timings: dict[str, float] = defaultdict(float)
     for learner_id, stats in updates.items():
         for key, value in stats.items():
             if key.startswith("time/"):
                 timings[key] += value
             else:
                 metrics[f"{learner_id}/{key}"] = value
-        metrics[f"{learner_id}/role"] = dialogues[learner_id]["role"]
-    metrics["time/reward_s"] = env_time
+        metrics[f"{learner_id}/role"] = episode.dialogues[learner_id]["role"]
+    for agent, record in episode.dialogues.items():
+        metrics.setdefault(f"{agent}/role", record["role"])
+    metrics["time/reward_s"] = episode.env_seconds
     metrics.update(timings)
     metrics["time/iteration_s"] = time.perf_counter() - started
-    return IterationResult(metrics, dialogues)
+    return IterationResult(metrics, episode.dialogues)
 
 
-def _finish_turns(learner: Learner, agent: str, info: Mapping[str, Any], record: dict[str, Any]) -> None:
-    """Reward each of the agent's turns of the episode, oldest first, as its learner's rollouts are queued."""
-    if BATCH_REWARDS not in info:
-        raise KeyError(f"agent {agent!r} finished without per-dialogue {BATCH_REWARDS!r} in its info")
-    trained = info.get(TURN_BATCH_REWARDS, [info[BATCH_REWARDS]])
-    own = info.get(TURN_TASK_REWARDS, [info.get(TASK_REWARDS, info[BATCH_REWARDS])])
-    if not len(trained) == len(own) == len(record["turns"]):
-        raise ValueError(
-            f"agent {agent!r} spoke {len(record['turns'])} time(s) but its info has rewards for {len(trained)} turn(s)"
-        )
-    for turn, rewards, task_rewards in zip(record["turns"], trained, own, strict=True):
-        learner.finish(rewards, task_rewards)
+def _finish_turns(
+    players: Mapping[str, Player],
+    acted: list[str],
+    final_infos: Mapping[str, Mapping[str, Any]],
+    dialogues: dict[str, dict[str, Any]],
+) -> None:
+    """Reward every answer of the episode in the order the answers were given (a player rewards its oldest
+    unrewarded rollout), and record each turn's task rewards."""
+    turns = {}
+    for agent, record in dialogues.items():
+        info = final_infos.get(agent, {})
+        if BATCH_REWARDS not in info:
+            raise KeyError(f"agent {agent!r} finished without per-dialogue {BATCH_REWARDS!r} in its info")
+        trained = info.get(TURN_BATCH_REWARDS, [info[BATCH_REWARDS]])
+        own = info.get(TURN_TASK_REWARDS, [info.get(TASK_REWARDS, info[BATCH_REWARDS])])
+        if not len(trained) == len(own) == len(record["turns"]):
+            raise ValueError(
+                f"agent {agent!r} spoke {len(record['turns'])} time(s) but its info has rewards for {len(trained)} "
+                "turn(s)"
+            )
+        turns[agent] = iter(zip(record["turns"], trained, own, strict=True))
+    for agent in acted:
+        turn, rewards, task_rewards = next(turns[agent])
+        players[agent].finish(rewards, task_rewards)
         turn["task_rewards"] = np.asarray(task_rewards)

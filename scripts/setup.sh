@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv and installs marllm with everything it needs (its dev and ray extras too), at the versions of
+# Creates .venv and installs marllm with everything it needs (its dev, ray and games extras too), at the versions of
 # requirements.lock (the versions the tests passed on; `make lock` refreshes it). Idempotent: a second run
 # re-installs only when pyproject.toml, the lock or constraints.in changed.
 #
@@ -30,5 +30,5 @@ fi
 if ! command -v nvidia-smi >/dev/null 2>&1 && .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
   echo "warning: no GPU here but the installed torch is a CUDA build ($(.venv/bin/python -c 'import torch; print(torch.__version__)'))" >&2
 fi
-pip_install -e ".[dev,ray]"  # the extras the lock is compiled with
+pip_install -e ".[dev,ray,games]"  # the extras the lock is compiled with
 inputs > "$stamp"

@@ -19,10 +19,10 @@ from torch.distributed.tensor import DTensor
 from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import PPOLearner, Rollout
-from marllm.distributed import init_data_parallel
 from marllm.models.generation import generate_responses
 from marllm.models.generation_config import GenerationConfig
-from marllm.sharding import full_tensor, shard_module
+from marllm.parallel.distributed import init_data_parallel
+from marllm.parallel.sharding import full_tensor, shard_module
 from tests.conftest import make_tiny_gpt2, make_tokenizer
 from tests.test_ppo_learner import make_learner
 
@@ -76,11 +76,13 @@ def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
 
 
 def state_after_update(learner: PPOLearner, rollout: Rollout) -> dict[str, Any]:
-    """One update on ``rollout``; the learner's trained parameters (whole), metrics, η, score statistics and
-    checkpoint tensors after it. Sharded, a collective."""
+    """One update on ``rollout``; the gradient handed to each of its optimiser steps, and the learner's trained
+    parameters (whole), metrics, η, score statistics and checkpoint tensors after it. Sharded, a collective."""
+    gradients = step_gradients(learner)
     learner.rollouts = [rollout]
     metrics = learner.update()
     return {
+        "gradients": gradients,
         "parameters": [full_tensor(p.detach()).clone() for p in learner._trained_parameters()],
         "state": {name: tensor.clone() for name, tensor in learner.state_dict()[0].items()},
         "metrics": metrics,
@@ -88,6 +90,25 @@ def state_after_update(learner: PPOLearner, rollout: Rollout) -> dict[str, Any]:
         "score_mean": float(learner.score_statistics.mean),
         "score_var": float(learner.score_statistics.var),
     }
+
+
+def step_gradients(learner: PPOLearner) -> list[torch.Tensor]:
+    """Record the gradient (whole, flattened) that each optimiser step of ``learner`` is handed, in step order.
+
+    Adam's step depends on the gradient's scale only through ε, so the parameters after it barely show a gradient
+    summed over the ranks with the wrong weight (halved, or doubled): the gradients themselves do. Sharded, each
+    step's recording is a collective, as the step is.
+    """
+    recorded = []
+    step = learner.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads = [full_tensor(p.grad).flatten() for p in learner._trained_parameters() if p.grad is not None]
+        recorded.append(torch.cat(grads).detach().clone())
+        return step(*args, **kwargs)
+
+    learner.optimizer.step = recording_step
+    return recorded
 
 
 GENERATION_PROMPTS = (("this movie was", "the story is"), ("i hated the", "what a"))  # one pair per rank

@@ -6,7 +6,7 @@ import csv
 import random
 from pathlib import Path
 
-from marllm.offline import BaseModelRecipe, ClassifierRecipe, CorpusRecipe, OfflineRecipe
+from marllm.assets.offline import BaseModelRecipe, ClassifierRecipe, CorpusRecipe, OfflineRecipe
 
 POSITIVE = ["wonderful", "moving", "superb", "brilliant", "charming", "delightful"]
 NEGATIVE = ["terrible", "boring", "awful", "stupid", "dull", "clumsy"]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from marllm.config import config_from_dict
-from marllm.config_loading import ConfigError
+from marllm.config.loading import ConfigError
 from marllm.envs.text_env import env as text_env
 from marllm.loop import run_iteration
-from marllm.setup import build
+from marllm.run.setup import build
 from tests.test_train import tiny_config
 
 

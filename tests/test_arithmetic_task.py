@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from marllm.offline.arithmetic_problems import (
+from marllm.assets.offline.arithmetic_problems import (
     OPERATIONS,
     format_document,
     generate_problems,

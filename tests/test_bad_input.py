@@ -24,24 +24,29 @@ from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from marllm.assets import resolve_dataset, resolve_model
+from marllm.assets.offline import ensure_assets, prepare
+from marllm.assets.offline import preparation as prepare_module
+from marllm.assets.references import (
+    MissingReferenceError,
+    check_dataset_reference,
+    check_model_reference,
+    model_load_error,
+)
 from marllm.cli import main
 from marllm.config import config_from_dict, load_config
-from marllm.config_loading import ConfigError, parse_yaml
+from marllm.config.loading import ConfigError, parse_yaml
 from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
 from marllm.models.policy import load_causal_lm, load_tokenizer
-from marllm.offline import ensure_assets, prepare
-from marllm.offline import preparation as prepare_module
-from marllm.references import MissingReferenceError, check_dataset_reference, check_model_reference, model_load_error
 from marllm.tasks import base as base_module
 from marllm.tasks.gsm8k import load_gsm8k
 from marllm.tasks.math import MathTask
 from marllm.tasks.sentiment import SentimentTask, text_openings
 from tests.offline_support import tiny_recipe, write_tiny_corpus
 
-# the module, not the function ``marllm.train`` that the package also exports
-train_module = importlib.import_module("marllm.train")
-build_module = importlib.import_module("marllm.setup")
-learner_factory = importlib.import_module("marllm.learner_factory")
+# the module, not the function ``marllm.run.train`` that the package also exports
+train_module = importlib.import_module("marllm.run.train")
+build_module = importlib.import_module("marllm.run.setup")
+learner_factory = importlib.import_module("marllm.run.learners")
 ROOT = Path(__file__).resolve().parents[1]
 CORY = ROOT / "examples" / "cory_imdb.yaml"
 
@@ -153,10 +158,27 @@ def test_a_hub_reward_model_or_dataset_while_offline_names_its_key(
 
 
 def test_a_hub_id_is_left_to_the_hub_when_online(monkeypatch):
+    """Online, a hub id passes the check without a network call (the hub answers when it loads); offline, the same
+    id, not in the cache, is refused: the check did look at it."""
+    import socket
+
+    calls = []
+
+    def no_network(*args, **kwargs):
+        calls.append(args)
+        raise OSError("a reference check reached for the network")
+
+    for owner, name in ((socket, "getaddrinfo"), (socket, "create_connection"), (socket.socket, "connect")):
+        monkeypatch.setattr(owner, name, no_network)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    check_model_reference("nobody-xyz/no-such-model", "model.name_or_path")  # no network call: the hub answers later
+    check_model_reference("nobody-xyz/no-such-model", "model.name_or_path")  # no error: the hub answers later
     check_dataset_reference("nobody-xyz/no-such-data", "task.dataset", "a local file")
+    assert calls == []
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(MissingReferenceError, match="is not in the local cache"):
+        check_model_reference("nobody-xyz/no-such-model", "model.name_or_path")
+    assert calls == []
 
 
 def test_a_missing_dataset_file_is_named(tmp_path):
@@ -206,7 +228,7 @@ def test_a_wrong_kind_of_asset_is_refused_before_the_assets_are_prepared(monkeyp
     def refuse(*args, **kwargs):
         raise AssertionError("the offline assets were prepared before the name was checked")
 
-    monkeypatch.setattr("marllm.offline.ensure_assets", refuse)
+    monkeypatch.setattr("marllm.assets.offline.ensure_assets", refuse)
     with pytest.raises(ValueError, match=r"^model.name_or_path: 'marllm:offline-reviews' is a dataset, not a causal"):
         resolve_model("marllm:offline-reviews")
     with pytest.raises(ValueError, match=r"^task.dataset: 'marllm:offline-base' is a causal LM, not a dataset; use "):

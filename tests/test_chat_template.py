@@ -7,7 +7,7 @@ import torch
 
 from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
 from marllm.config import config_from_dict
-from marllm.config_loading import ConfigError
+from marllm.config.loading import ConfigError
 from marllm.models.generation import encode_prompts
 from tests.conftest import make_tiny_gpt2
 

@@ -14,10 +14,14 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
-from marllm.checkpoint import (
+from marllm.config import config_from_dict
+from marllm.envs.text_env import env as text_env
+from marllm.loop import run_iteration
+from marllm.models.policy import ReferencePool, load_causal_lm, load_tokenizer
+from marllm.run.checkpoint import (
     CHECKPOINTS_DIR,
     MANIFEST_FILE,
     CheckpointError,
@@ -26,11 +30,7 @@ from marllm.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from marllm.config import config_from_dict
-from marllm.envs.text_env import env as text_env
-from marllm.loop import run_iteration
-from marllm.models.policy import ReferencePool, load_causal_lm, load_tokenizer
-from marllm.setup import build
+from marllm.run.setup import build
 from marllm.wrappers import RolePermutation, SharedReward
 from tests.conftest import make_tiny_gpt2
 from tests.test_train import ROOT, tiny_overrides
@@ -51,7 +51,7 @@ def cory_config(lm, classifier, reviews, lora):
 def train_for(setup, iterations, first):
     history = []
     for iteration in range(first, first + iterations):
-        seed = setup.config.seed if iteration == 0 else None  # as marllm.train does
+        seed = setup.config.seed if iteration == 0 else None  # as marllm.run.train does
         metrics, _ = run_iteration(setup.env, setup.learners, seed=seed)
         history.append({k: v for k, v in metrics.items() if not k.startswith("time/")})
     return history
@@ -385,28 +385,6 @@ def _mark_unpickled():
     return "unpickled"
 
 
-def test_a_pickled_learner_state_is_refused(tmp_path, trained, tokenizer):
-    learners, _ = trained
-    learner = learners["llm1"]
-    learner.save(tmp_path / "llm1")
-    assert sorted(os.listdir(tmp_path / "llm1")) == ["learner_state.json", "learner_state.safetensors", "policy"]
-    # A learner state in the format of earlier versions still loads (tensors and plain values only) ...
-    legacy = tmp_path / "legacy"
-    legacy.mkdir()
-    save_file(learner.value_head.state_dict(), str(legacy / "value_head.safetensors"))
-    old_state = {"optimizer": learner.optimizer.state_dict(), "kl_coef": 0.5, "score_mean": 1.5}
-    old_state.update({"score_var": 2.0, "score_count": 8, "num_updates": 3})
-    torch.save(old_state, legacy / "learner_state.pt")
-    fresh = tiny_learners(tokenizer)["llm1"]
-    fresh.load_state(legacy)
-    assert (fresh.kl_controller.value, fresh.num_updates, fresh.score_statistics.count) == (0.5, 3, 8)
-    # ... but one that carries an object is not unpickled.
-    torch.save({**old_state, "kl_coef": Payload()}, legacy / "learner_state.pt")
-    assert pickle.loads(pickle.dumps(Payload())) == "unpickled" and Payload.ran  # the payload works ...
-    Payload.ran = False
-    with pytest.raises(CheckpointError, match=r"is not loaded: .*could run code.*_mark_unpickled"):
-        fresh.load_state(legacy)
-    assert not Payload.ran  # ... and did not run
 
 
 def test_loading_a_checkpoint_never_unpickles(tmp_path, trained, tokenizer, monkeypatch):

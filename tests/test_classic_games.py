@@ -233,10 +233,13 @@ def test_greedy_policy_never_picks_a_masked_move():
 # CPU, one thread), the win rate against a uniformly random player went from before -> after, seeds 0-7:
 #   64.8 -> 78.5, 63.0 -> 70.4, 48.2 -> 79.9, 23.3 -> 81.5, 56.8 -> 78.4, 29.2 -> 73.7, 35.9 -> 74.3, 61.2 -> 80.6 (%)
 # and the loss rate fell in every one (a random player wins about 44% of such games). The smallest gain is +7.4
-# points (seed 1), the asserted margin +4; the lowest trained rate is 70.4%, the asserted floor 65%; one rate's
-# standard error at 1000 games is about 1.5 points. With 640 games seed 0 gained only 4.3 points, hence 992.
-# About 15 s of training and 5 s of evaluation on a loaded 2-core machine.
-TRAIN_GAMES, EVAL_GAMES, SEED = 992, 1000, 0
+# points (seed 1), the asserted margin +4; one rate's standard error at 1000 games is about 1.5 points. The lowest
+# trained rate is 70.4% and the highest untrained one 64.8% (seed 0's own): the asserted floor, 70%, lies between,
+# 5 points above what the untrained network wins (a floor of 65% it nearly met: with a learning rate of 4e-4 instead
+# of 1e-2 seed 0 reached only 68.9%, +4.1 points and fewer losses, which passed everything else asserted here).
+# With 640 games seed 0 gained only 4.3 points, hence 992. About 15 s of training and 5 s of evaluation on a loaded
+# 2-core machine.
+TRAIN_GAMES, EVAL_GAMES, SEED, WIN_FLOOR = 992, 1000, 0, 0.70
 
 
 def test_short_training_beats_a_random_player_more_often_than_before():
@@ -251,5 +254,6 @@ def test_short_training_beats_a_random_player_more_often_than_before():
     assert before["all"].games == after["all"].games == EVAL_GAMES
     assert after["first"].games == after["second"].games == EVAL_GAMES // 2
     assert after["all"].rate("wins") >= before["all"].rate("wins") + 0.04, (str(before["all"]), str(after["all"]))
-    assert after["all"].rate("wins") >= 0.65, str(after["all"])
+    assert before["all"].rate("wins") <= WIN_FLOOR - 0.04, str(before["all"])  # a floor the untrained net is far from
+    assert after["all"].rate("wins") >= WIN_FLOOR, str(after["all"])
     assert after["all"].rate("losses") < before["all"].rate("losses"), (str(before["all"]), str(after["all"]))

@@ -10,7 +10,7 @@ import yaml
 
 from marllm.cli import main
 from marllm.config import TrainConfig, config_from_dict, load_config
-from marllm.config_loading import ConfigError, apply_overrides, read_yaml
+from marllm.config.loading import ConfigError, apply_overrides, read_yaml
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CORY = EXAMPLES / "cory_imdb.yaml"

@@ -54,19 +54,51 @@ def test_no_value_head_and_a_checkpoint_round_trip(tokenizer):
     assert fresh.optimizer.state_dict()["state"].keys() == learner.optimizer.state_dict()["state"].keys()
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "reinforce_pp"])
-def test_preprocess_leaves_the_rollout_alone_and_the_loss_gets_the_updates_kl_coef(tokenizer, algorithm):
-    learner = make_learner(tokenizer, algorithm, settings=CriticFreeConfig(kl_in="loss"))
+@pytest.mark.parametrize("kl_in", ["reward", "loss"])
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp"])
+def test_preprocess_leaves_the_rollout_alone_and_the_loss_gets_the_updates_kl_coef(tokenizer, algorithm, kl_in):
+    """The KL goes where ``critic_free.kl_in`` puts it, weighted by the update's η, on an update whose KL is far
+    from 0: the policy was moved away from its reference before the rollout. One epoch of one mini-batch, so that
+    the logged loss terms are those of the rollout's own log-probs (ratio 1)."""
+    scores = [1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5]
+    learner = make_learner(
+        tokenizer, algorithm, settings=CriticFreeConfig(kl_in=kl_in), ppo_epochs=1, score_transform="none"
+    )
+    with torch.no_grad():
+        learner.model.transformer.ln_f.weight.mul_(10.0)  # the reference (a copy of the initial policy) stays
     learner.act({"prompt": ["a"] * 8})
-    learner.finish([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])
+    learner.finish(scores)
     rollout = learner.rollouts[0]
     columns = set(rollout.tensors.keys())
     data = learner._preprocess(rollout)
-    added = {"advantages", "returns"} | ({"outcome"} if algorithm == "grpo" else set())
+    added = {"advantages", "returns"} | ({"outcome"} if algorithm != "reinforce_pp" else set())
     assert set(rollout.tensors.keys()) == columns and set(data.batch.keys()) == columns | added
-    learner.kl_controller.value = 0.25
+    eta = 0.25
+    learner.kl_controller.value = eta
     stats = learner.update()
-    assert learner._kl_coef == stats["kl_coef"] == 0.25 and set(rollout.tensors.keys()) == columns
+    assert learner._kl_coef == stats["kl_coef"] == eta and set(rollout.tensors.keys()) == columns
+
+    b = rollout.tensors
+    mask = b.mask.bool()
+    kl = b.kl.double()  # the reward's per-token KL: k1 = log π − log π_0 (ppo.kl_penalty), 0 on padding
+    assert kl.sum(1).mean() > 1.0  # far from the first update's usual 0
+    in_reward = eta if kl_in == "reward" else 0.0
+    rewards = -in_reward * kl
+    for i, n in enumerate(b.mask.sum(1).long().tolist()):
+        rewards[i, n - 1] += scores[i]
+    if algorithm == "reinforce_pp":  # returns-to-go of the token rewards
+        returns = rewards.flip(1).cumsum(1).flip(1)
+    else:  # the outcome, score − η·(summed KL) when the KL is in the reward, at every token
+        returns = rewards.sum(1, keepdim=True).expand_as(rewards)
+    assert stats["returns/mean"] == pytest.approx(returns[mask].mean().item(), rel=1e-5)
+    x = (b.ref_logprobs - b.logprobs).double()[mask]
+    k3 = (x.exp() - x - 1).mean().item()  # GRPO's KL estimate, averaged over the tokens (token-mean)
+    assert k3 > 0.1
+    if kl_in == "loss":
+        assert stats["loss/kl"] == pytest.approx(k3, rel=1e-3)
+        assert stats["loss/total"] == pytest.approx(stats["loss/policy"] + eta * stats["loss/kl"], rel=1e-5)
+    else:
+        assert stats["loss/kl"] == 0.0 and stats["loss/total"] == stats["loss/policy"]
 
 
 def test_groups_with_equal_rewards_give_no_signal(tokenizer):
@@ -115,8 +147,8 @@ def tiny_cory_data(lm, classifier, reviews, agents, env):
 
 def test_config_mixes_algorithms_and_trains_cory_with_grpo(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
     from marllm.config import config_from_dict
-    from marllm.setup import build
-    from marllm.train import train
+    from marllm.run.setup import build
+    from marllm.run.train import train
 
     agents = {"algorithm": {"llm2": "grpo"}, "role_period": 1}
     data = tiny_cory_data(tiny_lm_dir, tiny_classifier_dir, reviews_file, agents, {"group_size": 2})
@@ -143,7 +175,7 @@ def test_config_mixes_algorithms_and_trains_cory_with_grpo(tmp_path, tiny_lm_dir
 )
 def test_algorithm_settings_are_checked(tiny_lm_dir, tiny_classifier_dir, reviews_file, agents, env, message):
     from marllm.config import config_from_dict
-    from marllm.config_loading import ConfigError
+    from marllm.config.loading import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         config_from_dict(tiny_cory_data(tiny_lm_dir, tiny_classifier_dir, reviews_file, agents, env))

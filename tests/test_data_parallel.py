@@ -1,4 +1,5 @@
-"""Data-parallel training (marllm.distributed): two gloo ranks update as one process does, and train end to end."""
+"""Data-parallel training (marllm.parallel.distributed): two gloo ranks update as one process does, and train end to
+end."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from marllm.algorithms.ppo import PPOLearner
 from marllm.config import load_config
-from marllm.config_loading import ConfigError
+from marllm.config.loading import ConfigError
 from marllm.envs.text_env import SequentialTextEnv
 from tests.conftest import make_tiny_gpt2
 from tests.data_parallel_cases import (
@@ -70,6 +71,7 @@ def one_and_two_ranks(tmp_path_factory, tokenizer):
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_update_as_one_process_does(one_and_two_ranks, case, tokenizer):
     single, ranks = one_and_two_ranks
+    assert_same_step_gradients(single[case], ranks[0][case], ranks[1][case])
     start = [p.detach() for p in build_learner(case, tokenizer)._trained_parameters()]
     after_update = single[case]["parameters"]
     moved = max((after - before).abs().max().item() for after, before in zip(after_update, start, strict=True))
@@ -89,12 +91,28 @@ def test_two_ranks_update_as_one_process_does(one_and_two_ranks, case, tokenizer
         assert ranks[1][case]["metrics"][key] == ranks[0][case]["metrics"][key]
 
 
+def assert_same_step_gradients(one, rank0, rank1):
+    """Each optimiser step of the two ranks was handed one process's gradient: the same on both ranks, and one
+    process's within 1e-4 of its largest component. Float sums in another order move it by ~1e-6 of that; a
+    gradient scaled by the ranks' sum (halved, doubled, or off by 10%) moves it by that share of it at every step,
+    while Adam's steps, which divide the gradient by its own magnitude, show the scale in the parameters only
+    through ε: on the few components whose gradient is near ε."""
+    steps = one["gradients"]
+    assert len(steps) == len(rank0["gradients"]) == len(rank1["gradients"]) > 0
+    for expected, on_rank0, on_rank1 in zip(steps, rank0["gradients"], rank1["gradients"], strict=True):
+        scale = expected.abs().max().item()
+        assert scale > 0
+        assert (on_rank0 - on_rank1).abs().max() <= 1e-6 * scale
+        assert (on_rank0 - expected).abs().max() <= 1e-4 * scale
+
+
 @pytest.mark.parametrize("case", SHARDED_CASES)
 def test_sharded_ranks_update_checkpoint_and_export_as_one_process_does(
     one_and_two_ranks, case, tmp_path_factory, tokenizer
 ):
     single, ranks = one_and_two_ranks
     sharded = [ranks[r][f"fsdp/{case}"] for r in range(2)]
+    assert_same_step_gradients(single[case], *sharded)
     for after_one, after_rank0, after_rank1 in zip(
         single[case]["parameters"], sharded[0]["parameters"], sharded[1]["parameters"], strict=True
     ):

@@ -16,16 +16,16 @@ import pytest
 import torch
 import yaml
 
-import marllm.train as train_module
+import marllm.run.train as train_module
 from marllm.algorithms import GenerationConfig, NonFiniteLossError, PPOConfig, PPOLearner
-from marllm.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
 from marllm.cli import main
+from marllm.cli.main_job import run_main_job
 from marllm.config import config_from_dict, flatten, resume_differences
-from marllm.config_loading import ConfigError
-from marllm.interrupts import StopSignals, TrainingInterrupted
-from marllm.main_job import run_main_job
+from marllm.config.loading import ConfigError
 from marllm.reporting import build_report, load_run
-from marllm.run_dir import (
+from marllm.run.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
+from marllm.run.interrupts import StopSignals, TrainingInterrupted
+from marllm.run.run_dir import (
     RUN_FILES,
     TRAINING_STATE_DIR,
     RunDirError,
@@ -34,7 +34,7 @@ from marllm.run_dir import (
     remove_run_files,
     write_run_info,
 )
-from marllm.train import train
+from marllm.run.train import train
 from tests.conftest import make_tiny_gpt2
 from tests.test_train import ROOT, tiny_overrides
 
@@ -346,9 +346,9 @@ def test_the_report_leaves_out_a_metrics_line_cut_short(tmp_path):
 
 
 def test_main_job_resumes_an_unfinished_run_and_keeps_a_finished_one(cory, monkeypatch, tmp_path):
-    import marllm.offline
+    import marllm.assets.offline
 
-    monkeypatch.setattr(marllm.offline, "ensure_assets", lambda **kwargs: None)
+    monkeypatch.setattr(marllm.assets.offline, "ensure_assets", lambda **kwargs: None)
     config = cory(iterations=4, name="ppo", logging__checkpoint_every=2)
     config_path = tmp_path / "ppo.yaml"
     config_path.write_text(yaml.safe_dump(config.to_dict()))
@@ -357,7 +357,7 @@ def test_main_job_resumes_an_unfinished_run_and_keeps_a_finished_one(cory, monke
     with pytest.raises(TrainingInterrupted):
         train(config, out / "ppo")
     monkeypatch.undo()
-    monkeypatch.setattr(marllm.offline, "ensure_assets", lambda **kwargs: None)
+    monkeypatch.setattr(marllm.assets.offline, "ensure_assets", lambda **kwargs: None)
 
     def job(**kwargs):
         run_main_job(out, configs={"ppo": config_path}, **kwargs)

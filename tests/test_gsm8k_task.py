@@ -7,7 +7,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from marllm.offline.arithmetic_problems import generate_problems
+from marllm.assets.offline.arithmetic_problems import generate_problems
 from marllm.rewards.math import ExactMatchReward
 from marllm.tasks import gsm8k
 from marllm.tasks.gsm8k import (

@@ -3,14 +3,15 @@
 import json
 
 import pytest
+import torch
 
-from marllm.config_loading import ConfigError
+from marllm.config.loading import ConfigError
 from marllm.evaluation.cross_play import cross_play_of_checkpoints
 from marllm.evaluation.deployed import load_deployed_model
-from marllm.learner_factory import make_learners
 from marllm.loop import run_iteration
-from marllm.setup import build
-from marllm.train import train
+from marllm.run.learners import make_learners
+from marllm.run.setup import build
+from marllm.run.train import train
 from tests.conftest import make_tiny_gpt2, make_tokenizer
 from tests.test_train import tiny_config
 
@@ -41,10 +42,24 @@ def test_each_learner_has_its_base_tokenizer_and_reference(tiny_lm_dir, other_lm
     assert llm1.tokenizer("the movie")["input_ids"] != llm2.tokenizer("the movie")["input_ids"]
     assert llm1.reference is not llm2.reference
     assert llm2.model.config.vocab_size == 280 and set(setup.reference) == {str(tiny_lm_dir), str(other_lm_dir)}
+    policies = {name: parameters(learner.model) for name, learner in setup.learners.items()}
+    references = {name: parameters(learner.reference) for name, learner in setup.learners.items()}
     metrics, dialogues = run_iteration(setup.env, setup.learners, seed=0)
-    # llm2 reads llm1's text, tokenized with its own vocabulary, and both are trained
+    # llm2 reads llm1's text, tokenized with its own vocabulary, and both are trained: each policy moved (its first
+    # batch had no KL: it was its reference), no reference did
     assert dialogues["llm2"]["role"] == "observer" and all(dialogues["llm2"]["turns"][0]["prompts"])
-    assert metrics["llm1/kl"] >= 0 and metrics["llm2/kl"] >= 0
+    for name, learner in setup.learners.items():
+        assert metrics[f"{name}/kl"] == 0.0, name
+        moved = max((a - b).abs().max().item() for a, b in zip(parameters(learner.model), policies[name], strict=True))
+        assert moved > 1e-4, name
+        assert all(map(torch.equal, parameters(learner.reference), references[name])), name
+    # the next batch comes from the moved policies: each is now some way from its own reference
+    metrics, _ = run_iteration(setup.env, setup.learners, seed=1)
+    assert metrics["llm1/kl"] > 1e-4 and metrics["llm2/kl"] > 1e-4, metrics
+
+
+def parameters(model):
+    return [p.detach().clone() for p in model.parameters()]
 
 
 def test_a_heterogeneous_run_trains_saves_and_cross_plays(tmp_path, tiny_lm_dir, other_lm_dir, tiny_classifier_dir,

@@ -163,14 +163,25 @@ def test_generate_refuses_a_model_config_that_adds_processors(tokenizer, name, v
 
 
 def test_generate_accepts_a_model_config_of_ids_lengths_and_the_settings_it_overrides(tokenizer):
-    model = make_tiny_gpt2(tokenizer)
-    # a chat model's usual generation_config: sampling defaults that generate_responses overrides explicitly
+    """A chat model's usual generation_config (sampling defaults, a max_length) changes nothing: from the same seed,
+    the same tokens as the same weights with transformers' defaults, to the budget asked for."""
+    chat_like, plain = confident_gpt2(tokenizer), confident_gpt2(tokenizer)
+    # sampling defaults that generate_responses overrides explicitly, and a max_length its budget overrides
     for name, value in {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "max_length": 64}.items():
-        setattr(model.generation_config, name, value)
+        setattr(chat_like.generation_config, name, value)
     tokenizer.padding_side = "left"
-    torch.manual_seed(0)
-    batch = generate_responses(model, tokenizer, ["this movie was"], 4, GenerationConfig(4, 4))
-    assert batch.response.shape[0] == 1
+    neutral = GenerationConfig(8, 8, repetition_penalty=1.0, stop_at_eos=False)
+
+    def sample(model, generation):
+        torch.manual_seed(0)
+        return generate_responses(model, tokenizer, PROMPTS, 8, generation)
+
+    batch = sample(chat_like, neutral)
+    assert batch.response.shape == (len(PROMPTS), 8)
+    assert torch.equal(batch.response, sample(plain, neutral).response)
+    # and the model's settings, had they applied, would have sampled other tokens
+    applied = GenerationConfig(8, 8, temperature=0.6, top_p=0.9, repetition_penalty=1.0, stop_at_eos=False)
+    assert not torch.equal(batch.response, sample(plain, applied).response)
 
 
 @pytest.mark.parametrize("overwrite", [False, True])

@@ -5,15 +5,15 @@ import json
 import pytest
 import torch
 
+from marllm.assets.offline.arithmetic_problems import generate_problems, write_jsonl
 from marllm.cli import main as cli_main
 from marllm.config import config_from_dict
-from marllm.config_loading import ConfigError
+from marllm.config.loading import ConfigError
 from marllm.evaluation import deployed
 from marllm.evaluation.deployed import evaluate_pass_at_k
 from marllm.models.generation import GeneratedBatch
-from marllm.offline.arithmetic_problems import generate_problems, write_jsonl
-from marllm.setup import build
-from marllm.train import train
+from marllm.run.setup import build
+from marllm.run.train import train
 from tests.conftest import make_tiny_gpt2
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from marllm.offline import base_model
-from marllm.offline.base_model import (
+from marllm.assets.offline import base_model
+from marllm.assets.offline.base_model import (
     BaseModelRecipe,
     ThreadTuner,
     build_model,

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from marllm.offline.sentiment_classifier import (
+from marllm.assets.offline.sentiment_classifier import (
     ClassifierRecipe,
     SentimentClassifier,
     review_windows,

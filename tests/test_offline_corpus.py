@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from marllm.offline import corpus
-from marllm.offline.corpus import (
+from marllm.assets.offline import corpus
+from marllm.assets.offline.corpus import (
     CorpusRecipe,
     CorpusUnavailableError,
     load_raw_corpus,

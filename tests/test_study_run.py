@@ -10,8 +10,8 @@ import yaml
 
 from marllm.cli import main
 from marllm.config import load_config
-from marllm.config_loading import ConfigError
-from marllm.run_dir import update_run_info
+from marllm.config.loading import ConfigError
+from marllm.run.run_dir import update_run_info
 from marllm.studies.execute import LocalExecutor, plan, prepare_study_dir, run_study
 from marllm.studies.spec import load_study, run_name, study_from_dict
 

@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from marllm.config import config_from_dict, load_config
 from marllm.rewards.sentiment import ClassifierReward
-from marllm.setup import build
+from marllm.run.setup import build
+from marllm.run.train import train
 from marllm.tasks.sentiment import SentimentTask
-from marllm.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 

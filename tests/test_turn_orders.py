@@ -157,7 +157,7 @@ def test_the_config_takes_a_turn_order_and_refuses_a_bad_one():
 
 def test_a_propose_critique_revise_run_trains_and_logs_each_turn(tmp_path, tiny_lm_dir, tiny_classifier_dir,
                                                                      reviews_file):
-    from marllm.train import train
+    from marllm.run.train import train
     from tests.test_critic_free_learner import tiny_cory_data
 
     env_settings = {

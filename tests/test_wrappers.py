@@ -9,7 +9,7 @@ from pettingzoo.test import api_test
 
 from marllm.config import config_from_dict
 from marllm.envs.text_env import SequentialTextEnv, env
-from marllm.setup import build_env
+from marllm.run.setup import build_env
 from marllm.tasks.base import TaskParts
 from marllm.wrappers import RolePermutation, SharedReward, check_coefficients, cooperation_matrix
 

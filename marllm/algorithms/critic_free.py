@@ -75,6 +75,27 @@ def grpo_advantages(
     return torch.where(_constant_groups(grouped), 0.0, centred).reshape(-1)  # (B,)
 
 
+def grpo_kl_penalised_advantages(
+    scores: torch.Tensor,
+    kl_sums: torch.Tensor,
+    kl_coef: float,
+    group_size: int,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO's advantage with the KL penalty in the reward, (B,), (B,) -> (B,).
+
+    The task ``scores`` are normalised per group (:func:`grpo_advantages`), then the penalty −η·ΣKL is added,
+    centred on its group mean (the group is the baseline of the whole reward) but never divided by the scores'
+    std. Normalising score − η·ΣKL together would make the penalty's size depend on the scores' spread: a group
+    whose scores are all equal (all solved, all failed) would get a full-size advantage made of KL alone,
+    whatever η is. As OpenRLHF's group normalisation does, only the task score is normalised.
+    """
+    kl_grouped = _grouped(kl_sums, group_size)  # (n, G)
+    kl_centred = (kl_grouped - kl_grouped.mean(dim=1, keepdim=True)).reshape(-1)  # (B,)
+    return grpo_advantages(scores, group_size, scale_by_std, eps) - kl_coef * kl_centred
+
+
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """RLOO's advantage: r_i minus the mean of the other G − 1 rewards of its group, (B,) -> (B,).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from marllm.field_checks import choice
+from marllm.utils.checks import choice
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_pp")
 """The learner algorithms a config may name (``agents.algorithm``)."""
@@ -27,8 +27,19 @@ class CriticFreeConfig:
             in expectation: a loss term that does nothing on average).
         loss_aggregation: ``"token-mean"`` (mean over every response token of the mini-batch, DAPO) or
             ``"seq-mean-token-mean"`` (mean over each response, then over responses: GRPO's paper).
-        scale_by_std: GRPO divides each group's centred rewards by their standard deviation; false keeps the
-            centring only (Dr. GRPO).
+        scale_by_std: GRPO divides each group's centred task scores by their standard deviation; false keeps the
+            centring only. With the KL in the reward, the group-centred −η·ΣKL is added after that division, so the
+            penalty keeps the size η gives it (:func:`~marllm.algorithms.critic_free.grpo_kl_penalised_advantages`).
+
+    Dr. GRPO (Liu et al., 2025) is two changes to GRPO, both needed: ``scale_by_std: false`` and no per-answer
+    length normalisation, i.e. ``loss_aggregation: token-mean`` (every token of the mini-batch weighs the same; the
+    paper divides by a constant token budget instead, which differs from the mini-batch's token count only by a
+    factor common to the whole mini-batch). ``seq-mean-token-mean`` brings the length normalisation back.
+
+    ``ppo.score_transform`` applies to these learners too, before the group baseline: for GRPO with
+    ``scale_by_std`` a running rescale of the scores cancels out in the division (up to its ε); for RLOO and Dr.
+    GRPO it rescales every advantage by a running std that drifts over training, which neither method does, so
+    configs of those methods should set ``ppo.score_transform: none``.
     """
 
     kl_in: Literal["reward", "loss"] = "reward"

@@ -8,6 +8,8 @@ RLOO) or from the whole batch (REINFORCE++). The math is in :mod:`marllm.algorit
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tianshou.data import Batch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -17,7 +19,7 @@ from marllm.algorithms.critic_free import (
     aggregation_weights,
     clipped_policy_gradient_loss,
     constant_group_fraction,
-    grpo_advantages,
+    grpo_kl_penalised_advantages,
     per_token,
     reinforce_plus_plus_advantages,
     rloo_advantages,
@@ -27,7 +29,8 @@ from marllm.algorithms.kl_controller import KLController
 from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.ppo_update import UpdateBatch
-from marllm.distributed import DataParallel
+from marllm.algorithms.registry import AlgorithmOptions, register_learner
+from marllm.parallel.distributed import DataParallel
 
 
 class CriticFreeLearner(PPOLearner):
@@ -116,13 +119,16 @@ class CriticFreeLearner(PPOLearner):
                 f"learner {self.name!r} ({self.algorithm}): a batch of {len(scores)} responses is not whole groups of "
                 f"{self.group_size}; set env.group_size to the learner's group size"
             )
-        outcome = scores - kl_coef * b.kl.sum(1) if kl_in_reward else scores
+        kl_sums = b.kl.sum(1) if kl_in_reward else torch.zeros_like(scores)
+        outcome = scores - kl_coef * kl_sums  # the score, less the KL when it is in the reward
         if self.algorithm == "grpo":
-            advantages = grpo_advantages(outcome, self.group_size, self.settings.scale_by_std)
-        else:
+            advantages = grpo_kl_penalised_advantages(
+                scores, kl_sums, kl_coef, self.group_size, self.settings.scale_by_std
+            )
+        else:  # RLOO's baseline is linear in the reward: the KL in it needs no separate treatment
             advantages = rloo_advantages(outcome, self.group_size)
-        # What the advantage is measured against: the outcome (score, less the KL when it is in the reward).
-        return {"advantages": per_token(advantages, b.mask), "outcome": outcome, "returns": per_token(outcome, b.mask)}
+        # ``scores``: what the groups compare (groups/constant_fraction); ``returns``: the outcome, per token.
+        return {"advantages": per_token(advantages, b.mask), "outcome": scores, "returns": per_token(outcome, b.mask)}
 
     def _advantage_stats(self, b: Batch) -> dict[str, float]:
         stats = {
@@ -165,3 +171,12 @@ class CriticFreeLearner(PPOLearner):
         # The loss aggregation's weight of each response: its tokens for a token mean, 1 for a mean over responses
         # (0 for an empty one).
         return aggregation_weights(mask, self.settings.loss_aggregation).sum(1)
+
+
+@register_learner(*CRITIC_FREE)
+def _critic_free_learner(
+    learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any
+) -> CriticFreeLearner:
+    return CriticFreeLearner(
+        learner_id, algorithm=algorithm, group_size=options.group_size, settings=options.critic_free, **learner_kwargs
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,16 +13,16 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from marllm.checkpoint import (
-    CheckpointError,
+from marllm.models.state_dicts import (
     check_tensors,
     optimizer_state,
     optimizer_state_dict,
-    restore_generator,
-    write_json,
     write_tensors,
 )
-from marllm.sharding import gathered, load_full_state_, local_part
+from marllm.parallel.sharding import gathered, load_full_state_, local_part
+from marllm.utils.errors import CheckpointError
+from marllm.utils.files import write_json
+from marllm.utils.generators import restore_generator
 
 if TYPE_CHECKING:
     from tianshou.utils.statistics import RunningMeanStd
@@ -31,12 +30,11 @@ if TYPE_CHECKING:
 
     from marllm.algorithms.kl_controller import KLController
     from marllm.algorithms.rollout import Rollout
-    from marllm.distributed import DataParallel
     from marllm.models.policy import ValueHead
+    from marllm.parallel.distributed import DataParallel
 
 LEARNER_STATE_TENSORS = "learner_state.safetensors"
 LEARNER_STATE_META = "learner_state.json"
-LEGACY_STATE = "learner_state.pt"
 
 
 class LearnerCheckpoint:
@@ -137,16 +135,10 @@ class LearnerCheckpoint:
     def load_state(self, directory: str | Path) -> None:
         """Restore the training state written by :meth:`save` (the policy loads via ``from_pretrained``).
 
-        A ``learner_state.pt`` of earlier marllm versions is read with ``torch.load(weights_only=True)``, which
-        refuses anything but tensors and plain values: a pickled object that could run code is not loaded.
-
         Raises:
             CheckpointError: the state is missing, refused, or does not fit this learner.
         """
         directory = Path(directory)
-        if not (directory / LEARNER_STATE_META).is_file() and (directory / LEGACY_STATE).is_file():
-            self._load_legacy_state(directory)
-            return
         try:
             tensors = load_file(str(directory / LEARNER_STATE_TENSORS), device="cpu")
             meta = json.loads((directory / LEARNER_STATE_META).read_text())
@@ -230,35 +222,6 @@ class LearnerCheckpoint:
         if self.value_head is not None:
             names.update({id(p): f"value_head/{name}" for name, p in self.value_head.named_parameters()})
         return [[names[id(p)] for p in group["params"]] for group in self.optimizer.param_groups]
-
-    def _load_legacy_state(self, directory: Path) -> None:
-        """The ``value_head.safetensors`` + ``learner_state.pt`` pair earlier marllm versions wrote."""
-        if self.sharded:
-            raise CheckpointError(
-                f"learner {self.name!r}: {directory / LEGACY_STATE} (an earlier marllm version's format) is not "
-                "loaded into sharded models; load it on one process and save it again"
-            )
-        try:
-            state: dict[str, Any] = torch.load(directory / LEGACY_STATE, map_location=self.device, weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError) as error:
-            # torch wraps the reason (an unsupported global or opcode) in advice on how to load the file anyway.
-            reasons = [line for line in str(error).splitlines() if "unsupported" in line.lower()]
-            reason = reasons[0].split("error:")[-1].split(". Please")[0].strip() if reasons else "see the cause"
-            raise CheckpointError(
-                f"learner {self.name!r}: {directory / LEGACY_STATE} is not loaded: it holds more than tensors and "
-                f"plain values (or is damaged), and unpickling anything else could run code; "
-                f"torch.load(weights_only=True) refused it: {reason}"
-            ) from error
-        if self.value_head is not None:
-            head = load_file(str(directory / "value_head.safetensors"), device=str(self.device))
-            self.value_head.load_state_dict(head)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.kl_controller.value = state["kl_coef"]
-        self.score_statistics.mean = state["score_mean"]
-        self.score_statistics.var = state["score_var"]
-        self.score_statistics.count = state["score_count"]
-        self.num_updates = state["num_updates"]
-
 
 def _laid_out_like_parameters(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimiser ``state`` of full tensors with each parameter-shaped one laid out as its parameter: sharded

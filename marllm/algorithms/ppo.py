@@ -5,8 +5,8 @@ actions with a per-token KL-penalised reward over a padded batch, so the loss is
 :mod:`marllm.algorithms.core`. tianshou still serves the running score statistics and the rollout container
 (:class:`tianshou.data.Batch`). As in tianshou's policies, an update is split in two: :meth:`PPOLearner._preprocess`
 computes, without gradients, everything its epochs need from a rollout (scores, token rewards, advantages, returns),
-and :meth:`PPOLearner._ppo_steps` runs the epochs on that. Acting is in :mod:`marllm.algorithms.rollout`, saving and
-restoring in :mod:`marllm.algorithms.learner_checkpoint`.
+and :mod:`marllm.algorithms.ppo_steps` runs the epochs on that. Acting is in :mod:`marllm.algorithms.rollout`,
+saving and restoring in :mod:`marllm.algorithms.learner_checkpoint`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import copy
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,22 +38,20 @@ from marllm.algorithms.kl_controller import KLController, kl_controller_from
 from marllm.algorithms.learner_arguments import check_full_precision, check_learner_arguments
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.algorithms.ppo_steps import NonFiniteLossError, PPOSteps
 from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_scores
+from marllm.algorithms.registry import AlgorithmOptions, register_learner
 from marllm.algorithms.rollout import Rollout, RolloutCollector
-from marllm.distributed import DataParallel
 from marllm.models.generation import check_chat_template, logprob_logits
 from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
-from marllm.sharding import compute_dtype_of, full_tensor, is_sharded, shard_module
+from marllm.parallel.distributed import DataParallel
+from marllm.parallel.sharding import compute_dtype_of, is_sharded, shard_module
 
 __all__ = ["NonFiniteLossError", "PPOLearner", "Rollout"]
 
 
-class NonFiniteLossError(FloatingPointError):
-    """A PPO loss or gradient was NaN/inf; the optimiser step it belonged to was not applied."""
-
-
-class PPOLearner(RolloutCollector, LearnerCheckpoint):
+class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
     """An independent PPO learner: it generates for its agent, keeps its rollout, and updates its own policy.
 
     Args:
@@ -71,7 +70,8 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
             batch); see :class:`~marllm.algorithms.kl_controller.KLController`. The learner owns it and changes its
             state: give each learner its own. None builds it from ``config`` (``kl_control``, ``init_kl_coef``,
             ``target_kl``, ``kl_horizon``), which is then not read for the KL coefficient.
-        data_parallel: this process's rank of a data-parallel run (:mod:`marllm.distributed`), whose rollouts hold
+        data_parallel: this process's rank of a data-parallel run (:mod:`marllm.parallel.distributed`), whose rollouts
+        hold
             its slice of each batch; None for one process. Starting from rank 0's parameters, it computes over the
             global batch what PPO computes over a batch. Every rank must be given the same ``seed``.
 
@@ -258,76 +258,6 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
             "explained_variance": explained_variance(b.values, b.returns, b.mask),
         }
 
-    def _ppo_steps(self, data: UpdateBatch, losses: dict[str, list[float]]) -> None:
-        """``ppo_epochs`` passes of optimiser steps over ``data.batch``, appending each mini-batch's loss parts to
-        ``losses``. Raises :class:`NonFiniteLossError` before applying a step whose loss or gradient is not finite.
-
-        Data-parallel, every rank walks the global batch in one process's order, computes the loss of its own rows
-        of each mini-batch with the whole mini-batch's normaliser, and the gradients are summed over the ranks
-        before each step: one process's step, up to float summation order.
-        """
-        cfg = self.config
-        b, prompt_length = data.batch, data.prompt_length
-        dp = self.data_parallel
-        masses = self._sample_masses(b.mask).float().cpu()  # what each sample weighs in a loss normaliser
-        if dp is not None:
-            masses = dp.gather(masses)
-        batch_size, local_size = len(masses), len(data)
-        offset = 0 if dp is None else dp.rank * local_size  # this rank's slice of the global batch
-        for _epoch in range(cfg.ppo_epochs):
-            b_inds = self._rng.permutation(batch_size)
-            for start in range(0, batch_size, cfg.backward_batch_size):
-                step_inds = b_inds[start : start + cfg.backward_batch_size]
-                self.optimizer.zero_grad(set_to_none=True)
-                applied = 0
-                failure: str | None = None
-                for mb_start in range(0, len(step_inds), cfg.mini_batch_size):
-                    mb_inds = step_inds[mb_start : mb_start + cfg.mini_batch_size]
-                    weight = self._minibatch_weight(masses[mb_inds], masses[step_inds])
-                    mine = mb_inds[(mb_inds >= offset) & (mb_inds < offset + local_size)]
-                    parts: dict[str, float] = {}
-                    if len(mine):
-                        mb = b[mine - offset]
-                        loss, parts = self._loss(mb, prompt_length)
-                    elif self.sharded:  # FSDP needs every rank in every forward and backward: a stand-in row
-                        loss, _ = self._loss(b[:1], prompt_length)
-                    ratio = parts.get("ratio", 0.0)
-                    if dp is not None and cfg.ratio_threshold is not None:
-                        ratio = dp.weighted_mean(ratio, float(mb.mask.sum()) if parts else 0.0)
-                    # TRL's ratio_threshold: a mini-batch whose mean ratio π/π_old has run away gives no gradient.
-                    skipped = cfg.ratio_threshold is not None and ratio > cfg.ratio_threshold
-                    if parts:
-                        parts["skipped_minibatch_fraction"] = float(skipped)
-                        for key, value in parts.items():
-                            losses[key].append(value)
-                    if skipped:
-                        continue
-                    applied += 1
-                    if not parts and not self.sharded:
-                        continue
-                    if parts and not torch.isfinite(loss):
-                        failure = (
-                            f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.num_updates}, "
-                            f"epoch {_epoch}; the optimiser step was not applied"
-                        )
-                        if dp is None:
-                            break
-                        if not self.sharded:  # sharded, the backward runs all the same (FSDP's reduce-scatter)
-                            continue
-                    if dp is not None:  # this rank's share of the mini-batch's loss normaliser (0 for a stand-in)
-                        weight *= float(masses[mine].sum()) / (float(masses[mb_inds].sum()) or 1.0)
-                    (loss * weight).backward()
-                if dp is not None and dp.any(failure is not None):
-                    failure = failure or f"learner {self.name!r}: non-finite PPO loss on another rank"
-                if failure is not None:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    raise NonFiniteLossError(failure)
-                # Every mini-batch skipped: no step at all, so Adam's momentum does not move the weights either.
-                if applied:
-                    if dp is not None and not self.sharded:  # FSDP has summed a sharded model's gradients
-                        dp.sum_gradients_(self._trained_parameters())
-                    self._optimizer_step(_epoch)
-
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         logits, values = response_forward(self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head)
         # The LM head's backward does not read its output: the gradient can take the logits' place.
@@ -344,19 +274,6 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
             parts["entropy"] = masked_mean(token_entropy, mb.mask).item()
             parts["ratio"] = masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask).item()
         return loss, parts
-
-    def _sample_masses(self, mask: torch.Tensor) -> torch.Tensor:
-        """Each response's weight in a mini-batch loss's normaliser, (B, L) -> (B,): its tokens (token means)."""
-        return mask.sum(1)
-
-    def _minibatch_weight(self, minibatch_masses: torch.Tensor, step_masses: torch.Tensor) -> float:
-        """The weight of a mini-batch's loss in its optimiser step's accumulated gradient, from the
-        :meth:`_sample_masses` of the mini-batch's and the step's responses."""
-        if self.config.loss_reduction == "step_token_mean":
-            # The loss is a mean over this mini-batch; weighted by the mini-batch's share of the step's tokens (or,
-            # for a mean over responses, of its responses), the accumulated loss is that mean over the whole step.
-            return float(minibatch_masses.sum()) / max(float(step_masses.sum()), 1.0)
-        return 1.0 / self.config.gradient_accumulation_steps
 
     def _objective(
         self, mb: Batch, logprobs: torch.Tensor, values: torch.Tensor | None
@@ -379,20 +296,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint):
         }
         return loss, parts
 
-    def _optimizer_step(self, epoch: int) -> None:
-        parameters = self._trained_parameters()
-        if self.config.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
-        elif self.sharded:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
-        else:
-            grads = [p.grad.norm() for p in parameters if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0)
-        norm = full_tensor(norm)  # over sharded gradients, a DTensor: the global norm once made whole
-        if not torch.isfinite(norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLossError(
-                f"learner {self.name!r}: non-finite gradient norm in update {self.num_updates}, epoch {epoch}; "
-                "the optimiser step was not applied"
-            )
-        self.optimizer.step()
+
+@register_learner("ppo")
+def _ppo_learner(learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any) -> PPOLearner:
+    return PPOLearner(learner_id, **learner_kwargs)

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from marllm.field_checks import choice, in_unit_interval, non_negative, positive
 from marllm.models.generation_config import GenerationConfig
+from marllm.utils.checks import choice, in_unit_interval, non_negative, positive
 
 __all__ = ["GenerationConfig", "PPOConfig"]
 
@@ -58,7 +58,7 @@ class PPOConfig:
             losses) stay, while the KL controller and the running score statistics are left as they were before the
             update. The learner's metrics then carry ``nonfinite_skipped = 1``.
         max_consecutive_skips: with ``on_nonfinite: skip``, how many updates in a row one learner may skip in a
-            training run (:func:`marllm.train.train`); the next skip stops the run with an error. No checkpoint is
+            training run (:func:`marllm.run.train.train`); the next skip stops the run with an error. No checkpoint is
             written while skips follow one another, so the last one is from before the first skip.
     """
 

@@ -18,3 +18,7 @@ TURN_TASK_REWARDS = "turn_task_rewards"
 
 TURN_BATCH_REWARDS = "turn_batch_rewards"
 """(T, B) the reward each of the role's turns is trained on."""
+
+TURN_GAMES = "turn_games"
+"""Per turn of the role, the indices of the dialogues its rows of ``turn_*`` cover, where a turn covers only some of
+the batch (a batched game: a seat moves only in the games where it is to move); absent: every turn covers all B."""

@@ -42,6 +42,8 @@ from marllm.envs.info_keys import BATCH_REWARDS, QUERIES, TASK_REWARDS, TURN_BAT
 from marllm.envs.spaces import TextBatch
 from marllm.envs.templates import PromptFn, check_templates
 from marllm.envs.turns import TURN_REWARDS, check_roles, check_shard, check_turns, describe_turn, turn_names
+from marllm.utils.errors import CheckpointError
+from marllm.utils.generators import restore_generator
 
 RewardFn = Callable[[list[dict[str, Any]], list[str]], Sequence[float]]
 """A task reward: ``reward_fn(samples, responses) -> one float per sample``."""
@@ -336,7 +338,6 @@ class SequentialTextEnv(AECEnv):
         Raises:
             CheckpointError: the state does not fit this env (dataset size, roles, or a malformed order).
         """
-        from marllm.checkpoint import CheckpointError, restore_generator
 
         if meta["num_rows"] != self._num_rows:
             raise CheckpointError(

@@ -22,8 +22,9 @@ from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.envs.text_env import SequentialTextEnv
 from marllm.evaluation.deployed import generate_answers, held_out_rows, load_deployed_model
+from marllm.loop import ActOnly, play_episode
 from marllm.models.policy import load_tokenizer
-from marllm.statistics import Estimate, estimate
+from marllm.utils.statistics import Estimate, estimate
 
 Generate = Callable[[Sequence[str]], list[str]]
 """``generate(prompts) -> one response per prompt``: a model answering a batch of prompts."""
@@ -178,19 +179,17 @@ def _play(
     env: SequentialTextEnv, seed: int, lineup: list[tuple[str, Generate]], record: dict[str, list[str]]
 ) -> dict[str, np.ndarray]:
     """One episode with ``lineup[k]`` answering role k; returns each role's per-query task rewards."""
-    env.reset(seed=seed)
-    players = dict(lineup)
-    rewards = {}
-    for agent in env.agent_iter():
-        _, _, terminated, truncated, info = env.last()
-        if terminated or truncated:
-            rewards[agent] = np.asarray(info["task_rewards"])
-            env.step(None)
-            continue
-        texts = players[agent](env.observe(agent)["prompt"])
-        record[agent] = texts
-        env.step(texts)
-    return rewards
+    players = {role: ActOnly(_recording(generate, role, record)) for role, generate in lineup}
+    episode = play_episode(env, players, seed)
+    return {agent: episode.task_rewards(agent) for agent in episode.final_infos}
+
+
+def _recording(generate: Generate, role: str, record: dict[str, list[str]]) -> Generate:
+    def answer(prompts: Sequence[str]) -> list[str]:
+        record[role] = texts = generate(prompts)
+        return texts
+
+    return answer
 
 
 def _cell(episode: dict[str, np.ndarray], role: str, partner: str | None, model: str) -> CrossPlayCell:

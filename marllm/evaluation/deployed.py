@@ -1,7 +1,7 @@
 """Models deployed alone: the base model or a trained agent answering from the query only, as it is used at inference.
 
 The models are the learners of a run in memory (:func:`deployed_models`, for the end-of-run evaluation of
-:func:`marllm.train.train`) or saved ones (:func:`load_deployed_model`, for ``marllm eval``). Either way they answer
+:func:`marllm.run.train.train`) or saved ones (:func:`load_deployed_model`, for ``marllm eval``). Either way they answer
 the first role's template (CORY's pioneer: the query alone) with the config's generation settings and the full
 ``max_new_tokens`` budget: :func:`evaluate_alone` scores their answers to held-out queries by the task reward,
 :func:`pass_at_k_of_model` estimates pass@k on the task's eval split.

@@ -20,7 +20,7 @@ from transformers import (
 )
 
 from marllm.models.generation_config import GenerationConfig
-from marllm.sharding import whole_for_generation
+from marllm.parallel.sharding import whole_for_generation
 
 # transformers >= 5.23 can keep each row's left padding out of the repetition penalty (a per-row
 # prompt_ignore_length, as its generate then passes); 5.0–5.22 take one int for the whole batch only.

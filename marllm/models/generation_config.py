@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from marllm.field_checks import choice, non_negative, positive
+from marllm.utils.checks import choice, non_negative, positive
 
 
 @dataclass

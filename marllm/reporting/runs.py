@@ -6,7 +6,7 @@ A run directory holds:
   When it is absent the run is named after its directory and its learners are read off the ``<learner>/...``
   metric keys. A run whose ``status`` is not ``finished`` is marked unfinished in the report; a ``run.json`` from
   before statuses were recorded counts as finished when its metrics have its ``iterations`` (see
-  :func:`marllm.run_dir.run_state`).
+  :func:`marllm.run.run_dir.run_state`).
 - ``metrics.jsonl`` (required): one object per training iteration, keys such as ``llm1/task_reward`` or
   ``time/update_s``. Any key may be missing from any line; a missing value is left out of that curve. A last line
   cut short (no newline: a killed run) is left out with a warning.
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from marllm.run_dir import RunState, run_state
+from marllm.run.run_dir import RunState, run_state
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"

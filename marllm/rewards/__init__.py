@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from marllm.lazy_exports import lazy_exports
+from marllm.utils.lazy_exports import lazy_exports
 
 # public name -> the module that defines it
 _EXPORTS = {

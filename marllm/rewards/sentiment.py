@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from marllm.models.policy import resolve_device
-from marllm.references import model_load_error
+from marllm.utils.references import model_load_error
 
 
 class TextScoreReward:

@@ -2,7 +2,7 @@
 
 Pure functions on numbers and numpy arrays; nothing here reads files. A *cell* is a variant plus its axis
 values, and its seeds are the replicates. Means and differences carry the 95% Student-t intervals of
-:mod:`marllm.statistics` (Welch for a difference of two cells: seeds are not paired across variants).
+:mod:`marllm.utils.statistics` (Welch for a difference of two cells: seeds are not paired across variants).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from marllm.statistics import (
+from marllm.utils.statistics import (
     CONFIDENCE,
     Difference,
     Estimate,

@@ -2,6 +2,10 @@
 
 The study directory holds ``study.yaml`` (the study file, base inline), ``study.json`` (the expanded runs) and
 ``runs/<name>/``, one ordinary run directory per run (``error.txt`` in it when the run failed).
+
+One process at a time runs a study directory (:func:`hold_study_dir`: ``marllm study`` holds its lock while it runs),
+and one at a time each of its runs (the worker that trains a run holds its run directory's lock): a study run again
+while a worker of an earlier one still trains a run (an orphan whose parent was killed) refuses that run.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from typing import Any, Literal, Protocol
 
 import yaml
 
-from marllm.config_loading import ConfigError
-from marllm.run_dir import read_run_info, write_atomic
+from marllm.config.loading import ConfigError
+from marllm.run.run_dir import DirectoryInUseError, hold_directory, hold_run_dir, read_run_info, write_atomic
 from marllm.studies.spec import Study, StudyRun
 
 STUDY_FILE = "study.yaml"
@@ -70,6 +74,20 @@ class Executor(Protocol):
         ...
 
 
+def hold_study_dir(study_dir: Path) -> contextlib.AbstractContextManager[Path | None]:
+    """Own the study directory for the block (created if needed): one process at a time runs a study there.
+
+    Raises:
+        DirectoryInUseError: another process runs a study there; the message names its PID.
+    """
+    return hold_directory(
+        study_dir,
+        "study directory",
+        "wait for that study to end, or stop it (kill {pid}: its running runs checkpoint and stop), or give another "
+        "--out",
+    )
+
+
 def prepare_study_dir(study: Study, runs: Sequence[StudyRun], study_dir: Path, overwrite: bool = False) -> None:
     """Write ``study.yaml`` and ``study.json``; a directory that holds another study's expansion is refused.
 
@@ -103,7 +121,7 @@ def check_run_configs(runs: Sequence[StudyRun], study_dir: Path) -> None:
         ConfigError: naming the first such run and its changed keys.
     """
     from marllm.config import resume_differences
-    from marllm.run_dir import CONFIG_FILE
+    from marllm.run.run_dir import CONFIG_FILE
 
     for run in runs:
         path = study_dir / run.relative_dir / CONFIG_FILE
@@ -132,16 +150,18 @@ def plan(run: StudyRun, run_dir: Path, overwrite: bool = False) -> Action:
         return "skip"
     if status == "failed" or (run_dir / ERROR_FILE).exists():
         return "start"
-    from marllm.checkpoint import latest_checkpoint
+    from marllm.run.checkpoint import latest_checkpoint
 
     return "resume" if latest_checkpoint(run_dir) is not None else "start"
 
 
 def run_one(config_data: dict[str, Any], run_dir: str, action: Action) -> RunOutcome:
-    """Train one run (in a worker process); a failure is written to ``error.txt`` and returned, not raised."""
+    """Train one run (in a worker process) owning its run directory; a failure is written to ``error.txt`` and
+    returned, not raised. A run directory another process owns (a worker of an earlier study, still training it) is
+    left as it is and the run failed."""
     from marllm.config import config_from_dict
-    from marllm.interrupts import TrainingInterrupted
-    from marllm.train import train
+    from marllm.run.interrupts import TrainingInterrupted
+    from marllm.run.train import train
 
     global _busy
     path = Path(run_dir)
@@ -151,8 +171,11 @@ def run_one(config_data: dict[str, Any], run_dir: str, action: Action) -> RunOut
         _busy = False
         return RunOutcome(name, "interrupted", "not started: the study was interrupted")
     try:
-        (path / ERROR_FILE).unlink(missing_ok=True)
-        train(config_from_dict(config_data), path, resume=action == "resume", overwrite=action == "start")
+        with hold_run_dir(path):
+            (path / ERROR_FILE).unlink(missing_ok=True)
+            train(config_from_dict(config_data), path, resume=action == "resume", overwrite=action == "start")
+    except DirectoryInUseError as error:  # the owner's run: nothing of it is touched, no error.txt
+        return RunOutcome(name, "failed", error_line(error), time.monotonic() - started)
     except TrainingInterrupted as stop:
         return RunOutcome(name, "interrupted", stop.summary(), time.monotonic() - started)
     except KeyboardInterrupt:
@@ -345,19 +368,22 @@ def run_study(
     """Expand and validate ``study`` (before any run starts), write its directory, and run its runs.
 
     Finished runs are skipped, stopped runs with a checkpoint resumed, and failed or never-checkpointed runs started
-    over (``overwrite``: every run started over). A failed run does not stop the study.
+    over (``overwrite``: every run started over). A failed run does not stop the study. This process owns
+    ``study_dir`` meanwhile (:func:`hold_study_dir`).
 
     Raises:
         ConfigError: an override of some run is invalid, a model, dataset or device it names is missing, or
             ``study_dir`` holds another study.
+        DirectoryInUseError: another process runs a study in ``study_dir``.
         KeyboardInterrupt: Ctrl-C, after the running runs have checkpointed and stopped.
     """
     runs = study.runs()
     study.check_references(runs)
-    prepare_study_dir(study, runs, study_dir, overwrite)
-    executor = executor or LocalExecutor()
-    display = StudyProgress(len(runs), lambda: getattr(executor, "workers", len(runs)), progress)
-    try:
-        return executor.run(runs, study_dir, display, overwrite)
-    finally:
-        display.close()
+    with hold_study_dir(study_dir):
+        prepare_study_dir(study, runs, study_dir, overwrite)
+        executor = executor or LocalExecutor()
+        display = StudyProgress(len(runs), lambda: getattr(executor, "workers", len(runs)), progress)
+        try:
+            return executor.run(runs, study_dir, display, overwrite)
+        finally:
+            display.close()

@@ -29,8 +29,15 @@ from typing import Any
 
 import yaml
 
-from marllm.config_loading import ConfigError
-from marllm.run_dir import read_run_info, remove_run_files, update_run_info, write_atomic
+from marllm.config.loading import ConfigError
+from marllm.run.run_dir import (
+    DirectoryInUseError,
+    hold_run_dir,
+    overwrite_run_files,
+    read_run_info,
+    update_run_info,
+    write_atomic,
+)
 from marllm.studies.execute import (
     ERROR_FILE,
     EXPANSION_FILE,
@@ -261,10 +268,16 @@ def _attempt(run_function: RunFunction, run: StudyRun, study_dir: str, threads: 
 
 
 def _clear_run(run_dir: Path) -> None:
-    """What ``--overwrite`` does to a run before it starts again: its files (marllm's own) and its error go."""
-    if run_dir.is_dir():
-        remove_run_files(run_dir)
-        (run_dir / ERROR_FILE).unlink(missing_ok=True)
+    """What ``--overwrite`` does to a run before it starts again: its files (marllm's own) and its error go; a run
+    another process owns (an earlier study's worker) is left as it is (its task is refused)."""
+    if not run_dir.is_dir():
+        return
+    try:
+        with hold_run_dir(run_dir):
+            overwrite_run_files(run_dir)
+            (run_dir / ERROR_FILE).unlink(missing_ok=True)
+    except DirectoryInUseError:
+        pass
 
 
 def record_failure(run_dir: Path, message: str) -> None:

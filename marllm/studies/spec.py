@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from marllm.config import TrainConfig, config_from_dict
-from marllm.config_loading import ConfigError, apply_overrides, read_yaml
+from marllm.config.loading import ConfigError, apply_overrides, read_yaml
 
 STUDY_KEYS = ("name", "base", "overrides", "variants", "grid", "seeds", "compare", "resources")
 RESOURCE_KEYS = ("cpus", "gpus")

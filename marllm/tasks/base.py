@@ -14,9 +14,9 @@ from typing import Any
 import datasets
 from datasets.exceptions import DatasetGenerationError
 
-from marllm.data_formats import DATA_FORMATS, suffix_list
 from marllm.envs.text_env import RewardFn
 from marllm.tasks.local_files import RowNames, check_local_file, text_problem
+from marllm.utils.data_formats import DATA_FORMATS, suffix_list
 
 
 @dataclass

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import datasets
 
-from marllm.data_formats import JSON_SUFFIXES, suffix_list
 from marllm.rewards.math import parse_gsm8k_answer
 from marllm.tasks.base import load_local_file, require_texts
 from marllm.tasks.local_files import RowNames
+from marllm.utils.data_formats import JSON_SUFFIXES, suffix_list
 
 __all__ = [
     "GSM8K_FEW_SHOT",

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from marllm.data_formats import DATA_FORMATS
+from marllm.utils.data_formats import DATA_FORMATS
 
 __all__ = ["RowNames", "check_local_file", "clip", "text_problem"]
 
@@ -28,7 +28,8 @@ RowNames = Callable[[int], str]
 def check_local_file(path: Path, columns: Sequence[str] = ()) -> RowNames | None:
     """Read ``path`` once and raise ``ValueError`` naming it and the line when it cannot be a dataset.
 
-    Refused: a suffix not in :data:`~marllm.data_formats.DATA_FORMATS`; an empty file; bytes that are not UTF-8; in
+    Refused: a suffix not in :data:`~marllm.utils.data_formats.DATA_FORMATS`; an empty file; bytes that are not UTF-8;
+    in
     a JSON file a line (or list item) that is not a JSON object, or whose value in one of ``columns`` (the text
     columns the caller needs, which also make the example record that messages show) is neither a string nor null.
 

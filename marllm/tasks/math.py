@@ -13,12 +13,12 @@ from typing import Literal
 import datasets
 from transformers import PreTrainedTokenizerBase
 
-from marllm.data_formats import JSON_SUFFIXES, suffix_list
-from marllm.references import check_dataset_reference
+from marllm.assets.references import check_dataset_reference
 from marllm.rewards.math import ExactMatchReward
 from marllm.tasks.arithmetic import arithmetic_dataset
 from marllm.tasks.base import TaskParts
 from marllm.tasks.gsm8k import OBSERVER_TEMPLATE, PIONEER_TEMPLATE, load_gsm8k
+from marllm.utils.data_formats import JSON_SUFFIXES, suffix_list
 
 
 @dataclass

@@ -16,11 +16,11 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from marllm.assets import offline_assets, resolve_dataset
-from marllm.data_formats import suffix_list
-from marllm.offline.sentiment_classifier import VOCABULARY_FILE, SentimentClassifier
-from marllm.references import check_dataset_reference, check_model_reference
+from marllm.assets.offline.sentiment_classifier import VOCABULARY_FILE, SentimentClassifier
+from marllm.assets.references import check_dataset_reference, check_model_reference
 from marllm.rewards.sentiment import ClassifierReward, TextScoreReward
 from marllm.tasks.base import TaskParts, load_text_dataset, local_file
+from marllm.utils.data_formats import suffix_list
 
 PIONEER_TEMPLATE = "{query}"
 OBSERVER_TEMPLATE = 'I can make this sentence "{query}{pioneer}" more positive: {query}'

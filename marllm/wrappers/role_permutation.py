@@ -9,6 +9,8 @@ from gymnasium.spaces import Space
 from pettingzoo import AECEnv
 from pettingzoo.utils.wrappers import BaseWrapper
 
+from marllm.utils.errors import CheckpointError
+
 
 class RolePermutation(BaseWrapper):
     """Expose learner ids as the agents and re-map learners to the env's roles every ``period`` resets.
@@ -63,7 +65,6 @@ class RolePermutation(BaseWrapper):
         Raises:
             CheckpointError: the learners, roles or counts do not fit.
         """
-        from marllm.checkpoint import CheckpointError  # here, so that importing the wrapper does not load torch
 
         if list(meta["learners"]) != self.learners or list(meta["roles"]) != self.roles:
             raise CheckpointError(

@@ -9,7 +9,7 @@ import numpy as np
 from pettingzoo import AECEnv
 from pettingzoo.utils.wrappers import BaseWrapper
 
-from marllm.envs.info_keys import BATCH_REWARDS, TURN_BATCH_REWARDS
+from marllm.envs.info_keys import BATCH_REWARDS, TURN_BATCH_REWARDS, TURN_GAMES
 
 
 def cooperation_matrix(num_agents: int, weight: float) -> np.ndarray:
@@ -115,8 +115,15 @@ class SharedReward(BaseWrapper):
             if TURN_BATCH_REWARDS in info:
                 # The episode's mix with this turn's own reward in place of the episode's: written as a correction,
                 # so that a turn whose reward is the episode's gets exactly the mixed episode reward.
-                turns = np.asarray(info[TURN_BATCH_REWARDS], dtype=np.float64)
-                infos[agent][TURN_BATCH_REWARDS] = mixed[i] + self.coefficients[i, i] * (turns - stacked[i])
+                own_weight = self.coefficients[i, i]
+                if TURN_GAMES in info:  # turn t covers the dialogues (games) turn_games[t] only
+                    infos[agent][TURN_BATCH_REWARDS] = [
+                        mixed[i][rows] + own_weight * (np.asarray(turn, dtype=np.float64) - stacked[i][rows])
+                        for turn, rows in zip(info[TURN_BATCH_REWARDS], info[TURN_GAMES], strict=True)
+                    ]
+                else:
+                    turns = np.asarray(info[TURN_BATCH_REWARDS], dtype=np.float64)  # (T, B)
+                    infos[agent][TURN_BATCH_REWARDS] = mixed[i] + own_weight * (turns - stacked[i])
         return infos
 
     def __str__(self) -> str:

@@ -1,0 +1,58 @@
+"""Learner classes by algorithm name: a new algorithm is a class and one ``@register_learner`` line.
+
+The names are those a config's ``agents.algorithm`` takes (:data:`~marllm.algorithms.critic_free_config.ALGORITHMS`
+lists the built-in ones without importing torch). A builder takes the learner id, the algorithm name it was
+registered under, the :class:`AlgorithmOptions` that only some algorithms read, and the options every learner takes
+(model, tokenizer, reference, config, generation, seed, adapter, data_parallel) as keywords.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from marllm.algorithms.critic_free_config import CriticFreeConfig
+from marllm.algorithms.learner import Learner
+
+LearnerBuilder = Callable[..., Learner]
+"""``builder(learner_id, algorithm, options: AlgorithmOptions, **learner_kwargs) -> Learner``."""
+
+LEARNERS: dict[str, LearnerBuilder] = {}
+"""Algorithm name -> learner builder; filled by :func:`register_learner`."""
+
+
+@dataclass(frozen=True)
+class AlgorithmOptions:
+    """What some algorithms need beyond every learner's options: the critic-free settings and the env's group size
+    (the answers to one query that GRPO and RLOO compare)."""
+
+    critic_free: CriticFreeConfig | None = None
+    group_size: int = 1
+
+
+def register_learner(*names: str) -> Callable[[LearnerBuilder], LearnerBuilder]:
+    """Register a learner builder under one or more algorithm names (a name registered twice is an error)."""
+
+    def register(builder: LearnerBuilder) -> LearnerBuilder:
+        for name in names:
+            if name in LEARNERS:
+                raise ValueError(f"algorithm {name!r} is registered already ({LEARNERS[name]})")
+            LEARNERS[name] = builder
+        return builder
+
+    return register
+
+
+def build_learner(algorithm: str, learner_id: str, options: AlgorithmOptions, **learner_kwargs: Any) -> Learner:
+    """The learner ``learner_id`` of ``algorithm``; an unknown name lists the registered ones."""
+    _load_builtin_learners()
+    if algorithm not in LEARNERS:
+        raise ValueError(f"learner {learner_id!r}: unknown algorithm {algorithm!r}; registered: {sorted(LEARNERS)}")
+    return LEARNERS[algorithm](learner_id, algorithm, options, **learner_kwargs)
+
+
+def _load_builtin_learners() -> None:
+    # Importing the learner modules registers them; done on first use so that this module stays free of torch.
+    import marllm.algorithms.critic_free_learner  # noqa: F401
+    import marllm.algorithms.ppo  # noqa: F401

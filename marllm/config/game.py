@@ -1,0 +1,196 @@
+"""The ``game`` section of a training config: a batched game in place of the text env, and who sits in each seat.
+
+A seat is a learner id (a learner the run trains; the same id in every seat is self-play) or a fixed opponent:
+``random``, ``minimax`` (tic-tac-toe), ``mcts`` (OpenSpiel's MCTS, on turn-taking games of perfect information) or
+``snapshot_pool:<learner>`` (the last ``pool_size`` frozen snapshots of that learner, one drawn per iteration). The
+game is built once while the config is read, so a bad name, a seat count that does not fit or a missing optional
+package is an error before anything loads.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from marllm.envs.games.batched_env import ILLEGAL_POLICIES
+from marllm.envs.games.catalog import TIC_TAC_TOE, GameInfo, describe_game
+from marllm.envs.games.openspiel import require_openspiel
+from marllm.envs.games.parsers import PARSERS
+from marllm.envs.games.prompts import check_game_templates
+from marllm.utils.checks import choice
+
+OPPONENTS = ("random", "minimax", "mcts")
+"""The fixed opponents a seat names by themselves."""
+
+POOL_PREFIX = "snapshot_pool:"
+"""``snapshot_pool:<learner>``: a pool of frozen snapshots of a learner."""
+
+SELF = "self"
+"""Reserved (evaluation: a model against itself); not a learner id."""
+
+_LEARNER_ID = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One entry of ``game.seats``, read.
+
+    Attributes:
+        spec: as written.
+        kind: ``learner``, ``random``, ``minimax``, ``mcts`` or ``snapshot_pool``.
+        learner: the learner id (a learner's own, or the one a pool takes snapshots of); None for the others.
+    """
+
+    spec: str
+    kind: str
+    learner: str | None = None
+
+    @property
+    def player_id(self) -> str:
+        """Who plays it: the learner id, the opponent's name, ``pool-<learner>`` for a snapshot pool."""
+        if self.kind == "learner":
+            assert self.learner is not None
+            return self.learner
+        if self.kind == "snapshot_pool":
+            return f"pool-{self.learner}"
+        return self.kind
+
+
+def parse_seat(spec: str, where: str) -> Seat:
+    """Read one seat (``where`` names it in errors, e.g. ``game.seats[1]``)."""
+    valid = f"a learner id (e.g. llm) or a fixed opponent: {', '.join(OPPONENTS)} or {POOL_PREFIX}<learner id>"
+    if spec in OPPONENTS:
+        return Seat(spec, spec)
+    if spec.startswith(POOL_PREFIX):
+        learner = spec.removeprefix(POOL_PREFIX)
+        if not _LEARNER_ID.fullmatch(learner):
+            raise ValueError(f"{where}: {spec!r} must name a learner id after {POOL_PREFIX!r}; a seat is {valid}")
+        return Seat(spec, "snapshot_pool", learner)
+    if spec == SELF or not _LEARNER_ID.fullmatch(spec):
+        raise ValueError(
+            f"{where}: {spec!r} is not a seat; a seat is {valid} (a learner id starts with a letter and has letters, "
+            "digits, '_', '.' and '-' only)"
+        )
+    return Seat(spec, "learner", spec)
+
+
+@dataclass
+class GameConfig:
+    """A batched game (:class:`~marllm.envs.games.BatchedGameEnv`) in place of the text env.
+
+    Attributes:
+        name: the game: a PettingZoo classic env (``tictactoe_v3``, ``connect_four_v3``, ``rps_v2``, ...) or
+            ``openspiel:<game string>`` (``openspiel:kuhn_poker``,
+            ``openspiel:repeated_game(stage_game=matrix_pd(),num_repetitions=5)``; needs ``marllm[games]``).
+        seats: who plays each seat, in the game's seat order: a learner id, or ``random``, ``minimax``
+            (tic-tac-toe), ``mcts`` or ``snapshot_pool:<learner>``. The learners of the run are the learner ids
+            named here, in order of first appearance; one id in every seat is self-play (one learner, updated once
+            per iteration on the moves of every seat).
+        batch_size: games per iteration.
+        options: keyword arguments of the PettingZoo env function (``{max_cycles: 1}`` for ``rps_v2``); OpenSpiel
+            games take theirs in the game string.
+        templates: the prompt: a ``str.format`` template over the game fields (``game``, ``rules``, ``role``,
+            ``player``, ``state``, ``moves``, ``move_names``, ``move_number``), or one per seat (a mapping seat ->
+            template); null: the default prompt. ``generation.chat_template`` wraps it in the model's chat template.
+        parser: how an answer names a move: ``first`` (the first legal move named, else the first listed number),
+            ``last`` or ``exact``.
+        illegal: what an answer naming no legal move does: ``forfeit`` (its seat loses that game) or ``random``
+            (a random legal move is played for it); either way it counts in ``illegal_move_rate``.
+        discount: γ in (0, 1]: a move is credited γ^k · its game's payoff, k the mover's later moves in the game.
+        illegal_penalty: >= 0, subtracted from the trained reward of every illegal answer.
+        pool_size: K, the snapshots a ``snapshot_pool`` seat keeps (each a copy of the learner's model).
+        pool_every: iterations between two snapshots of a pool.
+        mcts_simulations: simulations per move of an ``mcts`` seat.
+        role_baselines: SPIRAL's role-conditioned advantage estimation: the decay in [0, 1) of a running baseline
+            of each seat's returns, subtracted from every learner's rewards before it sees them (SPIRAL: 0.95);
+            null: rewards as the game pays them.
+    """
+
+    name: str
+    seats: list[str]
+    batch_size: int = 32
+    options: dict[str, Any] | None = None
+    templates: str | dict[str, str] | None = None
+    parser: str = "first"
+    illegal: str = "forfeit"
+    discount: float = 1.0
+    illegal_penalty: float = 0.0
+    pool_size: int = 4
+    pool_every: int = 1
+    mcts_simulations: int = 100
+    role_baselines: float | None = None
+    info: GameInfo = field(init=False, repr=False, compare=False)
+    """The game, described (:func:`~marllm.envs.games.catalog.describe_game`): its seats and kind."""
+
+    def __post_init__(self) -> None:
+        for key in ("batch_size", "pool_size", "pool_every", "mcts_simulations"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"game.{key} must be an integer >= 1, got {getattr(self, key)}")
+        choice("game", self, "parser", tuple(PARSERS))
+        choice("game", self, "illegal", ILLEGAL_POLICIES)
+        if not 0 < self.discount <= 1:
+            raise ValueError(f"game.discount must be a number in (0, 1], got {self.discount}")
+        if not (self.illegal_penalty >= 0 and math.isfinite(self.illegal_penalty)):
+            raise ValueError(f"game.illegal_penalty must be a finite number >= 0, got {self.illegal_penalty}")
+        if self.role_baselines is not None and not 0 <= self.role_baselines < 1:
+            raise ValueError(f"game.role_baselines must be a decay in [0, 1) (SPIRAL: 0.95) or null, got "
+                             f"{self.role_baselines}")  # fmt: skip
+        parsed = self.parsed_seats()
+        try:
+            self.info = describe_game(self.name, self.options)
+        except (ValueError, ImportError) as error:
+            raise ValueError(f"game.name: {error}") from None
+        except TypeError as error:  # options the env function does not take
+            raise ValueError(f"game.options: {self.name} does not take {self.options}: {error}") from None
+        self._check_seats(parsed)
+        try:
+            check_game_templates(self.templates, self.info.seats)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"game.templates: {error}") from None
+
+    def parsed_seats(self) -> list[Seat]:
+        """``seats``, read (:func:`parse_seat`)."""
+        if not self.seats:
+            raise ValueError("game.seats must list who plays each seat of the game, e.g. [llm, random]")
+        return [parse_seat(spec, f"game.seats[{i}]") for i, spec in enumerate(self.seats)]
+
+    @property
+    def learner_ids(self) -> list[str]:
+        """The learners the seats name, in order of first appearance."""
+        return list(dict.fromkeys(seat.learner for seat in self.parsed_seats() if seat.kind == "learner"))
+
+    def _check_seats(self, parsed: list[Seat]) -> None:
+        seats = list(self.info.seats)
+        if len(parsed) != len(seats):
+            raise ValueError(
+                f"game.seats lists {len(parsed)} player(s) {self.seats} for {self.name}, whose seats are {seats}: "
+                "give one per seat, in that order"
+            )
+        learners = self.learner_ids
+        if not learners:
+            raise ValueError(f"game.seats {self.seats} names no learner: at least one seat must be a learner id")
+        clash = sorted(set(learners) & (set(seats) | {s.player_id for s in parsed if s.kind != "learner"}))
+        if clash:
+            raise ValueError(f"game.seats: learner id(s) {clash} are also names of the game's seats or opponents")
+        for i, seat in enumerate(parsed):
+            where = f"game.seats[{i}]"
+            if seat.kind == "snapshot_pool" and seat.learner not in learners:
+                raise ValueError(
+                    f"{where}: {seat.spec} takes snapshots of learner {seat.learner!r}, which sits in no seat; the "
+                    f"learners are {learners}"
+                )
+            if seat.kind == "minimax" and self.name not in TIC_TAC_TOE:
+                games = " or ".join(TIC_TAC_TOE)
+                raise ValueError(f"{where}: minimax plays tic-tac-toe only ({games}), not {self.name}")
+            if seat.kind == "mcts":
+                if not self.info.sequential_perfect_information:
+                    raise ValueError(
+                        f"{where}: mcts searches the whole state of a turn-taking game of perfect information "
+                        f"(an OpenSpiel one, tictactoe_v3 or connect_four_v3); {self.name} is not one"
+                    )
+                try:
+                    require_openspiel()
+                except ImportError as error:
+                    raise ValueError(f"{where}: mcts is OpenSpiel's: {error}") from None

@@ -1,0 +1,221 @@
+"""Strict construction of nested dataclasses from YAML data, with dotted overrides.
+
+Unknown keys, wrong types and values a section's own checks reject are errors that name the dotted key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+import yaml
+
+from marllm.utils.errors import ConfigError
+
+T = TypeVar("T")
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A YAML mapping gives the same key twice (plain PyYAML silently keeps the last value)."""
+
+    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark):
+        super().__init__(None, None, f"duplicate key {key!r}", again)
+        self.key = key
+        self.first_line = first.line + 1
+        self.line = again.line + 1
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping holding the same key twice (merge keys ``<<`` may be overridden)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not key_node.start_mark:
+                raise DuplicateKeyError(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that raises :class:`DuplicateKeyError` on a key given twice in one mapping."""
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML file that holds a non-empty mapping, each key given once."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = parse_yaml(path.read_text(encoding="utf-8"))
+    except DuplicateKeyError as error:
+        raise ConfigError(
+            f"config file {str(path)!r}: key {error.key!r} appears twice in one mapping (lines {error.first_line} "
+            f"and {error.line}); give each key once"
+        ) from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {error}") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text: {error}") from error
+    if data is None:
+        raise ConfigError(
+            f"config file {str(path)!r} is empty; it must hold a mapping of config keys such as name, model, task "
+            "(see examples/cory_offline.yaml)"
+        )
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML: ``1e-5``, ``[1, 2]``, ``null``, ``true``)."""
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {override!r} must look like section.key=value")
+        try:
+            value = parse_yaml(raw)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"override {override!r}: value is not valid YAML: {error}") from error
+        parts = key.split(".")
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {override!r}: {'.'.join(parts[: depth + 1])} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def build(cls: type[T], data: Any, path: str = "") -> T:
+    """Construct dataclass ``cls`` from a mapping, recursively and strictly."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__} {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [key for key in data if key not in fields]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), fields, n=1)
+        hint = f" (did you mean {_join(path, close[0])!r}?)" if close else ""
+        raise ConfigError(f"unknown config key {_join(path, key)!r}{hint}; valid keys here: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in data.items():
+        values[name] = convert(hints[name], value, _join(path, name))
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"missing config key(s) {[_join(path, m) for m in missing]}")
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as error:
+        if isinstance(error, ConfigError):
+            raise
+        raise ConfigError(f"{path or 'config'}: {error}") from error
+
+
+def convert(annotation: Any, value: Any, path: str) -> Any:
+    """Check ``value`` against a type annotation, converting YAML lists/mappings to dataclasses where asked."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return convert(options[0], value, path)
+        errors = {}
+        for option in options:
+            try:
+                return convert(option, value, path)
+            except ConfigError as error:
+                errors[option] = error
+        # Report the option of the value's own shape (a mapping for a section, a list for a list) when there is one.
+        for option, error in errors.items():
+            container = typing.get_origin(option) or option
+            if (isinstance(value, Mapping) and dataclasses.is_dataclass(option)) or (
+                isinstance(value, list) and container in (list, Sequence, tuple)
+            ):
+                raise error
+        raise ConfigError(f"{path}: {value!r} matches none of {_describe(annotation)}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{path} must be one of {list(args)}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(annotation):
+        return build(annotation, value, path)
+    if origin in (list, Sequence, tuple):
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            raise ConfigError(f"{path} must be a list, got {type(value).__name__} {value!r}")
+        item = args[0] if args else Any
+        return [convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path} must be a mapping, got {type(value).__name__} {value!r}")
+        key_type, value_type = args if args else (Any, Any)
+        return {convert(key_type, k, f"{path}.{k}"): convert(value_type, v, f"{path}.{k}") for k, v in value.items()}
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path} must be true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path} must be an integer, got {type(value).__name__} {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, str):
+            # PyYAML reads "1e-5" (no dot) as a string; accept any text float() reads as a number.
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{path} must be a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path} must be a string, got {type(value).__name__} {value!r}")
+        return value
+    if isinstance(annotation, type) and isinstance(value, annotation):
+        return value
+    raise ConfigError(f"{path}: cannot read {value!r} as {_describe(annotation)}")
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree as plain YAML-able data."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+    if isinstance(obj, list | tuple):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _describe(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")

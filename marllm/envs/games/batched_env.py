@@ -1,0 +1,406 @@
+"""Batched game environment: B copies of any AEC game played as one PettingZoo AEC env whose moves are texts.
+
+Agents
+    The game's seats: its ``possible_agents`` (``player_1``, ``player_2`` for PettingZoo's tic-tac-toe, ``player_0``,
+    ``player_1`` for OpenSpiel games). Every copy of the game must have the same seats.
+Episode
+    ``reset`` starts ``batch_size`` games, each an AEC env made by ``game_fn`` and reset with its own seed. The seat
+    selected next is the first seat after the last mover (in ``possible_agents`` order, cyclically) that is to move
+    in at least one unfinished game; it moves in all of those games at once, one batched generation. Games end at
+    different moves and may order their players differently: nothing runs in lockstep. Finished games, and games in
+    which another seat is to move, are masked rows of the move. The episode ends when every game is over.
+Observation
+    A dict with one entry per game in which the seat moves now (its rows, in batch order): ``prompt`` (the prompt,
+    rendered by the seat's template from the game view's fields), ``legal_moves`` (the legal move names, as the
+    prompt lists them), ``legal_actions`` (their action ids), ``history`` (the game so far as action ids, for
+    scripted players) and ``games`` (the games' indices in the batch). See :mod:`marllm.envs.games.keys`.
+Action
+    One answer string per row of the observation. The parser maps an answer to a legal move; an answer naming none is
+    illegal: with ``illegal="forfeit"`` the seat loses that game at once (the game's loss payoff, the other seats
+    ``forfeit_payoffs[1]``), with ``"random"`` a random legal move is played for it. Either way it counts in the
+    seat's ``illegal_move_rate``.
+Info
+    ``infos[seat]`` holds ``role`` (the seat) and ``action_mask`` ((B,) int8: the games it moves in now). At the end
+    it also holds the per-game rewards under the keys of :mod:`marllm.envs.info_keys`: ``task_rewards`` and
+    ``batch_rewards`` (B,) the seat's payoff per game; ``turn_task_rewards`` (the payoff) and ``turn_batch_rewards``
+    (what the move is trained on: payoff · γ^(the seat's later moves in that game) − ``illegal_penalty`` if the answer
+    was illegal), one row per turn of the seat, each as long as that turn's observation; ``turn_games`` (which games
+    each turn's rows are), ``payoffs``, ``outcomes`` (+1 win, 0 draw, -1 loss) and ``metrics`` (payoff, win, draw and
+    loss rates, illegal-move rate, moves per game, game length, forfeit rate).
+Reward
+    Zero until the episode ends; then ``rewards[seat]`` is the seat's mean payoff over the batch.
+Termination
+    Every seat terminates when the last game ends; nothing truncates (a game's own truncation ends that game).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.spaces import Dict as DictSpace
+from pettingzoo import AECEnv
+from pettingzoo.utils import wrappers
+
+from marllm.envs.games import keys
+from marllm.envs.games.credit import outcomes, seat_metrics, turn_rewards
+from marllm.envs.games.parsers import Parser, get_parser, list_moves
+from marllm.envs.games.prompts import GameTemplate, check_game_templates
+from marllm.envs.games.records import GameRecord, Turn
+from marllm.envs.games.spaces import Rows
+from marllm.envs.games.views import GameView, Move, describe, view_for
+from marllm.envs.info_keys import BATCH_REWARDS, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
+from marllm.utils.errors import CheckpointError
+from marllm.utils.generators import restore_generator
+
+ILLEGAL_POLICIES = ("forfeit", "random")
+
+
+class BatchedGameEnv(AECEnv):
+    """``batch_size`` copies of an AEC game; each seat moves in every game where it is to move, with text.
+
+    Args:
+        game_fn: a zero-argument factory of the game, an AEC env: a PettingZoo classic env (``tictactoe_v3.env``),
+            an OpenSpiel game (:func:`~marllm.envs.games.openspiel.openspiel_factory`, or any shimmy
+            ``OpenSpielCompatibilityV0``) or a user's own. Called once per game of the batch.
+        batch_size: games per episode.
+        view: how prompts show the game and name its moves; None looks it up by the game's name
+            (:func:`~marllm.envs.games.views.view_for`), falling back to the generic view.
+        templates: one template for every seat, a mapping seat -> template, or None (the default prompt): a
+            ``str.format`` string over :data:`~marllm.envs.games.prompts.FIELDS` or a callable ``(fields) -> str``.
+        parser: a registered parser's name (``"first"``, ``"last"``, ``"exact"``) or a callable
+            ``(answer, legal_move_names) -> index or None``.
+        illegal: ``"forfeit"`` (an illegal answer loses the game) or ``"random"`` (a random legal move is played).
+        forfeit_payoffs: (the forfeiting seat's payoff, every other seat's); None: (the view's loss payoff, 0.0).
+        discount: γ in (0, 1]; a move is credited γ^k · payoff, k the mover's later moves in the game.
+        illegal_penalty: >= 0, subtracted from the trained reward of every illegal answer.
+        render_mode: None or ``"ansi"`` (``render()`` returns the first game's moves).
+        seed: seeds the games' seeds and the random moves, as a first ``reset(seed=seed)`` would.
+
+    A seat's moves have as many rows as the games it moves in, which changes from move to move: a learner whose update
+    splits each rollout into mini-batches (PPO) needs a mini-batch size that divides every such count (1 always does;
+    games in which every seat moves in every game at every turn, like matrix games, keep the batch size).
+    """
+
+    metadata = {"name": "batched_game_v0", "render_modes": ["ansi"], "is_parallelizable": False}
+
+    def __init__(
+        self,
+        game_fn: Callable[[], AECEnv],
+        batch_size: int,
+        *,
+        view: GameView | None = None,
+        templates: GameTemplate | Mapping[str, GameTemplate] | None = None,
+        parser: str | Parser = "first",
+        illegal: str = "forfeit",
+        forfeit_payoffs: tuple[float, float] | None = None,
+        discount: float = 1.0,
+        illegal_penalty: float = 0.0,
+        render_mode: str | None = None,
+        seed: int | None = None,
+    ):
+        super().__init__()
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not callable(game_fn):
+            raise TypeError(f"game_fn must be a zero-argument callable returning an AEC env, got {game_fn!r}")
+        self.batch_size = batch_size
+        self.games = [_make_game(game_fn) for _ in range(batch_size)]
+        self.possible_agents = _check_seats(self.games)
+        self.view = view_for(self.games[0]) if view is None else view
+        self.templates = check_game_templates(templates, self.possible_agents)
+        self.parser = get_parser(parser)
+        self.illegal, self.forfeit_payoffs = _check_policy(illegal, forfeit_payoffs)
+        self.discount, self.illegal_penalty = _check_credit(discount, illegal_penalty)
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.render_mode = render_mode
+        self.agents: list[str] = []
+        rows = {key: Rows(batch_size, tuple) for key in (keys.LEGAL_MOVES, keys.LEGAL_ACTIONS, keys.HISTORY)}
+        self.observation_spaces = {
+            seat: DictSpace({keys.PROMPT: Rows(batch_size), keys.GAMES: Rows(batch_size, int), **rows})
+            for seat in self.possible_agents
+        }
+        self.action_spaces = {seat: Rows(batch_size) for seat in self.possible_agents}
+        self._seed(seed)
+        self.records: list[GameRecord] = []
+        self.turns: list[Turn] = []
+        self._observations: dict[str, dict[str, tuple[Any, ...]]] = {}
+
+    def observation_space(self, agent: str) -> DictSpace:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> Rows:
+        return self.action_spaces[agent]
+
+    def _seed(self, seed: int | None) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+        self._rng = np.random.default_rng(seed)
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What a resumed run needs to deal the same games: (no tensors, JSON-able meta), for a checkpoint: the state of
+        the generator that seeds each episode's games and plays random moves, with the batch size and seats. The
+        current episode is not part of it: save between episodes."""
+        rng = self._rng.bit_generator.state
+        return {}, {"batch_size": self.batch_size, "seats": list(self.possible_agents), "rng": rng}
+
+    def load_state_dict(self, tensors: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned.
+
+        Raises:
+            CheckpointError: the batch size or the seats differ from this env's.
+        """
+        if meta.get("batch_size") != self.batch_size or list(meta.get("seats", ())) != self.possible_agents:
+            raise CheckpointError(
+                f"the checkpoint's game env plays {meta.get('batch_size')} games with seats {meta.get('seats')}, this "
+                f"one {self.batch_size} with seats {self.possible_agents}"
+            )
+        rng = np.random.default_rng()
+        restore_generator(rng, meta["rng"], "game env")
+        self._rng = rng
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        if seed is not None:
+            self._seed(seed)
+        game_seeds = self._rng.integers(0, 2**31 - 1, size=self.batch_size)
+        self.records = [GameRecord(list(self.possible_agents)) for _ in self.games]
+        self.turns = []
+        self._observations = {}
+        for index, (game, game_seed) in enumerate(zip(self.games, game_seeds, strict=True)):
+            game.reset(seed=int(game_seed))
+            self._settle(index)
+        self.agents = list(self.possible_agents)
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {seat: {"role": seat} for seat in self.agents}
+        following = self._next_seat(self.possible_agents[-1])
+        if following is None:
+            raise ValueError("every game of the batch was over at reset; a batched game needs at least one move")
+        self.agent_selection = following
+        self._update_masks()
+
+    # --------------------------------------------------------------------------------------------- who moves where
+    def to_move(self, seat: str) -> list[int]:
+        """The games (indices) in which ``seat`` is to move now."""
+        return [b for b, record in enumerate(self.records) if not record.over and self.games[b].agent_selection == seat]
+
+    def _next_seat(self, after: str) -> str | None:
+        order = self.possible_agents
+        k = order.index(after)
+        for seat in order[k + 1 :] + order[: k + 1]:
+            if self.to_move(seat):
+                return seat
+        return None
+
+    def _update_masks(self) -> None:
+        for seat in self.agents:
+            mask = np.zeros(self.batch_size, dtype=np.int8)
+            mask[self.to_move(seat)] = 1
+            self.infos[seat][keys.ACTION_MASK] = mask
+
+    # --------------------------------------------------------------------------------------------- observation
+    def observe(self, agent: str) -> dict[str, tuple[Any, ...]]:
+        if agent not in self._observations:
+            self._observations[agent] = self._observe(agent)
+        return self._observations[agent]
+
+    def _observe(self, seat: str) -> dict[str, tuple[Any, ...]]:
+        games = self.to_move(seat)
+        legal = [self.view.legal_moves(self.games[b], seat) for b in games]
+        return {
+            keys.PROMPT: tuple(self._prompt(b, seat, moves) for b, moves in zip(games, legal, strict=True)),
+            keys.LEGAL_MOVES: tuple(tuple(name for _, name in moves) for moves in legal),
+            keys.LEGAL_ACTIONS: tuple(tuple(int(a) for a, _ in moves) for moves in legal),
+            keys.HISTORY: tuple(self.view.history(self.games[b], self.records[b].moves) for b in games),
+            keys.GAMES: tuple(games),
+        }
+
+    def _prompt(self, index: int, seat: str, legal: Sequence[tuple[int, str]]) -> str:
+        game, view, names = self.games[index], self.view, [name for _, name in legal]
+        try:
+            fields = {
+                "game": view.name(game),
+                "rules": view.rules(game),
+                "role": seat,
+                "player": view.player(game, seat),
+                "state": view.state(game, seat, self.records[index].moves),
+                "moves": list_moves(names),
+                "move_names": ", ".join(names),
+                "move_number": self.records[index].answers[seat] + 1,
+            }
+            prompt = self.templates[seat](fields)
+        except Exception as error:
+            raise ValueError(f"rendering the prompt of seat {seat!r} in game {index} failed: {error!r}") from error
+        if not isinstance(prompt, str):
+            raise TypeError(f"the template of seat {seat!r} returned {type(prompt).__name__}, not str")
+        return prompt
+
+    # --------------------------------------------------------------------------------------------- moves
+    def step(self, action: Sequence[str] | None) -> None:
+        seat = self.agent_selection
+        if self.terminations[seat] or self.truncations[seat]:
+            self._was_dead_step(action)
+            return
+        observation = self.observe(seat)
+        games = observation[keys.GAMES]
+        if not self.action_spaces[seat].contains(action) or len(action) != len(games):
+            raise ValueError(
+                f"the action of seat {seat!r} must be a sequence of {len(games)} answer strings, one per game it "
+                f"moves in ({list(games)}), got {describe(action)}"
+            )
+        self._cumulative_rewards[seat] = 0.0
+        illegal = [
+            self._play(b, seat, answer, names, actions)
+            for b, answer, names, actions in zip(
+                games, action, observation[keys.LEGAL_MOVES], observation[keys.LEGAL_ACTIONS], strict=True
+            )
+        ]
+        self.turns.append(Turn(seat, np.asarray(games, dtype=np.int64), np.asarray(illegal, dtype=bool)))
+        self._observations = {}
+        following = self._next_seat(seat)
+        if following is None:
+            self._finish()
+            self.agent_selection = self.possible_agents[0]
+        else:
+            self.agent_selection = following
+            self._clear_rewards()
+            self._update_masks()
+        self._accumulate_rewards()
+
+    def _play(self, index: int, seat: str, answer: str, names: Sequence[str], actions: Sequence[int]) -> bool:
+        """Apply one answer to one game; whether it was illegal."""
+        record, game = self.records[index], self.games[index]
+        if not names:
+            raise RuntimeError(f"seat {seat!r} is to move in game {index} but the view lists no legal move for it")
+        record.answers[seat] += 1
+        choice = self.parser(answer, names)
+        illegal = choice is None or not 0 <= choice < len(names)
+        if illegal:
+            record.illegal[seat] += 1
+            if self.illegal == "forfeit":
+                self._forfeit(index, seat)
+                return True
+            choice = int(self._rng.integers(len(names)))
+        game.step(actions[choice])
+        record.moves.append(Move(seat, actions[choice], names[choice]))
+        for who, reward in game.rewards.items():
+            record.returns[who] += float(reward)
+        self._settle(index)
+        return illegal
+
+    def _forfeit(self, index: int, seat: str) -> None:
+        loser, others = self.forfeit_payoffs or (self.view.loss_payoff(self.games[index]), 0.0)
+        record = self.records[index]
+        record.forfeited_by = seat
+        record.payoffs = {who: float(loser if who == seat else others) for who in self.possible_agents}
+
+    def _settle(self, index: int) -> None:
+        """Step the game's departed agents out (None) until someone is to move; mark the game over when all are done."""
+        game, record = self.games[index], self.records[index]
+        while game.agents:
+            done = [a for a in game.agents if game.terminations[a] or game.truncations[a]]
+            if len(done) == len(game.agents):
+                break
+            if game.agent_selection not in done:
+                return
+            game.step(None)  # an agent that left mid-game: its dead step is the game's business, not a move
+        record.payoffs = {seat: float(value) for seat, value in self.view.payoffs(game, dict(record.returns)).items()}
+
+    # --------------------------------------------------------------------------------------------- end
+    def _finish(self) -> None:
+        seats = self.possible_agents
+        payoffs = np.array([[record.payoffs[s] for s in seats] for record in self.records])  # (B, N)
+        forfeited = np.array([seats.index(r.forfeited_by) if r.forfeited_by else -1 for r in self.records])
+        result = outcomes(payoffs, forfeited)  # (B, N)
+        lengths = np.array([record.length for record in self.records])
+        for i, seat in enumerate(seats):
+            own = [turn for turn in self.turns if turn.seat == seat]
+            games = [turn.games for turn in own]
+            trained = turn_rewards(games, [t.illegal for t in own], payoffs[:, i], self.discount, self.illegal_penalty)
+            answers = np.array([record.answers[seat] for record in self.records])
+            illegal = np.array([record.illegal[seat] for record in self.records])
+            self.rewards[seat] = float(payoffs[:, i].mean())
+            self.infos[seat] = {
+                "role": seat,
+                keys.ACTION_MASK: np.zeros(self.batch_size, dtype=np.int8),
+                TASK_REWARDS: payoffs[:, i].copy(),
+                BATCH_REWARDS: payoffs[:, i].copy(),
+                TURN_TASK_REWARDS: [payoffs[g, i] for g in games],
+                TURN_BATCH_REWARDS: trained,
+                keys.TURN_GAMES: games,
+                keys.PAYOFFS: payoffs[:, i].copy(),
+                keys.OUTCOMES: result[:, i],
+                keys.METRICS: seat_metrics(payoffs[:, i], result[:, i], answers, illegal, lengths, forfeited == i),
+            }
+        self.terminations = dict.fromkeys(self.agents, True)
+
+    def render(self) -> str | None:
+        if self.render_mode is None or not self.records:
+            return None
+        record = self.records[0]
+        lines = [f"game 0 of {self.batch_size}: {self.view.name(self.games[0])}"]
+        lines += [f"{move.seat}: {move.name}" for move in record.moves]
+        if record.forfeited_by:
+            lines.append(f"{record.forfeited_by} forfeited (illegal answer)")
+        if record.over:
+            lines.append(f"payoffs: {record.payoffs}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        for game in self.games:
+            game.close()
+
+
+raw_env = BatchedGameEnv
+"""PettingZoo's name for the unwrapped env class."""
+
+
+def env(**kwargs: Any) -> AECEnv:
+    """``BatchedGameEnv(**kwargs)`` behind PettingZoo's order-enforcing wrapper."""
+    return wrappers.OrderEnforcingWrapper(BatchedGameEnv(**kwargs))
+
+
+def _make_game(game_fn: Callable[[], AECEnv]) -> AECEnv:
+    game = game_fn()
+    if not isinstance(game, AECEnv):
+        raise TypeError(f"game_fn must return a PettingZoo AEC env, got {type(game).__name__}")
+    return game
+
+
+def _check_seats(games: Sequence[AECEnv]) -> list[str]:
+    seats = list(games[0].possible_agents)
+    if not seats:
+        raise ValueError("the game has no possible_agents: a batched game needs at least one seat")
+    for index, game in enumerate(games[1:], 1):
+        if list(game.possible_agents) != seats:
+            raise ValueError(f"game {index} has seats {list(game.possible_agents)}, game 0 {seats}: they must be equal")
+    return seats
+
+
+def _check_policy(illegal: str, forfeit_payoffs: Any) -> tuple[str, tuple[float, float] | None]:
+    if illegal not in ILLEGAL_POLICIES:
+        raise ValueError(f"illegal must be one of {list(ILLEGAL_POLICIES)}, got {illegal!r}")
+    if forfeit_payoffs is None:
+        return illegal, None
+    try:
+        loser, others = (float(v) for v in forfeit_payoffs)
+    except (TypeError, ValueError) as error:
+        message = f"forfeit_payoffs must be (loser's payoff, others' payoff), got {forfeit_payoffs!r}"
+        raise ValueError(message) from error
+    if not np.isfinite([loser, others]).all():
+        raise ValueError(f"forfeit_payoffs must be finite, got {forfeit_payoffs!r}")
+    return illegal, (loser, others)
+
+
+def _check_credit(discount: float, illegal_penalty: float) -> tuple[float, float]:
+    if isinstance(discount, bool) or not isinstance(discount, int | float) or not 0 < discount <= 1:
+        raise ValueError(f"discount must be a number in (0, 1], got {discount!r}")
+    if isinstance(illegal_penalty, bool) or not isinstance(illegal_penalty, int | float):
+        raise ValueError(f"illegal_penalty must be a number >= 0, got {illegal_penalty!r}")
+    if not 0 <= illegal_penalty < float("inf"):
+        raise ValueError(f"illegal_penalty must be a finite number >= 0, got {illegal_penalty!r}")
+    return float(discount), float(illegal_penalty)

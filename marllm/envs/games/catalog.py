@@ -1,0 +1,163 @@
+"""Games by name, as a config names them: a PettingZoo classic env (``tictactoe_v3``) or ``openspiel:<game string>``.
+
+:func:`game_factory` turns a name into the zero-argument factory :class:`~marllm.envs.games.BatchedGameEnv` takes;
+:func:`describe_game` builds one copy to report what a config needs to check before a run starts: the game's seats,
+its kind, and whether every seat moves in every game of a batch at every turn (``lockstep``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import pkgutil
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pettingzoo import AECEnv
+
+OPENSPIEL_PREFIX = "openspiel:"
+"""The prefix of an OpenSpiel game string in a game name (``openspiel:kuhn_poker``)."""
+
+LOCKSTEP_GAMES = ("rps_v2",)
+"""PettingZoo games in which every game of a batch lasts as many moves (the same seats, in the same order)."""
+
+TIC_TAC_TOE = ("tictactoe_v3", "openspiel:tic_tac_toe")
+"""The names under which tic-tac-toe is played (what :class:`~marllm.players.TicTacToeMinimax` plays)."""
+
+MCTS_GAMES = {"tictactoe_v3": "tic_tac_toe", "connect_four_v3": "connect_four"}
+"""PettingZoo games with an OpenSpiel twin whose action ids mean the same moves (tic-tac-toe's boards are each
+other's transpose, a symmetry of the game): what OpenSpiel's MCTS searches for them."""
+
+
+@functools.cache
+def classic_games() -> tuple[str, ...]:
+    """The PettingZoo classic env names installed (``chess_v6``, ``connect_four_v3``, ``rps_v2``, ``tictactoe_v3``,
+    ...), found without importing them (some need optional packages)."""
+    import pettingzoo.classic
+
+    names = (module.name for module in pkgutil.iter_modules(pettingzoo.classic.__path__))
+    return tuple(sorted(name for name in names if re.fullmatch(r"[a-z_]+_v\d+", name)))
+
+
+def is_openspiel_name(name: str) -> bool:
+    """Whether ``name`` names an OpenSpiel game (``openspiel:<game string>``)."""
+    return name.startswith(OPENSPIEL_PREFIX)
+
+
+def openspiel_string(name: str) -> str:
+    """The OpenSpiel game string of an ``openspiel:`` name."""
+    return name.removeprefix(OPENSPIEL_PREFIX).strip()
+
+
+def check_game_name(name: str) -> None:
+    """Raise ``ValueError`` unless ``name`` is an installed PettingZoo classic env or ``openspiel:<string>``."""
+    if is_openspiel_name(name):
+        if not openspiel_string(name):
+            raise ValueError("an OpenSpiel game needs its game string after 'openspiel:', e.g. openspiel:kuhn_poker")
+        return
+    if name not in classic_games():
+        close = difflib.get_close_matches(name, classic_games(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"unknown game {name!r}{hint}; a game is a PettingZoo classic env, one of {list(classic_games())}, or "
+            "openspiel:<game string> (e.g. openspiel:kuhn_poker, "
+            "openspiel:repeated_game(stage_game=matrix_pd(),num_repetitions=5))"
+        )
+
+
+def load_openspiel_game(name: str) -> Any:
+    """The ``pyspiel.Game`` of an ``openspiel:`` name; ``ValueError`` naming the game if OpenSpiel cannot load it,
+    ``ImportError`` naming ``pip install 'marllm[games]'`` without OpenSpiel."""
+    from marllm.envs.games.openspiel import require_openspiel
+
+    pyspiel, _ = require_openspiel()
+    string = openspiel_string(name)
+    try:
+        return pyspiel.load_game(string)
+    except pyspiel.SpielError as error:
+        first = str(error).splitlines()[0].removeprefix("OpenSpiel exception: ")
+        short = string.split("(")[0]
+        close = difflib.get_close_matches(short, pyspiel.registered_names(), n=3)
+        hint = f"; close names: {close}" if close and short not in pyspiel.registered_names() else ""
+        raise ValueError(f"OpenSpiel cannot load the game {string!r}: {first}{hint}") from None
+
+
+def game_factory(name: str, options: Mapping[str, Any] | None = None) -> Callable[[], AECEnv]:
+    """A zero-argument factory of the game ``name`` (see the module docstring).
+
+    Args:
+        name: a PettingZoo classic env name, or ``openspiel:<game string>``.
+        options: keyword arguments of the PettingZoo env function (``{"max_cycles": 1}`` for ``rps_v2``); an
+            OpenSpiel game takes its parameters in its game string instead.
+
+    Raises:
+        ValueError: an unknown name, options given to an OpenSpiel game, or a game string OpenSpiel cannot load.
+        ImportError: the game needs a package that is not installed (OpenSpiel: ``pip install 'marllm[games]'``).
+    """
+    check_game_name(name)
+    options = dict(options or {})
+    if is_openspiel_name(name):
+        if options:
+            raise ValueError(
+                f"OpenSpiel games take their parameters in the game string (openspiel:kuhn_poker(players=3)), not "
+                f"as options; got options {sorted(options)}"
+            )
+        from marllm.envs.games.openspiel import openspiel_factory
+
+        return openspiel_factory(load_openspiel_game(name))
+    with warnings.catch_warnings():  # PettingZoo warns that its versioned modules will give way to a registry
+        warnings.simplefilter("ignore", DeprecationWarning)
+        module = importlib.import_module(f"pettingzoo.classic.{name}")
+    return functools.partial(module.env, **options)
+
+
+@dataclass(frozen=True)
+class GameInfo:
+    """What a config checks of a game before a run: see :func:`describe_game`."""
+
+    name: str
+    seats: tuple[str, ...]
+    """The game's ``possible_agents``, in order."""
+    openspiel: Any
+    """The ``pyspiel.Game`` of an OpenSpiel game, else None."""
+    lockstep: bool
+    """Whether every seat moves in every game of a batch at every turn while no game is forfeited (matrix games,
+    their repetitions, rock-paper-scissors)."""
+
+    @property
+    def sequential_perfect_information(self) -> bool:
+        """Whether OpenSpiel's MCTS can play it: an OpenSpiel game of turns and perfect information, or a PettingZoo
+        board with such a twin (:data:`MCTS_GAMES`)."""
+        if self.name in MCTS_GAMES:
+            return True
+        if self.openspiel is None:
+            return False
+        kind = self.openspiel.get_type()
+        return kind.dynamics == kind.dynamics.SEQUENTIAL and kind.information == kind.information.PERFECT_INFORMATION
+
+    def mcts_game(self) -> Any:
+        """The OpenSpiel game (a string or ``pyspiel.Game``) that MCTS searches for this game."""
+        return MCTS_GAMES.get(self.name, self.openspiel)
+
+
+def describe_game(name: str, options: Mapping[str, Any] | None = None) -> GameInfo:
+    """Build one copy of the game and report its seats and kind (the errors of :func:`game_factory`)."""
+    factory = game_factory(name, options)
+    game = factory()
+    try:
+        seats = tuple(game.possible_agents)
+    finally:
+        game.close()
+    loaded = load_openspiel_game(name) if is_openspiel_name(name) else None
+    if loaded is not None:
+        kind = loaded.get_type()
+        lockstep = kind.dynamics == kind.dynamics.SIMULTANEOUS and (
+            kind.short_name.startswith("matrix_") or kind.short_name == "repeated_game"
+        )
+    else:
+        lockstep = name in LOCKSTEP_GAMES
+    return GameInfo(name, seats, loaded, lockstep)

@@ -1,0 +1,55 @@
+"""Prompt templates of a batched game: the fields a template may use, the default template, and their checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from marllm.envs.templates import PromptTemplate
+
+GameTemplate = str | Callable[[Mapping[str, Any]], str]
+"""A ``str.format`` template over :data:`FIELDS`, or a callable ``template(fields) -> prompt``."""
+
+FIELDS = ("game", "rules", "role", "player", "state", "moves", "move_names", "move_number")
+"""What a template may use: the game's name and rules, the seat's agent id (``role``) and name in the game
+(``player``: X, O, player 0), the view's ``state`` text, the legal ``moves`` as listed (numbered unless a move name
+is a number), the bare ``move_names`` (comma-separated) and the seat's ``move_number`` in this game (from 1)."""
+
+
+def default_template(fields: Mapping[str, Any]) -> str:
+    """The default prompt: the game and its rules, the state, the legal moves and the request for one move."""
+    intro = f"You are playing {fields['game']}." + (f" {fields['rules']}" if fields["rules"] else "")
+    return f"{intro}\n{fields['state']}\nLegal moves: {fields['moves']}\nAnswer with one legal move.\nYour move:"
+
+
+def check_game_templates(
+    templates: GameTemplate | Mapping[str, GameTemplate] | None, seats: Sequence[str]
+) -> dict[str, Callable[[Mapping[str, Any]], str]]:
+    """One prompt function per seat: one template for all, a mapping seat -> template, or None (the default).
+
+    Raises:
+        ValueError: a mapping misses a seat or names an unknown one, or a str template uses an unknown field.
+    """
+    if templates is None:
+        templates = default_template
+    if isinstance(templates, Mapping):
+        missing = [s for s in seats if s not in templates]
+        unknown = sorted(set(templates) - set(seats), key=str)
+        if missing or unknown:
+            raise ValueError(
+                f"templates must have one entry per seat {list(seats)}; missing {missing}, unknown {unknown}"
+            )
+        by_seat = dict(templates)
+    else:
+        by_seat = dict.fromkeys(seats, templates)
+    return {seat: _prompt_fn(template, seat) for seat, template in by_seat.items()}
+
+
+def _prompt_fn(template: GameTemplate, seat: str) -> Callable[[Mapping[str, Any]], str]:
+    if isinstance(template, str):
+        checked = PromptTemplate(template)
+        checked.check(f"seat {seat!r}", FIELDS, [])
+        return lambda fields: checked(fields, {})
+    if callable(template):
+        return template
+    raise TypeError(f"the template of seat {seat!r} must be a str or a callable (fields) -> str, got {template!r}")

@@ -1,0 +1,158 @@
+"""Game views: how a game is shown to a seat (its prompt fields), how its moves are named, and what it paid.
+
+A view is stateless: every method reads the game object (an AEC env, possibly wrapped) and the moves played so far
+in it. :func:`view_for` finds the view of a game by its name (a PettingZoo env's ``metadata["name"]``, an OpenSpiel
+game's short name); games without a view of their own get the generic one: OpenSpiel's information-state (or
+observation) string through shimmy, or the PettingZoo observation as text, with the legal moves by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from pettingzoo import AECEnv
+
+
+class Move(NamedTuple):
+    """One move applied to a game: who made it, the game's action id, and the move's name."""
+
+    seat: str
+    action: int
+    name: str
+
+
+class GameView:
+    """The generic view of a PettingZoo AEC game; subclasses override what their game shows better.
+
+    Methods take the game (an AEC env) and a seat (one of its agents); ``moves`` are the moves applied so far.
+    """
+
+    title: str = ""
+    """The game's name in prompts; empty: the env's ``metadata["name"]``."""
+
+    def name(self, game: AECEnv) -> str:
+        """The game's name in prompts."""
+        return self.title or str(game.unwrapped.metadata.get("name", type(game.unwrapped).__name__))
+
+    def rules(self, game: AECEnv) -> str:
+        """A short statement of the rules for the prompt ("" if none)."""
+        return ""
+
+    def player(self, game: AECEnv, seat: str) -> str:
+        """What the seat is called in the prompt (a mark, a colour, a position)."""
+        return seat
+
+    def state(self, game: AECEnv, seat: str, moves: Sequence[Move]) -> str:
+        """What the seat sees of the game now: the PettingZoo observation as text."""
+        observation = game.observe(seat)
+        if isinstance(observation, Mapping) and "observation" in observation:
+            observation = observation["observation"]
+        if isinstance(observation, np.ndarray):
+            return f"Observation (array of shape {observation.shape}):\n{np.array2string(observation)}"
+        return f"Observation: {observation}"
+
+    def legal_actions(self, game: AECEnv, seat: str) -> list[int]:
+        """The action ids legal for the seat: the observation's or the info's ``action_mask``, else every action
+        of its ``Discrete`` action space."""
+        observation = game.observe(seat)
+        mask = observation.get("action_mask") if isinstance(observation, Mapping) else None
+        if mask is None:
+            mask = game.infos.get(seat, {}).get("action_mask")
+        if mask is not None:
+            return [int(a) for a in np.flatnonzero(mask)]
+        space = game.action_space(seat)
+        if not hasattr(space, "n"):
+            raise TypeError(
+                f"game {self.name(game)!r}: seat {seat!r} has action space {space}, which is not Discrete and has no "
+                "action_mask; a batched game needs discrete moves"
+            )
+        return list(range(int(space.start), int(space.start + space.n)))
+
+    def move_name(self, game: AECEnv, seat: str, action: int) -> str:
+        """The name of an action in prompts and answers."""
+        return str(action)
+
+    def legal_moves(self, game: AECEnv, seat: str) -> list[tuple[int, str]]:
+        """(action id, name) of each legal move of the seat, in the order the prompt lists them."""
+        return [(a, self.move_name(game, seat, a)) for a in self.legal_actions(game, seat)]
+
+    def history(self, game: AECEnv, moves: Sequence[Move]) -> tuple[int, ...]:
+        """The game so far as action ids, for scripted players (here: the moves applied)."""
+        return tuple(move.action for move in moves)
+
+    def payoffs(self, game: AECEnv, returns: Mapping[str, float]) -> dict[str, float]:
+        """Each seat's payoff of a finished game; ``returns`` sums the game's step rewards (the AEC ``rewards``
+        after each move)."""
+        return dict(returns)
+
+    def loss_payoff(self, game: AECEnv) -> float:
+        """The payoff of a seat that forfeits (the game's loss)."""
+        return -1.0
+
+    def cooperative_move(self, game: AECEnv, seat: str) -> int | None:
+        """The action id of the seat's cooperative move where the game has one (a social dilemma's "cooperate"),
+        else None: what an evaluation's cooperation rate counts. None here: a game has none unless its view says."""
+        return None
+
+
+VIEWS: dict[str, GameView] = {}
+"""Views by game name; :func:`register_view` adds to it."""
+
+MATCHERS: list[tuple[Callable[[str], bool], GameView]] = []
+"""(name predicate, view) for families of games (``matrix_*``); tried in order after the exact names."""
+
+_BUILTIN = ("board_views", "matrix_views", "poker_views")
+
+
+def register_view(name: str | Callable[[str], bool], view: GameView) -> GameView:
+    """Use ``view`` for the game called ``name`` (or for every game whose name satisfies the predicate)."""
+    if not isinstance(view, GameView):
+        raise TypeError(f"a game view must be a GameView, got {type(view).__name__}")
+    if callable(name):
+        MATCHERS.append((name, view))
+    else:
+        VIEWS[name] = view
+    return view
+
+
+def is_openspiel(game: AECEnv) -> bool:
+    """Whether the game is an OpenSpiel game behind shimmy's compatibility env (which maps seats to players)."""
+    inner = game.unwrapped
+    return hasattr(inner, "game_type") and hasattr(inner, "agent_name_id_mapping")
+
+
+def game_name(game: AECEnv) -> str:
+    """An OpenSpiel game's short name, else the env's ``metadata["name"]`` (else its class name)."""
+    inner = game.unwrapped
+    if is_openspiel(game):
+        return str(inner.game_type.short_name)
+    return str(getattr(inner, "metadata", {}).get("name", type(inner).__name__))
+
+
+def view_for(game: AECEnv) -> GameView:
+    """The registered view of the game, else the generic OpenSpiel or PettingZoo view."""
+    for module in _BUILTIN:  # they register their views on import
+        importlib.import_module(f"marllm.envs.games.{module}")
+    name = game_name(game)
+    if name in VIEWS:
+        return VIEWS[name]
+    for matches, view in MATCHERS:
+        if matches(name):
+            return view
+    if is_openspiel(game):
+        from marllm.envs.games.openspiel import OpenSpielView
+
+        return OpenSpielView()
+    return GameView()
+
+
+def describe(value: Any) -> str:
+    """A short description of a value for error messages."""
+    if isinstance(value, str):
+        return "a single str"
+    if isinstance(value, Sequence):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return repr(type(value).__name__)

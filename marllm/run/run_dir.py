@@ -1,0 +1,458 @@
+"""The run directory: the files a training run writes there, its recorded status, and the checks before a run starts.
+
+A run directory holds ``config.yaml``, ``run.json`` (what the run is and how far it got), ``metrics.jsonl`` and
+``samples.jsonl`` (one line per iteration, appended as it goes), ``tensorboard/``, ``training_state/`` (the
+checkpoints a run resumes from, see :mod:`marllm.run.checkpoint`), and when training ends ``checkpoints/`` (each learner
+exported for ``marllm eval``), ``eval_samples.jsonl`` and ``pass_at_k.json``; and ``.marllm.lock``, the lock of the
+process that owns the directory (:func:`hold_run_dir`). Nothing else in it is marllm's, and in ``tensorboard/``,
+``training_state/`` and ``checkpoints/`` only the entries marllm's writers create there are (:func:`run_entries`).
+
+One process at a time owns a run directory: :func:`marllm.run.train.train` holds its lock for the whole run, and
+another process that tries to train into it is refused with the owner's PID. The lock is ``flock``'s, so it ends with
+the process, even a killed one.
+
+``run.json``'s ``status`` is ``running`` while a process trains (it stays so when the process is killed),
+``interrupted`` after SIGINT/SIGTERM, ``failed`` after an error, and ``finished`` once everything, end-of-run
+evaluation included, is written; ``completed_iterations`` counts the iterations logged so far.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from marllm.run.checkpoint_store import is_checkpoint_entry
+from marllm.utils.files import LockHeldError, exclusive_lock
+
+CONFIG_FILE = "config.yaml"
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+EVAL_FILE = "eval_samples.jsonl"
+PASS_AT_K_FILE = "pass_at_k.json"
+TENSORBOARD_DIR = "tensorboard"
+EXPORT_DIR = "checkpoints"
+# marllm.run.checkpoint.CHECKPOINTS_DIR (kept light: the report imports this module)
+TRAINING_STATE_DIR = "training_state"
+
+# The lock of the process that owns a run directory (also of a study's and the main job's directories); it does not
+# make a directory a run (:func:`holds_run`), and ``overwrite`` leaves it (the process that overwrites holds it).
+LOCK_FILE = ".marllm.lock"
+
+# Everything ``overwrite`` removes (in the directories, marllm's entries only: :func:`run_entries`); anything else in
+# a run directory is left alone. With LOCK_FILE, these are all of marllm's files in a run directory.
+RUN_FILES = (
+    CONFIG_FILE,
+    RUN_FILE,
+    METRICS_FILE,
+    SAMPLES_FILE,
+    EVAL_FILE,
+    PASS_AT_K_FILE,
+    TENSORBOARD_DIR,
+    EXPORT_DIR,
+    TRAINING_STATE_DIR,
+)
+# What a learner's export (marllm.algorithms.learner_checkpoint, LearnerCheckpoint.save) writes in
+# ``checkpoints/LEARNER/``, with what earlier marllm versions wrote there (kept light: the report imports this module).
+EXPORT_ENTRIES = (
+    "policy",
+    "learner_state.safetensors",
+    "learner_state.json",
+    "learner_state.pt",
+    "value_head.safetensors",
+)
+# The files TensorBoard's SummaryWriter writes in ``tensorboard/``.
+TENSORBOARD_EVENTS_PREFIX = "events.out.tfevents."
+# Written after training ends: they describe a finished training, so a resumed run drops them until it ends.
+END_OF_RUN_FILES = (EVAL_FILE, PASS_AT_K_FILE)
+
+Status = Literal["running", "interrupted", "failed", "finished"]
+# "unknown": a run.json from before statuses were recorded, with fewer metric lines than its iterations.
+STATUSES = ("running", "interrupted", "failed", "finished", "unknown")
+
+
+class RunDirError(ValueError):
+    """A run directory cannot be used as asked (it already holds a run, it has nothing to resume from, ...)."""
+
+
+class DirectoryInUseError(RunDirError):
+    """Another process owns the directory (a run's, a study's or the main job's): it holds its lock.
+
+    Attributes:
+        pid: the owner's process id (None when it has not written it yet).
+    """
+
+    def __init__(self, message: str, pid: int | None):
+        super().__init__(message)
+        self.pid = pid
+
+
+@dataclass(frozen=True)
+class RunState:
+    """How far the run of a directory got.
+
+    Attributes:
+        status: one of :data:`STATUSES`.
+        completed: iterations logged in ``metrics.jsonl``.
+        planned: the run's ``iterations`` (None when no ``run.json`` says).
+    """
+
+    status: str
+    completed: int
+    planned: int | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    def describe(self) -> str:
+        """E.g. ``"5 of 20 iterations, interrupted"``."""
+        done = f"{self.completed} of {self.planned}" if self.planned is not None else str(self.completed)
+        status = "running or killed" if self.status == "running" else self.status
+        if self.status == "unknown":
+            status = "stopped early (no status recorded)"
+        return f"{done} iterations, {status}"
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run: a ``run.json``, a ``metrics.jsonl`` or training checkpoints (marllm's entries
+    in ``training_state/``; the lock file and other files do not count)."""
+    state = run_dir / TRAINING_STATE_DIR
+    has_state = state.is_dir() and any(is_checkpoint_entry(entry.name) for entry in state.iterdir())
+    return (run_dir / RUN_FILE).is_file() or (run_dir / METRICS_FILE).is_file() or has_state
+
+
+def read_run_state(run_dir: Path) -> RunState | None:
+    """The state of the run in ``run_dir``; None when it holds none.
+
+    A ``run.json`` without ``status`` was written before statuses were recorded: that run counts as finished when
+    its metrics have as many iterations as it planned, else its status is ``unknown``. A run with metrics but no
+    ``run.json`` counts as finished (nothing says how many iterations it planned).
+    """
+    if not holds_run(run_dir):
+        return None
+    completed = count_iterations(run_dir / METRICS_FILE)
+    return run_state(read_run_info(run_dir), completed)
+
+
+def run_state(info: Mapping[str, Any], completed: int) -> RunState:
+    """The state of a run from its ``run.json`` (``info``, empty when there is none) and its logged iterations."""
+    planned = info.get("iterations")
+    planned = planned if isinstance(planned, int) and not isinstance(planned, bool) else None
+    status = info.get("status")
+    if status not in STATUSES:
+        status = "finished" if planned is None or completed >= planned else "unknown"
+    return RunState(status, completed, planned)
+
+
+def read_run_info(run_dir: Path) -> dict[str, Any]:
+    """``run.json`` as a dict (empty when it is missing or not a JSON object)."""
+    path = run_dir / RUN_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def count_iterations(metrics_path: Path) -> int:
+    """The number of distinct iterations logged in a ``metrics.jsonl`` (0 when it is missing)."""
+    return len({record.get("iteration") for record in iter_jsonl(metrics_path)})
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, skipping lines that are not one (such as a line cut short by a
+    killed process); nothing when the file is missing."""
+    for _, record in _jsonl_lines(path):
+        yield record
+
+
+def _jsonl_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(line text, object)`` for each line of a JSON-lines file that holds a JSON object."""
+    if not path.is_file():
+        return
+    with path.open(encoding="utf-8") as handle:
+        for text in handle:
+            try:
+                record = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield text, record
+
+
+def check_can_start(run_dir: Path) -> None:
+    """Refuse to start a new run in a directory that holds one (or is a file).
+
+    Raises:
+        RunDirError: saying how far the run there got, and how to resume it or start again.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} is a file")
+    state = read_run_state(run_dir)
+    if state is not None:
+        raise RunDirError(
+            f"{run_dir} already holds a run ({state.describe()}); continue it from its latest checkpoint with "
+            "--resume (resume=True), or delete its files and start again with --overwrite (overwrite=True)"
+        )
+
+
+def create_run_dir(run_dir: Path) -> Path | None:
+    """Create ``run_dir``; return the outermost directory this created (None if ``run_dir`` already existed)."""
+    missing = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return missing[-1] if missing else None
+
+
+@contextlib.contextmanager
+def hold_directory(directory: Path, what: str, advice: str) -> Iterator[Path | None]:
+    """Own ``directory`` for the block: create it if needed and hold its lock (``LOCK_FILE`` in it, with this
+    process's PID) without waiting. Yields the outermost directory this created (None if it existed).
+
+    The lock ends with the block, or with the process however it ends. The same thread may nest blocks on one
+    directory. Refused, nothing in the directory is changed (a directory this created for it stays: the owner uses it).
+
+    Args:
+        what: what the directory is, for the error (``"run directory"``).
+        advice: what to do about an owner, for the error; ``{pid}`` in it is replaced by the owner's PID.
+
+    Raises:
+        RunDirError: ``directory`` is a file.
+        DirectoryInUseError: another process owns it: the message names its PID and says what to do.
+    """
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise RunDirError(f"{what} {directory} is a file")
+    created = create_run_dir(directory)
+    lock = contextlib.ExitStack()
+    try:
+        lock.enter_context(exclusive_lock(directory / LOCK_FILE))
+    except LockHeldError as error:
+        pid = "PID" if error.pid is None else str(error.pid)
+        raise DirectoryInUseError(
+            f"{what} {directory} is in use by {error.holder}, which holds its lock {error.path}; "
+            f"{advice.format(pid=pid)} (the lock ends with that process, even a killed one)",
+            error.pid,
+        ) from None
+    with lock:
+        yield created
+
+
+def hold_run_dir(run_dir: Path) -> contextlib.AbstractContextManager[Path | None]:
+    """Own the run directory ``run_dir`` for the block (:func:`hold_directory`): one process trains into it at a time.
+
+    Raises:
+        RunDirError: ``run_dir`` is a file.
+        DirectoryInUseError: another process owns it (a run training there, or a study worker running it).
+    """
+    return hold_directory(
+        run_dir,
+        "run directory",
+        "wait for that run to end, or stop it (kill {pid}: it checkpoints and stops, then go on with --resume), "
+        "or train into another --run-dir",
+    )
+
+
+def run_entries(run_dir: Path, names: Sequence[str] = RUN_FILES) -> list[Path]:
+    """marllm's own files and directories among ``names`` in ``run_dir``, as ``overwrite`` removes them.
+
+    A file (or a link) is listed by its name. In ``tensorboard/`` the event files are listed, in ``training_state/``
+    the checkpoint directories (and what interrupted saves leave), and in ``checkpoints/LEARNER/`` what a learner's
+    export writes (``policy/``, ``learner_state.*``; a directory of ``checkpoints/`` counts as a learner's when it holds
+    a ``learner_state`` file or ``policy/``). Nothing else in those directories is listed, nor the directories.
+    """
+    entries = []
+    for name in names:
+        path = run_dir / name
+        if not path.is_dir() or path.is_symlink():
+            if path.exists() or path.is_symlink():
+                entries.append(path)
+            continue
+        if name == TENSORBOARD_DIR:
+            entries += [entry for entry in _sorted(path) if entry.name.startswith(TENSORBOARD_EVENTS_PREFIX)]
+        elif name == TRAINING_STATE_DIR:
+            entries += [entry for entry in _sorted(path) if is_checkpoint_entry(entry.name)]
+        elif name == EXPORT_DIR:
+            for learner in _export_dirs(path):
+                entries += [entry for entry in _sorted(learner) if entry.name in EXPORT_ENTRIES]
+        else:  # a directory under a file's name: marllm's name, so it goes
+            entries.append(path)
+    return entries
+
+
+def _sorted(directory: Path) -> list[Path]:
+    return sorted(directory.iterdir())
+
+
+def _export_dirs(export_dir: Path) -> list[Path]:
+    """The learners' export directories in ``checkpoints/``."""
+    return [
+        entry
+        for entry in _sorted(export_dir)
+        if entry.is_dir() and not entry.is_symlink() and any((entry / name).exists() for name in EXPORT_ENTRIES)
+    ]
+
+
+def _containers(run_dir: Path, names: Sequence[str]) -> list[Path]:
+    """The directories of ``names`` whose entries :func:`run_entries` picks, deepest first."""
+    containers = []
+    for name in (TENSORBOARD_DIR, TRAINING_STATE_DIR, EXPORT_DIR):
+        path = run_dir / name
+        if name in names and path.is_dir() and not path.is_symlink():
+            if name == EXPORT_DIR:
+                containers += _export_dirs(path)
+            containers.append(path)
+    return containers
+
+
+def remove_run_files(run_dir: Path, names: Sequence[str] = RUN_FILES, keep: Collection[Path] = ()) -> list[Path]:
+    """Delete marllm's own files among ``names`` from ``run_dir`` (:func:`run_entries`, but those in ``keep``), and
+    the directories of ``names`` they leave empty (but those in ``keep``); anything else stays.
+
+    Returns what stays in those directories that is not marllm's (a user's file in ``checkpoints/``, say), sorted.
+    """
+    containers = _containers(run_dir, names)
+    for path in run_entries(run_dir, names):
+        if path in keep:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    kept = []
+    for container in containers:  # deepest first: a learner's directory before checkpoints/
+        if container in keep:
+            continue
+        remaining = _sorted(container)
+        if not remaining:
+            container.rmdir()
+        kept += [entry for entry in remaining if entry not in containers]
+    return sorted(set(kept))
+
+
+def overwrite_run_files(run_dir: Path) -> list[Path]:
+    """What ``overwrite`` does before a new run: remove marllm's own files from ``run_dir``
+    (:func:`remove_run_files`), and warn about the files it left in marllm's directories. Returns those."""
+    kept = remove_run_files(run_dir)
+    if kept:
+        listed = ", ".join(path.relative_to(run_dir).as_posix() for path in kept)
+        warnings.warn(
+            f"overwrite removed only marllm's own files from {run_dir}; kept what is not marllm's in its directories: "
+            f"{listed}",
+            UserWarning,
+            stacklevel=2,
+        )
+    return kept
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader (or a crash) sees the old file or the new one, never a part."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def write_run_info(run_dir: Path, info: Mapping[str, Any]) -> None:
+    """Write ``run.json`` atomically."""
+    write_atomic(run_dir / RUN_FILE, json.dumps(dict(info), indent=2) + "\n")
+
+
+def update_run_info(run_dir: Path, **changes: Any) -> None:
+    """Change some keys of ``run.json`` (atomically), e.g. ``status`` and ``completed_iterations``."""
+    write_run_info(run_dir, {**read_run_info(run_dir), **changes})
+
+
+def keep_iterations_before(path: Path, iteration: int, rewrite: bool = True) -> list[dict[str, Any]]:
+    """Cut a JSON-lines log back to its lines of iterations before ``iteration`` (rewritten atomically; lines
+    that are not JSON objects are dropped). Returns the lines kept; a missing file stays missing. With
+    ``rewrite=False`` the file is only read (a data-parallel rank that does not write the run)."""
+    if not path.is_file():
+        return []
+    kept = [(text, record) for text, record in _jsonl_lines(path) if _iteration(record) < iteration]
+    if rewrite:
+        write_atomic(path, "".join(text.rstrip("\n") + "\n" for text, _ in kept))
+    return [record for _, record in kept]
+
+
+def _iteration(record: Mapping[str, Any]) -> float:
+    value = record.get("iteration")
+    return value if isinstance(value, int) and not isinstance(value, bool) else float("inf")
+
+
+def sample_rows(dialogues: dict[str, dict[str, Any]], iteration: int, count: int) -> list[dict]:
+    """The first ``count`` dialogues of each learner's turns (``dialogues`` of :class:`~marllm.loop.IterationResult`),
+    as the rows of ``samples.jsonl``."""
+    rows = []
+    for learner_id, record in dialogues.items():
+        queries = record.get("queries")
+        for turn_index, turn in enumerate(record["turns"], start=1):
+            for i in range(min(count, len(turn["responses"]))):
+                row = {
+                    "iteration": iteration,
+                    "learner": learner_id,
+                    "role": record["role"],
+                    "query": None if queries is None else queries[i],
+                    "prompt": turn["prompts"][i],
+                    "response": turn["responses"][i],
+                    "task_reward": float(turn["task_rewards"][i]),
+                }
+                if len(record["turns"]) > 1:
+                    row["turn"] = turn_index
+                rows.append(row)
+    return rows
+
+
+class RunLog:
+    """The per-iteration logs of a run: ``metrics.jsonl``, ``samples.jsonl`` and, optionally, TensorBoard scalars.
+
+    ``start`` is the first iteration this log writes: 0 starts the files afresh; a resumed run appends to files
+    already cut back to ``start`` (:func:`keep_iterations_before`), and TensorBoard hides its events from ``start``
+    on. Each line is flushed as it is written, so a killed run keeps every iteration it logged.
+    """
+
+    def __init__(self, run_dir: Path, start: int = 0, tensorboard: bool = False):
+        mode = "a" if start else "w"
+        self._metrics = (run_dir / METRICS_FILE).open(mode, encoding="utf-8")
+        self._samples = (run_dir / SAMPLES_FILE).open(mode, encoding="utf-8")
+        self._writer = _summary_writer(run_dir / TENSORBOARD_DIR, start) if tensorboard else None
+
+    def write(self, iteration: int, metrics: Mapping[str, Any], samples: Sequence[Mapping[str, Any]]) -> None:
+        """Log one iteration: its metrics line, its sample dialogues and its numeric metrics as scalars."""
+        self._metrics.write(json.dumps(dict(metrics)) + "\n")
+        self._metrics.flush()
+        for row in samples:
+            self._samples.write(json.dumps(dict(row)) + "\n")
+        self._samples.flush()
+        if self._writer is not None:
+            for key, value in metrics.items():
+                if isinstance(value, int | float) and not isinstance(value, bool) and key != "iteration":
+                    self._writer.add_scalar(key, value, iteration)
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._samples.close()
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _summary_writer(log_dir: Path, start: int) -> Any:
+    from torch.utils.tensorboard import SummaryWriter
+
+    # purge_step: events of iterations >= start (logged before a resumed run's checkpoint was cut to) are hidden.
+    return SummaryWriter(str(log_dir), purge_step=start if start else None)

@@ -1,0 +1,405 @@
+"""Training runs: :func:`train` drives :func:`~marllm.loop.run_iteration` over a run directory.
+
+It builds the run from its config (:func:`marllm.run.setup.build`), starts it or resumes it from its latest checkpoint,
+logs each iteration's metrics and sample dialogues, checkpoints the training state, stops cleanly on a signal or on
+too many skipped updates, and ends with the learners' export and the evaluation of each agent deployed alone
+(:mod:`marllm.evaluation.deployed`). ``run.json`` records how far the run got.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm.auto import tqdm
+
+from marllm.config import TrainConfig, resume_differences
+from marllm.config.loading import ConfigError
+from marllm.evaluation.deployed import evaluate_alone, evaluate_pass_at_k_alone
+from marllm.loop import run_iteration
+from marllm.parallel.distributed import (
+    DataParallel,
+    close_data_parallel,
+    init_data_parallel,
+    launched_rank,
+    launched_world_size,
+    reseed_sampling,
+)
+from marllm.run.checkpoint import CheckpointInfo, latest_checkpoint, load_checkpoint, save_checkpoint
+from marllm.run.interrupts import StopSignals, TrainingInterrupted
+from marllm.run.run_dir import (
+    CONFIG_FILE,
+    END_OF_RUN_FILES,
+    EVAL_FILE,
+    EXPORT_DIR,
+    METRICS_FILE,
+    PASS_AT_K_FILE,
+    RUN_FILE,
+    RUN_FILES,
+    SAMPLES_FILE,
+    RunDirError,
+    RunLog,
+    check_can_start,
+    hold_run_dir,
+    keep_iterations_before,
+    overwrite_run_files,
+    read_run_info,
+    read_run_state,
+    remove_run_files,
+    run_entries,
+    sample_rows,
+    update_run_info,
+    write_atomic,
+    write_run_info,
+)
+from marllm.run.setup import Setup, build
+from marllm.run.skip_streaks import count_skips, skip_streaks
+
+KL_METRIC = "full-vocabulary KL(policy || reference) summed over response tokens, batch mean"
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the run directory, every iteration's metrics (for a resumed run, also those
+    logged before the checkpoint it resumed from) and the end-of-run evaluation rows."""
+
+    run_dir: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+    eval_rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def train(
+    config: TrainConfig, run_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False
+) -> TrainResult:
+    """Train for ``config.iterations`` iterations, logging to ``run_dir`` (default ``config.run_dir``).
+
+    Args:
+        config: the run.
+        run_dir: where it is written (see :mod:`marllm.run.run_dir`); created if needed (and removed again if
+            the run stops before its first iteration is logged).
+        resume: continue the run in ``run_dir`` from its latest training checkpoint. Its logs are cut back to that
+            iteration and the run goes on to ``config.iterations``, exactly as if it had not stopped. ``config``
+            must match the checkpoint's in everything but :data:`marllm.config.RESUMABLE_KEYS`.
+        overwrite: delete the files of the run already in ``run_dir`` (marllm's own only, with a warning listing
+            the others left in its ``checkpoints/``, ``training_state/`` and ``tensorboard/``) and start again.
+
+    The process owns ``run_dir`` while it trains (:func:`~marllm.run.run_dir.hold_run_dir`): another process that
+    trains into it meanwhile is refused before it changes anything. Without ``resume`` or ``overwrite``, a
+    ``run_dir`` that already holds a run is an error. The training state is
+    checkpointed every ``logging.checkpoint_every`` iterations and when training ends; the learners are exported and
+    that last checkpoint written before any end-of-run evaluation. ``run.json`` records the run's status.
+
+    SIGINT or SIGTERM stops the run after its current iteration, with a checkpoint, by raising
+    :class:`~marllm.run.interrupts.TrainingInterrupted`; a second signal stops it at once. The previous signal handlers
+    are restored on return. A new run that stops before its first iteration is logged leaves nothing behind: the
+    files and the directories it created are removed again.
+
+    Started by torchrun with several processes (``marllm train --nproc N``), it joins their process group and trains
+    data-parallel (:mod:`marllm.parallel.distributed`): each rank plays its slice of every batch, and rank 0 alone
+    writes the
+    run directory; with whole models it alone evaluates at the end, and the others return a result without
+    evaluation. With ``model.fsdp`` the models are sharded over the ranks (:mod:`marllm.parallel.sharding`): every
+    rank joins
+    the gathering of the states rank 0 writes and the end-of-run evaluation's forwards. A stop signal stops every rank
+    after the same iteration.
+
+    Raises:
+        RunDirError: ``run_dir`` holds a run (and neither flag is given), or there is nothing to resume.
+        DirectoryInUseError: another process owns ``run_dir`` (the message names its PID).
+        ConfigError: resuming with a config that changes what is trained.
+    """
+    run_dir = Path(run_dir) if run_dir is not None else config.resolved_run_dir()
+    if resume and overwrite:
+        raise RunDirError("resume and overwrite exclude each other: resume continues the run, overwrite deletes it")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} is a file")
+    if resume and not run_dir.is_dir():
+        checkpoint_to_resume(run_dir, config)  # raises: nothing to resume
+    # Rank 0 owns the directory for the whole run (the other ranks of a data-parallel run write nothing there).
+    owner = hold_run_dir(run_dir) if launched_rank() == 0 else contextlib.nullcontext(None)
+    with owner as created:
+        return _train_owned(config, run_dir, resume, overwrite, created)
+
+
+def _train_owned(
+    config: TrainConfig, run_dir: Path, resume: bool, overwrite: bool, created: Path | None
+) -> TrainResult:
+    """:func:`train` in the run directory it owns (``created``: the outermost directory created for it, removed
+    again if the run stops before it begins)."""
+    data_parallel = None
+    run: _Run | None = None
+    try:
+        checkpoint = checkpoint_to_resume(run_dir, config) if resume else None
+        if not resume and not overwrite:
+            check_can_start(run_dir)
+        config.check_data_parallel(launched_world_size())
+        data_parallel = init_data_parallel(config.model.device)
+        if data_parallel is not None:
+            data_parallel.barrier()  # every rank has checked the run directory before rank 0 writes to it
+        setup = build(config, data_parallel)
+        with StopSignals() as stop:
+            run = _Run(config, setup, run_dir, fresh=checkpoint is None, data_parallel=data_parallel, created=created)
+            try:
+                _open_run(run, checkpoint, overwrite)
+                _train_iterations(run, stop)
+                _end_training(run, stop)
+                return run.result
+            except BaseException as error:
+                stopped = _record_stop(run, error)
+                if stopped is error:
+                    raise
+                raise stopped from None
+    except BaseException:
+        if run is None and created is not None:  # stopped before the run began: leave nothing behind
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    finally:
+        close_data_parallel(data_parallel)
+
+
+def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
+    """The latest complete training checkpoint of ``run_dir``, after checking that ``config`` may continue it.
+
+    Raises:
+        RunDirError: no checkpoint to resume from.
+        ConfigError: ``config`` differs from the checkpoint's in a key that changes training, or asks for fewer
+            iterations than the checkpoint has completed.
+    """
+    checkpoint = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    if checkpoint is None:
+        state = read_run_state(run_dir) if run_dir.is_dir() else None
+        what = f"its run ({state.describe()}) stopped before" if state else "no run there wrote"
+        raise RunDirError(
+            f"nothing to resume in {run_dir}: {what} its first training checkpoint (logging.checkpoint_every); "
+            "start it again with --overwrite (overwrite=True)"
+        )
+    saved = checkpoint.extra.get("config")
+    if not isinstance(saved, dict):
+        raise RunDirError(f"checkpoint {checkpoint.path} does not record the config it was trained with")
+    changed = resume_differences(saved, config)
+    if changed:
+        raise ConfigError(
+            f"the config differs from the one {run_dir} was trained with, in keys that change training: "
+            f"{'; '.join(changed)}. Resume with the run's config ({run_dir / CONFIG_FILE}), or start again with "
+            "--overwrite"
+        )
+    if config.iterations < checkpoint.iteration:
+        raise ConfigError(
+            f"iterations={config.iterations} is fewer than the {checkpoint.iteration} iterations the checkpoint of "
+            f"{run_dir} has completed; give iterations >= {checkpoint.iteration}, or start again with --overwrite"
+        )
+    return checkpoint
+
+
+@dataclass
+class _Run:
+    """A run in progress: what it trains, where it writes, how far it got."""
+
+    config: TrainConfig
+    setup: Setup
+    run_dir: Path
+    fresh: bool  # started by this call (not resumed)
+    data_parallel: DataParallel | None = None
+    created: Path | None = None  # the outermost directory this call created
+    preexisting: frozenset[Path] = frozenset()  # marllm's files and directories in run_dir before a fresh run began
+    completed: int = 0
+    checkpointed: int | None = None  # the iteration of the latest training checkpoint
+    streaks: dict[str, int] = field(default_factory=dict)  # consecutive skipped updates per learner
+    result: TrainResult = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.result = TrainResult(self.run_dir)
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the run directory: one process, or rank 0 of a data-parallel run."""
+        return self.data_parallel is None or self.data_parallel.is_main
+
+
+def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> None:
+    """Load the checkpoint of a resumed run, or clear the way for a new one; write config.yaml and run.json."""
+    config, run_dir = run.config, run.run_dir
+    info = _run_info(config)
+    if checkpoint is not None:
+        loaded = load_checkpoint(checkpoint.path, run.setup.learners, run.setup.env)
+        run.completed = run.checkpointed = loaded.iteration
+        reseed_sampling(config.seed, run.data_parallel, loaded.iteration)
+        # Rank 0 rewrites the log atomically, and every rank keeps the same lines of it whichever version it reads.
+        run.result.history = keep_iterations_before(run_dir / METRICS_FILE, loaded.iteration, rewrite=run.writes)
+        run.streaks = skip_streaks(run.result.history, list(run.setup.learners))
+        if not run.writes:
+            return
+        remove_run_files(run_dir, END_OF_RUN_FILES)
+        keep_iterations_before(run_dir / SAMPLES_FILE, loaded.iteration)
+        previous = read_run_info(run_dir)
+        info["resumed_from"] = [*previous.get("resumed_from", []), loaded.iteration]
+        info["checkpoint_iteration"] = loaded.iteration
+    elif not run.writes:
+        return
+    else:
+        if overwrite:
+            overwrite_run_files(run_dir)
+        present = [run_dir / name for name in RUN_FILES if (run_dir / name).exists()]
+        run.preexisting = frozenset([*present, *run_entries(run_dir)])
+    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    write_run_info(run_dir, {**info, "status": "running", "completed_iterations": run.completed})
+
+
+def _run_info(config: TrainConfig) -> dict[str, Any]:
+    return {
+        "name": config.name,
+        "learners": config.learner_ids,
+        "roles": config.env.roles,
+        "iterations": config.iterations,
+        "kl_metric": KL_METRIC,
+    }
+
+
+def _train_iterations(run: _Run, stop: StopSignals) -> None:
+    """Run the iterations from ``run.completed`` to ``iterations``, logging and checkpointing each as due; stop
+    (with a checkpoint) once a signal asks."""
+    config, setup = run.config, run.setup
+    log = RunLog(run.run_dir, run.completed, config.logging.tensorboard) if run.writes else None
+    with log or contextlib.nullcontext():
+        bar = tqdm(
+            range(run.completed, config.iterations),
+            desc=f"{config.name}",
+            initial=run.completed,
+            total=config.iterations,
+            disable=not config.logging.progress or not run.writes,
+        )
+        for iteration in bar:
+            if _stop_requested(run, stop):
+                break
+            # A new run seeds the env once; a resumed one continues the env's generator from the checkpoint.
+            seed = config.seed if run.fresh and iteration == 0 else None
+            metrics, dialogues = run_iteration(setup.env, setup.learners, seed, setup.concurrent_updates)
+            metrics = {"iteration": iteration, **metrics}
+            run.result.history.append(metrics)
+            run.completed = iteration + 1
+            if log is not None:
+                log.write(iteration, metrics, sample_rows(dialogues, iteration, config.logging.samples_per_iteration))
+                update_run_info(run.run_dir, completed_iterations=run.completed)
+            count_skips(
+                run.streaks, setup.learners, metrics, config.ppo.max_consecutive_skips, run.checkpointed
+            )
+            if _checkpoint_due(run):
+                _save_training_state(run)
+            bar.set_postfix(
+                {
+                    f"{lid}": f"r={metrics[f'{lid}/task_reward']:.2f} kl={metrics[f'{lid}/kl']:.2f}"
+                    for lid in setup.learners
+                }
+            )
+    if _stop_requested(run, stop):  # a signal during the last iteration, on any rank
+        _stop_gracefully(run, stop)
+
+
+def _stop_requested(run: _Run, stop: StopSignals) -> bool:
+    """Whether a signal asked the run to stop; data-parallel, whether it asked any rank (then every rank stops)."""
+    if run.data_parallel is not None and run.data_parallel.any(stop.requested) and not stop.requested:
+        stop.received = signal.SIGTERM  # another rank's signal: stop as if this one had received it
+    return stop.requested
+
+
+def _checkpoint_due(run: _Run) -> bool:
+    """``checkpoint_every`` iterations since the last checkpoint, and no learner in a run of skipped updates."""
+    every = run.config.logging.checkpoint_every
+    since = run.completed - (run.checkpointed or 0)
+    return every is not None and since >= every and not any(run.streaks.values())
+
+
+def _save_training_state(run: _Run) -> None:
+    run.checkpointed = run.completed
+    if not run.writes:
+        if run.setup.sharded:
+            # Rank 0's save_checkpoint gathers each learner's state_dict in turn as it writes; every rank joins.
+            for learner in run.setup.learners.values():
+                learner.share_state()
+        return
+    save_checkpoint(
+        run.run_dir,
+        run.completed,
+        run.setup.learners,
+        run.setup.env,
+        keep=run.config.logging.keep_checkpoints,
+        extra={"config": run.config.to_dict()},
+    )
+    update_run_info(run.run_dir, checkpoint_iteration=run.completed)
+
+
+def _stop_gracefully(run: _Run, stop: StopSignals) -> None:
+    """After a stop request: checkpoint what is not yet (unless a learner is in a run of skipped updates), then
+    raise :class:`TrainingInterrupted`."""
+    if run.completed > (run.checkpointed or 0) and not any(run.streaks.values()):
+        _save_training_state(run)
+    assert stop.received is not None
+    raise TrainingInterrupted(
+        stop.received, run.run_dir, run.completed, run.config.iterations, run.checkpointed, at_once=False
+    )
+
+
+def _end_training(run: _Run, stop: StopSignals) -> None:
+    """The last checkpoint and the learners' export, then (a signal now stopping at once) the end-of-run
+    evaluation; the run is ``finished`` once all is written."""
+    config, setup, run_dir = run.config, run.setup, run.run_dir
+    if run.checkpointed != run.completed:
+        _save_training_state(run)
+    stop.graceful = False
+    if _stop_requested(run, stop):  # a signal during that save, on any rank
+        _stop_gracefully(run, stop)
+    # Sharded models need every rank in their forwards and gathers: all ranks export and evaluate, rank 0 writes.
+    if not run.writes and not setup.sharded:
+        return
+    if config.logging.save_checkpoint:
+        for learner_id, learner in setup.learners.items():
+            learner.save(run_dir / EXPORT_DIR / learner_id)
+    if config.logging.eval_queries > 0:
+        run.result.eval_rows = evaluate_alone(
+            config, setup.task, setup.learners, config.logging.eval_queries, config.seed
+        )
+        if run.writes:
+            write_atomic(run_dir / EVAL_FILE, "".join(json.dumps(row) + "\n" for row in run.result.eval_rows))
+    if config.logging.pass_at_k is not None:
+        results = evaluate_pass_at_k_alone(config, setup.learners, progress=config.logging.progress and run.writes)
+        if run.writes:
+            write_atomic(run_dir / PASS_AT_K_FILE, json.dumps(results, indent=2))
+    if run.writes:
+        update_run_info(run_dir, status="finished", completed_iterations=run.completed)
+
+
+def _record_stop(run: _Run, error: BaseException) -> BaseException:
+    """Record why the run stopped in ``run.json`` (or, for a new run with nothing logged, remove what it wrote);
+    return the exception to raise."""
+    if not run.writes:
+        pass
+    elif run.fresh and run.completed == 0:
+        _remove_new_run(run)
+    elif (run.run_dir / RUN_FILE).is_file():
+        interrupted = isinstance(error, KeyboardInterrupt)
+        details = {} if interrupted else {"error": f"{type(error).__name__}: {error}".splitlines()[0]}
+        update_run_info(
+            run.run_dir,
+            status="interrupted" if interrupted else "failed",
+            completed_iterations=run.completed,
+            **details,
+        )
+    if isinstance(error, TrainingInterrupted) and error.run_dir is None:  # raised by a signal handler
+        return TrainingInterrupted(
+            error.signal_number, run.run_dir, run.completed, run.config.iterations, run.checkpointed, at_once=True
+        )
+    return error
+
+
+def _remove_new_run(run: _Run) -> None:
+    """Remove what a new run wrote: the directories it created, or else its files."""
+    if run.created is not None:
+        shutil.rmtree(run.created, ignore_errors=True)
+    elif run.run_dir.is_dir():
+        remove_run_files(run.run_dir, keep=run.preexisting)

@@ -1,0 +1,269 @@
+"""Games driven by the unchanged training loop: self-play with one learner in every seat, SPIRAL's role-conditioned
+baselines, SharedReward and RolePermutation over a batched game, and a tiny GPT-2 that learns to exploit a biased
+rock-paper-scissors player."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+from pettingzoo.classic import rps_v2, tictactoe_v3
+from pettingzoo.test import api_test
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
+from marllm.algorithms.role_baselines import RoleBaselines, role_conditioned_advantages
+from marllm.envs.games import BatchedGameEnv
+from marllm.loop import run_iteration
+from marllm.players import RandomMover, share_learner
+from marllm.wrappers import RolePermutation, SharedReward, cooperation_matrix
+from tests.conftest import make_tiny_gpt2
+from tests.test_games_env import CountdownGame
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+class RecordingLearner:
+    """A Learner that answers each row with a scripted move and checks that every reward row fits its act."""
+
+    model = None
+    tokenizer = None
+
+    def __init__(self, name: str, pick=lambda names, game: names[0]):
+        self.name = name
+        self.pick = pick
+        self.acts: list[tuple[int, ...]] = []
+        self.roles: list[str | None] = []
+        self.rewards: list[np.ndarray] = []
+        self.updates = 0
+
+    def act(self, observation, role=None):
+        self.acts.append(tuple(observation["games"]))
+        self.roles.append(role)
+        rows = zip(observation["legal_moves"], observation["games"], strict=True)
+        return tuple(self.pick(names, game) for names, game in rows)
+
+    def finish(self, rewards, task_rewards=None):
+        pending = self.acts[len(self.rewards)]
+        assert len(rewards) == len(pending), f"{len(rewards)} rewards for an act of {len(pending)} rows"
+        self.rewards.append(np.asarray(rewards, dtype=np.float64))
+
+    def update(self):
+        self.updates += 1
+        return {"updates": float(self.updates)}
+
+    def activate(self):
+        pass
+
+    def reference_model(self):
+        return contextlib.nullcontext(None)
+
+    def state_dict(self):
+        return {}, {}
+
+    def load_state_dict(self, tensors, meta):
+        pass
+
+    def save(self, directory):
+        pass
+
+
+# --- self-play: one learner, every seat ---------------------------------------------------------------------------
+
+
+def test_one_learner_in_both_seats_is_rewarded_in_act_order_and_updated_once():
+    environment = BatchedGameEnv(lambda: CountdownGame(target=5), batch_size=6, seed=3)
+    learner = RecordingLearner("shared")
+    seats = share_learner(learner, environment.possible_agents)
+    metrics, dialogues = run_iteration(environment, seats, seed=3)
+    assert learner.updates == 1
+    assert metrics["p0/updates"] == 1.0 and not any(k.startswith("p1/") and k != "p1/role" for k in metrics)
+    # its acts interleave the seats with different rows; every reward row matched its act (checked in finish)
+    assert len({len(rows) for rows in learner.acts}) > 1
+    assert len(learner.rewards) == len(learner.acts) == sum(len(d["turns"]) for d in dialogues.values())
+    # and carries the payoff of the seat that made that act (the loop passes the seat as the role), in its games
+    payoffs = {s: np.array([r.payoffs[s] for r in environment.records]) for s in environment.possible_agents}
+    assert learner.roles[:2] == ["p0", "p1"]
+    for games, rewards, seat in zip(learner.acts, learner.rewards, learner.roles, strict=True):
+        np.testing.assert_array_equal(rewards, payoffs[seat][list(games)])
+    # a second iteration works the same
+    run_iteration(environment, seats, seed=4)
+    assert learner.updates == 2
+
+
+def test_shared_seats_need_every_reward_before_updating():
+    learner = RecordingLearner("shared")
+    seats = share_learner(learner, ["a", "b"])
+    observation = {"games": (0,), "legal_moves": (("x",),)}
+    seats["a"].act(observation)
+    seats["b"].act(observation)
+    seats["b"].finish([1.0])
+    with pytest.raises(RuntimeError, match=r"seats \['a'\] acted and were rewarded \(acts, rewards\) \{'a': \(1, 0\)"):
+        seats["a"].update()
+    with pytest.raises(ValueError, match="distinct agent ids"):
+        share_learner(learner, ["a", "a"])
+
+
+def word_tokenizer(words):
+    """A word-level tokenizer: every word one token, so that a tiny model says a move in one token."""
+    vocabulary = {word: i for i, word in enumerate(["<eos>", "<unk>", *words])}
+    bare = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    bare.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    bare.decoder = decoders.WordPiece()  # joins the words with spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bare, bos_token="<eos>", eos_token="<eos>", pad_token="<eos>", unk_token="<unk>"
+    )
+
+
+def tiny_learner(tokenizer, seed=0, mini_batch_size=1, generation=(1, 3)):
+    model = make_tiny_gpt2(tokenizer, n_positions=32, seed=seed)
+    reference = make_tiny_gpt2(tokenizer, n_positions=32, seed=seed).requires_grad_(False).eval()
+    config = PPOConfig(mini_batch_size=mini_batch_size, learning_rate=3e-3, init_kl_coef=0.01, kl_control="fixed")
+    return PPOLearner("llm", model=model, tokenizer=tokenizer, reference=reference, config=config,
+                      generation=GenerationConfig(*generation), seed=seed)  # fmt: skip
+
+
+def test_self_play_of_a_tiny_ppo_learner_at_tictactoe():
+    """A PPO learner in both seats of games that end at different moves: rollouts of varying sizes (mini-batches of
+    1, as PPO needs every rollout to split into whole mini-batches), one update per iteration."""
+    torch.manual_seed(0)
+    tokenizer = word_tokenizer([str(k) for k in range(1, 10)] + ["move"])
+    learner = tiny_learner(tokenizer)
+    environment = BatchedGameEnv(tictactoe_v3.env, batch_size=4, templates="{move_names} move", illegal="random")
+    seats = share_learner(learner, environment.possible_agents)
+    for iteration in range(2):
+        metrics, dialogues = run_iteration(environment, seats, seed=iteration)
+        assert learner.num_updates == iteration + 1 and not learner.rollouts
+        assert "player_1/kl" in metrics and "player_2/kl" not in metrics
+        sizes = [len(t["responses"]) for d in dialogues.values() for t in d["turns"]]
+        assert sum(sizes) == sum(r.length for r in environment.records)
+
+
+# --- SPIRAL's role-conditioned advantage estimation ---------------------------------------------------------------
+
+
+def test_role_conditioned_advantages_on_hand_computed_tensors():
+    returns = torch.tensor([1.0, -1.0, 1.0, 0.0])
+    keys = [("ttt", "x"), ("ttt", "o"), ("ttt", "x"), ("kuhn", "x")]
+    advantages, baselines = role_conditioned_advantages(returns, keys, {("ttt", "x"): 0.5}, decay=0.9)
+    torch.testing.assert_close(advantages, torch.tensor([0.5, -1.0, 0.5, 0.0]))
+    assert baselines == pytest.approx({("ttt", "x"): 0.55, ("ttt", "o"): -0.1, ("kuhn", "x"): 0.0})
+
+    tracker = RoleBaselines(decay=0.5)
+    torch.testing.assert_close(tracker.advantages(torch.tensor([2.0, 4.0]), ["a", "a"]), torch.tensor([2.0, 4.0]))
+    assert tracker.values == {"a": 1.5}  # 0.5 · 0 + 0.5 · mean(2, 4)
+    torch.testing.assert_close(tracker.advantages(torch.tensor([1.5, 0.0]), ["a", "b"]), torch.tensor([0.0, 0.0]))
+    assert tracker.values == {"a": 1.5, "b": 0.0}
+    with pytest.raises(ValueError, match=r"decay must be in \[0, 1\)"):
+        role_conditioned_advantages(returns, keys, {}, decay=1.0)
+    with pytest.raises(ValueError, match="got 4 returns but 3 keys"):
+        role_conditioned_advantages(returns, keys[:3], {})
+
+
+def test_shared_seats_subtract_role_baselines_before_the_learner_sees_rewards():
+    environment = BatchedGameEnv(lambda: rps_v2.env(max_cycles=1), batch_size=4)
+    learner = RecordingLearner("shared", pick=lambda names, game: names[game % 3])
+    baselines = RoleBaselines(decay=0.5)
+    baselines.values = {("rps", "player_0"): 0.25}
+    run_iteration(environment, share_learner(learner, environment.possible_agents, baselines, game="rps"), seed=0)
+    payoffs = np.array([r.payoffs["player_0"] for r in environment.records])  # both play the same: all draws
+    np.testing.assert_array_equal(learner.rewards[0], payoffs - 0.25)
+    np.testing.assert_array_equal(learner.rewards[1], -payoffs)
+    assert baselines.values[("rps", "player_0")] == pytest.approx(0.5 * 0.25 + 0.5 * payoffs.mean())
+
+
+# --- SharedReward and RolePermutation, unchanged, over the game env ----------------------------------------------
+
+
+def test_the_wrappers_pass_the_api_test_over_a_batched_game():
+    # api_test answers at random: with "forfeit" every game would end at its first move, and the second seat,
+    # which never moved, would have no turn rows for SharedReward to mix (see the xfail below)
+    def rps():
+        return BatchedGameEnv(lambda: rps_v2.env(max_cycles=2), 3, illegal="random")
+
+    api_test(SharedReward(rps(), [[1, 0.5], [0.5, 1]]), num_cycles=50)
+    api_test(RolePermutation(BatchedGameEnv(tictactoe_v3.env, 3), period=1), num_cycles=200)
+    api_test(SharedReward(RolePermutation(rps(), period=1), [[1, -1], [-1, 1]]), num_cycles=50)
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.5, -1.0])
+def test_shared_reward_mixes_the_payoffs_of_a_general_sum_matrix_game(weight):
+    """Every game moves every seat at every turn here, so the turn rows have the batch's width and SharedReward
+    mixes them unchanged: each move of seat i is credited r_i + λ r_j."""
+    environment = SharedReward(BatchedGameEnv(lambda: rps_v2.env(max_cycles=2), 6), cooperation_matrix(2, weight))
+    learners = {
+        "player_0": RecordingLearner("a", pick=lambda names, game: names[0]),
+        "player_1": RecordingLearner("b", pick=lambda names, game: names[game % 3]),
+    }
+    run_iteration(environment, learners, seed=0)
+    payoffs = {s: np.array([r.payoffs[s] for r in environment.unwrapped.records]) for s in learners}
+    assert payoffs["player_0"].any()
+    for seat, other in (("player_0", "player_1"), ("player_1", "player_0")):
+        assert len(learners[seat].rewards) == 2
+        for rewards in learners[seat].rewards:
+            np.testing.assert_allclose(rewards, payoffs[seat] + weight * payoffs[other])
+
+
+SEATS = ("player_1", "player_2")
+
+
+def test_shared_reward_over_games_where_turns_cover_some_games_only():
+    game_env = BatchedGameEnv(tictactoe_v3.env, 4)
+    environment = SharedReward(game_env, cooperation_matrix(2, 0.5))
+    learners = {seat: RecordingLearner(seat, pick=lambda names, game: names[game % len(names)]) for seat in SEATS}
+    run_iteration(environment, learners, seed=0)
+    payoffs = {seat: np.array([record.payoffs[seat] for record in game_env.records]) for seat in SEATS}
+    assert len({len(games) for learner in learners.values() for games in learner.acts}) > 1  # uneven turns
+    for seat, other in zip(SEATS, SEATS[::-1], strict=True):
+        assert len(learners[seat].rewards) == len(learners[seat].acts) > 0
+        for rewards, games in zip(learners[seat].rewards, learners[seat].acts, strict=True):  # each move: its mix
+            games = list(games)
+            np.testing.assert_allclose(rewards, payoffs[seat][games] + 0.5 * payoffs[other][games])
+
+
+def test_role_permutation_rotates_who_moves_first_in_every_game():
+    environment = RolePermutation(BatchedGameEnv(tictactoe_v3.env, 3), period=1)
+    learners = {"llm1": RecordingLearner("llm1"), "llm2": RecordingLearner("llm2")}
+    for iteration, first in enumerate(["llm1", "llm2", "llm1"]):
+        metrics, dialogues = run_iteration(environment, learners, seed=iteration)
+        assert dialogues[first]["role"] == "player_1" and metrics[f"{first}/role"] == "player_1"
+        assert learners[first].acts[-len(dialogues[first]["turns"])] == (0, 1, 2)  # X opens every game
+
+
+# --- learning -----------------------------------------------------------------------------------------------------
+
+# Measured on this code (PPO, 32 games per iteration, 40 iterations; mean payoff of the learner's moves against an
+# opponent playing rock 80% of the time, paper and scissors 10% each), first 5 -> last 5 iterations, seeds 0-5:
+#   0.02 -> 0.73, 0.13 -> 0.70, 0.06 -> 0.68, -0.03 -> 0.63, -0.11 -> 0.70, 0.06 -> 0.68
+# (always paper would get 0.7). About 3 s on a loaded 2-core machine. Illegal answers play a random move and cost 1:
+# with "forfeit" a batch where every first answer is illegal leaves the opponent without a move, which the loop
+# does not handle yet.
+ITERATIONS, GAMES, SEED = 40, 32, 0
+
+
+def test_a_tiny_model_learns_to_exploit_a_biased_rock_paper_scissors_player():
+    torch.manual_seed(SEED)
+    tokenizer = word_tokenizer(["rock", "paper", "scissors", "play", "your", "move", ":", "the", "a", "and"])
+    learner = tiny_learner(tokenizer, seed=SEED, mini_batch_size=GAMES, generation=(1, 2))
+    opponent = RandomMover(seed=SEED, weights={"rock": 8, "paper": 1, "scissors": 1})
+    environment = BatchedGameEnv(
+        lambda: rps_v2.env(max_cycles=1),
+        GAMES,
+        templates="play {move_names} your move :",
+        illegal="random",
+        illegal_penalty=1.0,
+        seed=SEED,
+    )
+    history = []
+    for _ in range(ITERATIONS):
+        _, dialogues = run_iteration(environment, {"player_0": learner, "player_1": opponent})
+        history.append(float(dialogues["player_0"]["turns"][0]["task_rewards"].mean()))
+    start, end = np.mean(history[:5]), np.mean(history[-5:])
+    assert end >= 0.45 and end >= start + 0.35, f"payoff did not rise: first 5 {history[:5]}, last 5 {history[-5:]}"
+    answers = dialogues["player_0"]["turns"][0]["responses"]
+    assert sum(a.split()[:1] == ["paper"] for a in answers) >= 0.75 * GAMES, answers
+    illegal = sum(record.illegal["player_0"] for record in environment.records)
+    assert illegal <= 0.1 * GAMES
