@@ -1,12 +1,31 @@
 """Learners: token-level PPO with KL control, the GRPO family (GRPO, RLOO, REINFORCE++), the Learner interface they
-share, and the pure functions they are built from."""
+share, the registry that names them, and the pure functions they are built from.
 
-from marllm.algorithms.critic_free_config import CriticFreeConfig
-from marllm.algorithms.critic_free_learner import CriticFreeLearner
-from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLController, KLController
-from marllm.algorithms.learner import Learner
-from marllm.algorithms.ppo import NonFiniteLossError, PPOLearner, Rollout
-from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+The names below are loaded on first use, so that importing a settings module of this package (as the config does)
+does not load torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from marllm.utils.lazy_exports import lazy_exports
+
+_EXPORTS = {
+    "AdaptiveKLController": "marllm.algorithms.kl_controller",
+    "CriticFreeConfig": "marllm.algorithms.critic_free_config",
+    "CriticFreeLearner": "marllm.algorithms.critic_free_learner",
+    "FixedKLController": "marllm.algorithms.kl_controller",
+    "GenerationConfig": "marllm.algorithms.ppo_config",
+    "KLController": "marllm.algorithms.kl_controller",
+    "LEARNERS": "marllm.algorithms.registry",
+    "Learner": "marllm.algorithms.learner",
+    "NonFiniteLossError": "marllm.algorithms.ppo_steps",
+    "PPOConfig": "marllm.algorithms.ppo_config",
+    "PPOLearner": "marllm.algorithms.ppo",
+    "Rollout": "marllm.algorithms.rollout",
+    "register_learner": "marllm.algorithms.registry",
+}
 
 __all__ = [
     "AdaptiveKLController",
@@ -15,9 +34,24 @@ __all__ = [
     "FixedKLController",
     "GenerationConfig",
     "KLController",
+    "LEARNERS",
     "Learner",
     "NonFiniteLossError",
     "PPOConfig",
     "PPOLearner",
     "Rollout",
+    "register_learner",
 ]
+
+if TYPE_CHECKING:
+    from marllm.algorithms.critic_free_config import CriticFreeConfig
+    from marllm.algorithms.critic_free_learner import CriticFreeLearner
+    from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLController, KLController
+    from marllm.algorithms.learner import Learner
+    from marllm.algorithms.ppo import PPOLearner
+    from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+    from marllm.algorithms.ppo_steps import NonFiniteLossError
+    from marllm.algorithms.registry import LEARNERS, register_learner
+    from marllm.algorithms.rollout import Rollout
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

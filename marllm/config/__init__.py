@@ -17,7 +17,7 @@ from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml
 from marllm.config.sections import AgentsConfig, EnvConfig, LoggingConfig, ModelConfig
 from marllm.envs.templates import check_template_keys
 from marllm.envs.turns import check_shard
-from marllm.models.policy import resolve_device
+from marllm.models.devices import resolve_device
 from marllm.tasks import TASKS, TaskConfig
 from marllm.wrappers.shared_reward import check_coefficients, cooperation_matrix
 

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 
 from marllm.envs.turns import TURN_REWARDS, check_roles, check_turns
-from marllm.models.lora import LoraSettings
-from marllm.models.policy import check_device_name, resolve_dtype
+from marllm.models.devices import check_device_name, check_dtype_name
+from marllm.models.lora_settings import LoraSettings
 from marllm.utils.checks import choice
 
 
@@ -54,7 +54,7 @@ class ModelConfig:
             if not self.fsdp:
                 raise ValueError("model.fsdp_compute_dtype applies to sharded models: set model.fsdp: true, or null it")
             try:
-                resolve_dtype(self.fsdp_compute_dtype)
+                check_dtype_name(self.fsdp_compute_dtype)
             except ValueError as error:
                 raise ValueError(f"model.fsdp_compute_dtype: {error}") from None
         if self.fsdp and self.lora is not None:

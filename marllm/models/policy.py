@@ -12,75 +12,8 @@ from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from marllm.models.devices import resolve_device, resolve_dtype
 from marllm.utils.references import model_load_error
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-DEVICE_TYPES = ("cpu", "cuda", "mps")
-
-
-def check_device_name(device: str) -> None:
-    """``device`` must be ``auto`` or name a device type marllm runs on (``cpu``, ``cuda``, ``cuda:N``, ``mps``);
-    whether this machine has it is :func:`resolve_device`'s question, so that a GPU config loads anywhere.
-
-    Raises:
-        ValueError: ``device`` is not such a name.
-    """
-    if device == "auto":
-        return
-    try:
-        kind = torch.device(device).type
-    except (RuntimeError, TypeError):
-        kind = None
-    if kind not in DEVICE_TYPES:
-        raise ValueError(f"{device!r} is not a device name; give auto, cpu, cuda, cuda:N or mps")
-
-
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` is CUDA when available, else CPU; ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` must exist here.
-
-    Raises:
-        ValueError: ``device`` is not a device name, or names one this machine lacks; the message lists the
-            devices it has.
-    """
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"{device!r} is not a device name; available here: {_available_devices()}") from error
-    if resolved.type == "cpu":
-        return resolved
-    if resolved.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(
-                f"{device!r} needs a CUDA GPU, but torch {torch.__version__} finds none on this machine; "
-                f"available here: {_available_devices()}"
-            )
-        if resolved.index is not None and resolved.index >= count:
-            raise ValueError(f"{device!r}: this machine has {count} CUDA device(s); available: {_available_devices()}")
-        return resolved
-    if resolved.type == "mps" and torch.backends.mps.is_available():
-        return resolved
-    raise ValueError(f"device {device!r} is not available on this machine; available here: {_available_devices()}")
-
-
-def _available_devices() -> list[str]:
-    """The device names :func:`resolve_device` accepts on this machine."""
-    names = ["auto", "cpu"]
-    if torch.cuda.is_available():
-        names += ["cuda", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))]
-    if torch.backends.mps.is_available():
-        names.append("mps")
-    return names
-
-
-def resolve_dtype(dtype: str) -> torch.dtype:
-    if dtype not in _DTYPES:
-        raise ValueError(f"model dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
