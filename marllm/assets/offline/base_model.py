@@ -18,8 +18,7 @@ the 40% share alone brought that to 4%, smaller numbers in the problems to 9%, a
 
 The recipe is :class:`~marllm.assets.offline.base_model_recipe.BaseModelRecipe` and the pretraining loop
 :func:`~marllm.assets.offline.pretraining.pretrain` (both importable from here); this module trains the tokenizer,
-packs the
-documents into blocks, evaluates the trained model and saves it.
+packs the documents into blocks, evaluates the trained model and saves it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The recipe of the offline base model: its tokenizer, GPT-2 shape and pretraining schedule, checked on creation.
 
 :func:`marllm.assets.offline.base_model.train_base_model` builds the model from it; the defaults and why they were
-chosen
-are described in :mod:`marllm.assets.offline.base_model`.
+chosen are described in :mod:`marllm.assets.offline.base_model`.
 """
 
 from __future__ import annotations
