@@ -71,8 +71,8 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
             state: give each learner its own. None builds it from ``config`` (``kl_control``, ``init_kl_coef``,
             ``target_kl``, ``kl_horizon``), which is then not read for the KL coefficient.
         data_parallel: this process's rank of a data-parallel run (:mod:`marllm.parallel.distributed`), whose
-            rollouts hold its slice of each batch; None for one process. Starting from rank 0's parameters, it computes over the
-            global batch what PPO computes over a batch. Every rank must be given the same ``seed``.
+            rollouts hold its slice of each batch; None for one process. Starting from rank 0's parameters, it
+            computes over the global batch what PPO computes over a batch. Every rank must be given the same ``seed``.
 
     Everything after ``name`` is keyword-only. Subclasses change the algorithm through :meth:`_advantages` (what the
     update trains towards) and :meth:`_objective` (the loss of a mini-batch); ``uses_critic = False`` drops the

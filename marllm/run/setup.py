@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +27,28 @@ class Setup:
     config: TrainConfig
     env: AECEnv
     learners: dict[str, Learner]
-    task: TaskParts
+    """Every player with a state, by id: the learners, then (a game's) the fixed opponents; what a checkpoint saves
+    and the run exports to ``checkpoints/``."""
+    task: TaskParts | None
+    """The text task; None for a game."""
     reference: Any
     tokenizer: Any
     concurrent_updates: bool = False
     """Whether the learners update at the same time: full-model learners, each on its own device."""
+    seat_players: dict[str, Any] | None = None
+    """A game's players by the env's agent ids (:mod:`marllm.run.games`), what the loop drives; None: ``learners``,
+    whose ids are the text env's agents."""
+    metrics_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """Adds what the env measured to an iteration's metrics (a game's per-seat results); None: nothing."""
+
+    @property
+    def players(self) -> dict[str, Any]:
+        """The loop's agent id -> player mapping (:func:`~marllm.loop.run_iteration`)."""
+        return self.learners if self.seat_players is None else self.seat_players
+
+    def iteration_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """An iteration's metrics, with what the env measured added (unchanged for the text env)."""
+        return metrics if self.metrics_hook is None else self.metrics_hook(metrics)
 
     @property
     def sharded(self) -> bool:
@@ -70,6 +88,10 @@ def build(config: TrainConfig, data_parallel: DataParallel | None = None) -> Set
     torch.manual_seed(config.seed)
     model_path = resolve_model(config.model.name_or_path)
     tokenizer = load_tokenizer(model_path, trust_remote_code=config.model.trust_remote_code)
+    if config.game is not None:
+        from marllm.run.games import build_game_setup
+
+        return build_game_setup(config, tokenizer)
     task = config.task.build(tokenizer, config.seed, config.model.device)
     env = build_env(config, task, data_parallel)
     learners, reference = learners_from_config(config, tokenizer, data_parallel)

@@ -104,8 +104,8 @@ def train(
     data-parallel (:mod:`marllm.parallel.distributed`): each rank plays its slice of every batch, and rank 0 alone
     writes the run directory; with whole models it alone evaluates at the end, and the others return a result
     without evaluation. With ``model.fsdp`` the models are sharded over the ranks (:mod:`marllm.parallel.sharding`):
-    every rank joins the gathering of the states rank 0 writes and the end-of-run evaluation's forwards. A stop signal stops every rank
-    after the same iteration.
+    every rank joins the gathering of the states rank 0 writes and the end-of-run evaluation's forwards. A stop
+    signal stops every rank after the same iteration.
 
     Raises:
         RunDirError: ``run_dir`` holds a run (and neither flag is given), or there is nothing to resume.

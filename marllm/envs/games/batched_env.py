@@ -126,6 +126,9 @@ class BatchedGameEnv(AECEnv):
         self._seed(seed)
         self.records: list[GameRecord] = []
         self.turns: list[Turn] = []
+        self.final_metrics: dict[str, dict[str, float]] = {}
+        """Each seat's ``metrics`` of the last finished episode (as its final info holds them, which the agent's
+        last, dead step removes); empty until an episode ends, and from each ``reset`` until the next one does."""
         self._observations: dict[str, dict[str, tuple[Any, ...]]] = {}
 
     def observation_space(self, agent: str) -> DictSpace:
@@ -167,6 +170,7 @@ class BatchedGameEnv(AECEnv):
         game_seeds = self._rng.integers(0, 2**31 - 1, size=self.batch_size)
         self.records = [GameRecord(list(self.possible_agents)) for _ in self.games]
         self.turns = []
+        self.final_metrics = {}
         self._observations = {}
         for index, (game, game_seed) in enumerate(zip(self.games, game_seeds, strict=True)):
             game.reset(seed=int(game_seed))
@@ -336,6 +340,7 @@ class BatchedGameEnv(AECEnv):
                 keys.OUTCOMES: result[:, i],
                 keys.METRICS: seat_metrics(payoffs[:, i], result[:, i], answers, illegal, lengths, forfeited == i),
             }
+            self.final_metrics[seat] = dict(self.infos[seat][keys.METRICS])
         self.terminations = dict.fromkeys(self.agents, True)
 
     def render(self) -> str | None:
