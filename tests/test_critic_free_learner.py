@@ -92,7 +92,8 @@ def test_preprocess_leaves_the_rollout_alone_and_the_loss_gets_the_updates_kl_co
         returns = rewards.sum(1, keepdim=True).expand_as(rewards)
     assert stats["returns/mean"] == pytest.approx(returns[mask].mean().item(), rel=1e-5)
     x = (b.ref_logprobs - b.logprobs).double()[mask]
-    k3 = (x.exp() - x - 1).mean().item()  # GRPO's KL estimate, averaged over the tokens (token-mean)
+    x = x.clamp(-20.0, 20.0)
+    k3 = (x.exp() - x - 1).clamp(max=10.0).mean().item()  # GRPO's KL estimate (clamped), over the tokens (token-mean)
     assert k3 > 0.1
     if kl_in == "loss":
         assert stats["loss/kl"] == pytest.approx(k3, rel=1e-3)
@@ -193,3 +194,35 @@ def test_the_grpo_example_is_the_main_jobs_cory_with_grpo_learners():
         config.name, config.env.group_size, config.agents.algorithm = "", 1, "ppo"
         config.critic_free = type(config.critic_free)()
     assert grpo.to_dict() == cory.to_dict()
+
+
+class RecordingController:
+    """A fixed η that records the KL it is fed."""
+
+    def __init__(self, value):
+        self.value, self.fed = value, []
+
+    def update(self, current, n_steps):
+        self.fed.append(current)
+
+
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
+def test_the_kl_controller_is_fed_the_kl_the_penalty_uses(tokenizer, estimator):
+    for kl_in in ("reward", "loss"):
+        learner = make_learner(
+            tokenizer, "grpo", settings=CriticFreeConfig(kl_in=kl_in, kl_estimator=estimator), ppo_epochs=1
+        )
+        learner.kl_controller = RecordingController(0.1)
+        with torch.no_grad():
+            learner.model.transformer.ln_f.weight.mul_(10.0)  # a KL far from 0
+        learner.act({"prompt": ["a"] * 8})
+        learner.finish([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])
+        b = learner.rollouts[0].tensors
+        learner.update()
+        if kl_in == "reward":  # the reward's estimator, ppo.kl_penalty (k1)
+            expected = b.kl.double().sum(1).mean().item()
+        else:  # the loss's estimator of the rollout's KL
+            x = (b.ref_logprobs - b.logprobs).double() * b.mask
+            per_token = 0.5 * x.square() if estimator == "k2" else (x.exp() - x - 1).clamp(max=10.0)
+            expected = per_token.sum(1).mean().item()
+        assert learner.kl_controller.fed == [pytest.approx(expected, rel=1e-4)]

@@ -207,14 +207,14 @@ def test_kl_penalty_ignores_garbage_on_padding():
     logprobs = torch.tensor([[-1.0, float("-inf"), float("nan")]], requires_grad=True)
     ref = torch.tensor([[-2.0, -3.0, float("inf")]])
     mask = torch.tensor([[1.0, 0.0, 0.0]])
-    for estimator in ("k1", "k3"):
+    for estimator in ("k1", "k2", "k3"):
         kl = kl_penalty(logprobs, ref, mask, estimator)
         assert kl[0, 1:].tolist() == [0.0, 0.0]
         kl.sum().backward()
         assert torch.isfinite(logprobs.grad).all() and logprobs.grad[0, 1:].tolist() == [0.0, 0.0]
         logprobs.grad = None
     with pytest.raises(ValueError, match="unknown KL estimator"):
-        kl_penalty(logprobs, ref, mask, "k2")  # type: ignore[arg-type]
+        kl_penalty(logprobs, ref, mask, "k4")  # type: ignore[arg-type]
 
 
 # --- REINFORCE++ -------------------------------------------------------------------------------------------------
@@ -424,3 +424,38 @@ def test_grpo_kl_penalty_is_not_rescaled_by_the_scores_std():
     torch.testing.assert_close(grpo_kl_penalised_advantages(scores, kl_sums, 0.3, group_size=4), expected)
     # Without the KL (η = 0, or the KL in the loss) it is GRPO's advantage exactly.
     assert torch.equal(grpo_kl_penalised_advantages(scores, kl_sums, 0.0, 4), grpo_advantages(scores, 4))
+
+
+def test_k2_is_half_the_squared_log_ratio_and_its_gradient_is_that_of_the_forward_kl():
+    logprobs = t64([[math.log(0.5), math.log(0.25), 0.0]])
+    ref = t64([[math.log(0.25), math.log(0.5), 0.0]])
+    mask = t64([[1.0, 1.0, 0.0]])
+    assert kl_penalty(logprobs, ref, mask, "k2").tolist() == [pytest.approx([LOG2**2 / 2, LOG2**2 / 2, 0.0])]
+    # On-policy (each token weighted by π(a), π held fixed), the gradient of k2 is the gradient of KL(π ‖ π_ref);
+    # k3's is the gradient of the reverse KL(π_ref ‖ π).
+    theta = t64([0.3, -0.2, 0.9]).requires_grad_()
+    ref_probs = t64([0.2, 0.2, 0.6])
+    ones = torch.ones(1, 3, dtype=F64)
+
+    def on_policy_gradient(estimator: str) -> torch.Tensor:
+        log_pi = torch.log_softmax(theta, 0)
+        per_token = kl_penalty(log_pi.view(1, 3), ref_probs.log().view(1, 3), ones, estimator)[0]
+        return torch.autograd.grad((log_pi.exp().detach() * per_token).sum(), theta)[0]
+
+    def exact_gradient(reverse: bool) -> torch.Tensor:
+        pi = torch.softmax(theta, 0)
+        kl = (ref_probs * (ref_probs / pi).log()).sum() if reverse else (pi * (pi / ref_probs).log()).sum()
+        return torch.autograd.grad(kl, theta)[0]
+
+    torch.testing.assert_close(on_policy_gradient("k2"), exact_gradient(reverse=False))
+    torch.testing.assert_close(on_policy_gradient("k3"), exact_gradient(reverse=True))
+
+
+def test_k3_is_clamped_so_that_a_floored_log_prob_gives_a_bounded_gradient():
+    # A token the policy gives log-prob −87 (floored) while the reference gives it −1: exp(86) unclamped.
+    logprobs = torch.tensor([[-87.0, -1.0]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0]])
+    kl = kl_penalty(logprobs, ref, torch.ones(1, 2), "k3")
+    assert kl[0, 0].item() == 10.0 and kl[0, 1].item() == 0.0
+    kl.sum().backward()
+    assert torch.isfinite(logprobs.grad).all() and logprobs.grad.abs().max() <= math.exp(20.0)

@@ -21,7 +21,9 @@ import torch
 
 from marllm.algorithms.core import clipped_policy_loss, masked_mean, masked_whiten, sampled_kl, token_rewards
 
-KLEstimator = Literal["k1", "k3"]
+KLEstimator = Literal["k1", "k2", "k3"]
+K3_LOG_RATIO_BOUND = 20.0  # verl's clamp of log π_ref/π before the exponential
+K3_BOUND = 10.0  # and of the k3 estimate
 LossAggregation = Literal["token-mean", "seq-mean-token-mean"]
 
 
@@ -130,22 +132,28 @@ def kl_penalty(
 
     - ``"k1"``: −x = log π(a) − log π_ref(a), unbiased but negative for some tokens. It is the form used when the
       KL goes into the reward (Ziegler et al., 2019; REINFORCE++); as a loss its expected gradient is 0.
+    - ``"k2"``: ½·x² ≥ 0, biased but low-variance. As a loss, its gradient with respect to the policy's parameters
+      is, in expectation over a ~ π, the gradient of KL(π ‖ π_ref): the KL the penalty is meant to bound.
     - ``"k3"``: exp(x) − x − 1 ≥ 0, unbiased with lower variance; the KL loss term of GRPO (Shao et al., 2024,
-      eq. 4). Its gradient with respect to log π is 1 − π_ref/π.
+      eq. 4). Its gradient with respect to log π is 1 − π_ref/π, whose expectation over a ~ π is the gradient of
+      KL(π_ref ‖ π), the reverse KL, not of the KL it estimates.
 
     Padded positions are set to x = 0 before any arithmetic, so garbage there (−inf, NaN) reaches neither the value
-    nor the gradient. k3 is not clamped (some implementations clip x to ±10): with log-probs floored by
-    :func:`marllm.algorithms.core.floor_logprobs`, x ≤ 87.3 and exp(x) stays finite in float32.
+    nor the gradient. For k3, as verl does, x is clamped to ±20 and the estimate to at most 10: a log-prob floored
+    by :func:`marllm.algorithms.core.floor_logprobs` would otherwise give exp(x) up to 1e37 and a gradient as large.
     """
     valid = mask.bool()
     if estimator == "k1":
         return torch.where(valid, sampled_kl(logprobs, ref_logprobs), 0.0)
+    log_ratio = torch.where(valid, ref_logprobs - logprobs, 0.0)  # x = log π_ref/π, (B, L)
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
     if estimator == "k3":
-        log_ratio = torch.where(valid, ref_logprobs - logprobs, 0.0)  # x = log π_ref/π, (B, L)
-        # expm1(x) − x: the same exp(x) − 1 − x without the cancellation of exp(x) − 1 near x = 0; the clamp only
-        # removes a rounding residue below 0.
-        return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0)
-    raise ValueError(f"unknown KL estimator {estimator!r}: expected 'k1' or 'k3'")
+        log_ratio = log_ratio.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+        # expm1(x) − x: the same exp(x) − 1 − x without the cancellation of exp(x) − 1 near x = 0; the lower clamp
+        # only removes a rounding residue below 0.
+        return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0, max=K3_BOUND)
+    raise ValueError(f"unknown KL estimator {estimator!r}: expected 'k1', 'k2' or 'k3'")
 
 
 def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:

@@ -22,9 +22,12 @@ class CriticFreeConfig:
             estimator of ``ppo.kl_penalty``; for GRPO and RLOO summed over the response and subtracted from the
             outcome reward before the group baseline). ``"loss"``: as GRPO's paper does, η × the ``kl_estimator``
             per token added to the loss, the reward being the task score alone.
-        kl_estimator: the per-token estimator of the KL as a loss term: ``"k3"`` (Schulman, 2020: exp(x) − x − 1
-            with x = log π_0 − log π, non-negative, unbiased) or ``"k1"`` (log π − log π_0, whose gradient is zero
-            in expectation: a loss term that does nothing on average).
+        kl_estimator: the per-token estimator of the KL as a loss term (x = log π_0 − log π of the sampled token):
+            ``"k3"`` (Schulman, 2020: exp(x) − x − 1, non-negative, unbiased, GRPO's; its gradient is, on-policy,
+            that of the reverse KL(π_0 ‖ π); clamped as verl does), ``"k2"`` (½·x², biased, whose gradient is that
+            of KL(π ‖ π_0), the KL it is meant to bound) or ``"k1"`` (−x, whose gradient is zero in expectation: a
+            loss term that does nothing on average). With ``kl_in: loss`` the adaptive KL controller is fed this
+            estimator's summed KL of the rollout (what the loss penalises), not ``ppo.kl_penalty``'s.
         loss_aggregation: ``"token-mean"`` (mean over every response token of the mini-batch, DAPO) or
             ``"seq-mean-token-mean"`` (mean over each response, then over responses: GRPO's paper).
         scale_by_std: GRPO divides each group's centred task scores by their standard deviation; false keeps the
@@ -43,13 +46,13 @@ class CriticFreeConfig:
     """
 
     kl_in: Literal["reward", "loss"] = "reward"
-    kl_estimator: Literal["k1", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     scale_by_std: bool = True
 
     def __post_init__(self) -> None:
         choice("critic_free", self, "kl_in", ("reward", "loss"))
-        choice("critic_free", self, "kl_estimator", ("k1", "k3"))
+        choice("critic_free", self, "kl_estimator", ("k1", "k2", "k3"))
         choice("critic_free", self, "loss_aggregation", ("token-mean", "seq-mean-token-mean"))
         if not isinstance(self.scale_by_std, bool):
             raise ValueError(f"critic_free.scale_by_std must be true or false, got {self.scale_by_std!r}")

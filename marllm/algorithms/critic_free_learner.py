@@ -20,6 +20,7 @@ from marllm.algorithms.critic_free import (
     clipped_policy_gradient_loss,
     constant_group_fraction,
     grpo_kl_penalised_advantages,
+    kl_penalty,
     per_token,
     reinforce_plus_plus_advantages,
     rloo_advantages,
@@ -138,6 +139,13 @@ class CriticFreeLearner(PPOLearner):
         if self.algorithm != "reinforce_pp":
             stats["groups/constant_fraction"] = constant_group_fraction(b.outcome, self.group_size)
         return stats
+
+    def _controlled_kl(self, b: Batch) -> float:
+        """With the KL in the loss, the loss's estimator of the rollout's KL (what the penalty bounds)."""
+        if self.settings.kl_in == "reward":
+            return super()._controlled_kl(b)
+        per_token = kl_penalty(b.logprobs, b.ref_logprobs, b.mask, self.settings.kl_estimator)  # (B, L)
+        return per_token.sum(1).mean().item()
 
     def _ppo_steps(self, data: UpdateBatch, losses: dict[str, list[float]]) -> None:
         self._kl_coef = data.kl_coef

@@ -199,7 +199,8 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         if nonfinite is None:
             # Ziegler et al.'s controller is fed the KL that the penalty actually uses, per sample of the batch (the
             # global batch: every rank's controller takes the same step).
-            kl_batch = kl_penalty_sum if self.data_parallel is None else self.data_parallel.mean(kl_penalty_sum)
+            controlled = self._controlled_kl(b)
+            kl_batch = controlled if self.data_parallel is None else self.data_parallel.mean(controlled)
             self.kl_controller.update(kl_batch, len(data) * self._world_size)
         return UpdateStats(
             task_reward=float(np.mean(rollout.task_rewards)),
@@ -249,6 +250,10 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         if cfg.whiten_advantages:
             advantages = masked_whiten(advantages, b.mask, all_reduce=self._all_reduce())
         return {"rewards": rewards, "advantages": advantages, "returns": returns}
+
+    def _controlled_kl(self, b: Batch) -> float:
+        """The batch's mean summed KL that the penalty uses, which the KL controller steers: the reward's."""
+        return b.kl.sum(1).mean().item()
 
     def _advantage_stats(self, b: Batch) -> dict[str, float]:
         return {
