@@ -425,3 +425,23 @@ def test_remote_code_is_off_unless_asked_for(tiny_lm_dir, monkeypatch):
         ("AutoModelForCausalLM", False),
         ("AutoModelForCausalLM", True),
     ]
+
+
+def test_an_export_carries_a_manifest_and_a_damaged_one_is_refused_naming_the_file(tmp_path, trained):
+    from marllm.evaluation.deployed import check_export
+    from marllm.utils.errors import CheckpointError
+    from marllm.utils.files import verify_directory_manifest
+
+    learners, _ = trained
+    export = tmp_path / "checkpoints" / "llm1"
+    learners["llm1"].save(export)
+    assert verify_directory_manifest(export) == []
+    check_export(export)  # intact: no error
+    weights = next((export / "policy").glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit in the last tensor's data
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"damaged: .*{weights.name}: sha256"):
+        check_export(export)
+    (export / "learner_state.json").unlink()
+    assert any("learner_state.json: missing" in line for line in verify_directory_manifest(export))

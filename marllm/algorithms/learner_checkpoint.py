@@ -21,7 +21,7 @@ from marllm.models.state_dicts import (
 )
 from marllm.parallel.sharding import gathered, load_full_state_, local_part
 from marllm.utils.errors import CheckpointError
-from marllm.utils.files import write_json
+from marllm.utils.files import write_directory_manifest, write_json
 from marllm.utils.generators import restore_generator
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from marllm.parallel.distributed import DataParallel
 
 LEARNER_STATE_TENSORS = "learner_state.safetensors"
+EXPORT_FORMAT = "marllm-learner-export"
 LEARNER_STATE_META = "learner_state.json"
 
 
@@ -110,7 +111,8 @@ class LearnerCheckpoint:
 
         ``policy/`` is in Hugging Face format (``from_pretrained``, ``marllm eval``; the adapter alone for a LoRA
         learner); ``learner_state.safetensors`` and ``learner_state.json`` hold the rest of :meth:`state_dict` (value
-        head, optimiser, KL coefficient, score statistics, update count, generator), which :meth:`load_state` reads.
+        head, optimiser, KL coefficient, score statistics, update count, generator), which :meth:`load_state` reads;
+        ``manifest.json`` the sha256 of every file, which loading an export checks.
         """
         directory = Path(directory)
         tensors, meta = self._training_state()
@@ -131,6 +133,7 @@ class LearnerCheckpoint:
         self.tokenizer.save_pretrained(directory / "policy")
         write_tensors(directory / LEARNER_STATE_TENSORS, tensors)
         write_json(directory / LEARNER_STATE_META, meta)
+        write_directory_manifest(directory, EXPORT_FORMAT)
 
     def load_state(self, directory: str | Path) -> None:
         """Restore the training state written by :meth:`save` (the policy loads via ``from_pretrained``).

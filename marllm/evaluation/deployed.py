@@ -28,6 +28,8 @@ from marllm.models.generation import generate_responses
 from marllm.models.lora import load_adapter_checkpoint
 from marllm.models.policy import context_length, load_causal_lm, load_tokenizer
 from marllm.tasks.base import TaskParts
+from marllm.utils.errors import CheckpointError
+from marllm.utils.files import MANIFEST_NAME, verify_directory_manifest
 
 
 @dataclass
@@ -51,6 +53,23 @@ class PassAtKResult:
         }
 
 
+def check_export(directory: Path) -> None:
+    """A learner export (``RUN_DIR/checkpoints/LEARNER``, with its ``manifest.json``) must hold every file as it was
+    written; a directory without a manifest (a model saved by other means) is loaded as it is.
+
+    Raises:
+        CheckpointError: a file is missing or altered; the message names each one.
+    """
+    if not (directory / MANIFEST_NAME).is_file():
+        return
+    problems = verify_directory_manifest(directory)
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} is damaged: " + "; ".join(problems[:5])
+            + " (export it again, or train again from its run's training_state with --resume)"
+        )
+
+
 def load_deployed_model(config: TrainConfig, checkpoint: str | Path | None) -> tuple[PreTrainedModel, str, Any]:
     """The base model (``checkpoint`` None or ``"base"``) or a trained learner from ``checkpoints/<learner>``, with
     its label and tokenizer.
@@ -68,6 +87,7 @@ def load_deployed_model(config: TrainConfig, checkpoint: str | Path | None) -> t
     policy = directory / "policy" if (directory / "policy").is_dir() else directory
     if not policy.is_dir():
         raise FileNotFoundError(f"checkpoint {str(checkpoint)!r} does not exist (expected RUN_DIR/checkpoints/LEARNER)")
+    check_export(directory)
     base_path = resolve_model(config.learner_models().get(directory.name, config.model.name_or_path))
     has_tokenizer = any((policy / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
     tokenizer = load_tokenizer(str(policy) if has_tokenizer else base_path, trust_remote_code=trust)

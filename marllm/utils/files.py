@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "LockHeldError",
+    "MANIFEST_NAME",
     "atomic_write_json",
     "describe_file",
     "exclusive_lock",
@@ -33,6 +34,8 @@ __all__ = [
     "sha256_file",
     "tree_checksums",
     "verify_checksums",
+    "verify_directory_manifest",
+    "write_directory_manifest",
     "write_json",
 ]
 
@@ -76,6 +79,28 @@ def verify_checksums(root: str | Path, checksums: dict[str, str]) -> list[str]:
         if actual != expected:
             problems.append(f"{path}: sha256 {actual[:12]}… does not match the recorded {expected[:12]}…")
     return problems
+
+
+MANIFEST_NAME = "manifest.json"
+
+
+def write_directory_manifest(directory: Path, kind: str) -> None:
+    """Record the sha256 of every file under ``directory`` in its ``manifest.json`` (written last, synced)."""
+    files = {name: digest for name, digest in tree_checksums(directory, directory).items() if name != MANIFEST_NAME}
+    write_json(directory / MANIFEST_NAME, {"format": kind, "sha256": files}, indent=2)
+
+
+def verify_directory_manifest(directory: Path) -> list[str]:
+    """One line per file of ``directory``'s manifest that is missing or altered (none when all match); a directory
+    without a manifest is reported as such."""
+    manifest = directory / MANIFEST_NAME
+    if not manifest.is_file():
+        return [f"{manifest}: missing"]
+    try:
+        recorded = read_json(manifest)["sha256"]
+    except (ValueError, KeyError, TypeError) as error:
+        return [f"{manifest}: unreadable ({error})"]
+    return verify_checksums(directory, recorded)
 
 
 def write_json(path: Path, data: Any, indent: int | None = None) -> None:
