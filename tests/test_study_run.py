@@ -336,3 +336,18 @@ def test_sigterm_stops_a_study_with_checkpoints_and_starts_no_further_run(tmp_pa
     assert (first / "training_state").is_dir()
     assert not (out / "runs" / "base__seed1" / "metrics.jsonl").exists()
     assert "interrupted; finished runs are kept" in stderr
+
+
+@pytest.mark.parametrize(
+    ("where", "study_part"),
+    [
+        ("variants.ppo", {"variants": {"cory": [], "ppo": ["seed=3"]}}),
+        ("variants.ppo", {"variants": {"cory": [], "ppo": {"run_dir": "runs/x"}}}),
+        ("overrides", {"overrides": ["run_dir=runs/x"]}),
+        ("grid", {"grid": {"seed": [1, 2]}}),
+    ],
+)
+def test_a_study_refuses_seeds_and_run_dirs_it_would_override(tmp_path, base_file, where, study_part):
+    study = {"name": "s", "base": "../configs/base.yaml", "seeds": [0], **study_part}
+    with pytest.raises(ConfigError, match=rf"study {where} sets '(seed|run_dir)', which the study decides"):
+        load_study(write_study(tmp_path, study))

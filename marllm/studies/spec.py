@@ -37,6 +37,7 @@ from typing import Any
 from marllm.config import TrainConfig, config_from_dict
 from marllm.config.loading import ConfigError, apply_overrides, read_yaml
 
+STUDY_OWNED = ("seed", "run_dir")  # config keys a study sets for each of its runs
 STUDY_KEYS = ("name", "base", "overrides", "variants", "grid", "seeds", "compare", "resources")
 RESOURCE_KEYS = ("cpus", "gpus")
 DEFAULT_RESOURCES = {"cpus": 1.0, "gpus": 0.0}
@@ -253,13 +254,26 @@ def _base(base: Any, root: Path) -> dict[str, Any]:
 
 def _overrides(value: Any, key: str) -> list[str]:
     if isinstance(value, Mapping):  # {dotted.key: value, ...}
-        return [f"{name}={_inline(item)}" for name, item in value.items()]
-    if not isinstance(value, list) or not all(isinstance(item, str) and "=" in item for item in value):
+        overrides = [f"{name}={_inline(item)}" for name, item in value.items()]
+    elif isinstance(value, list) and all(isinstance(item, str) and "=" in item for item in value):
+        overrides = list(value)
+    else:
         raise ConfigError(
             f"study {key} must be a list of dotted overrides like iterations=50, or a mapping like "
             f"{{iterations: 50}}, got {value!r}"
         )
-    return list(value)
+    for override in overrides:
+        _refuse_study_owned(override.split("=", 1)[0].strip(), key)
+    return overrides
+
+
+def _refuse_study_owned(name: str, where: str) -> None:
+    """``seed`` and ``run_dir`` belong to the study: a variant, override or grid setting them would be overridden."""
+    if name in STUDY_OWNED:
+        raise ConfigError(
+            f"study {where} sets {name!r}, which the study decides: seeds come from the study's `seeds` list and "
+            "each run's directory from the study directory; remove it"
+        )
 
 
 def _grid(grid: Any) -> dict[str, list[Any]]:
@@ -272,6 +286,7 @@ def _grid(grid: Any) -> dict[str, list[Any]]:
             raise ConfigError(f"study grid keys must be dotted config keys, got {key!r}")
         if not isinstance(values, list) or not values:
             raise ConfigError(f"study grid.{key} must be a non-empty list of values, got {values!r}")
+        _refuse_study_owned(key, "grid")
     return {key: list(values) for key, values in grid.items()}
 
 
