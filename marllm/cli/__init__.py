@@ -45,6 +45,10 @@ def _eval(args: argparse.Namespace) -> int:
     from marllm.config import load_config
 
     config = load_config(args.config, args.overrides)
+    if config.game is not None or args.games is not None or args.opponent is not None:
+        from marllm.cli.eval_game import eval_game
+
+        return eval_game(config, args)
     if args.cross_play and (args.pass_k is not None or args.samples is not None):
         raise ConfigError("--pass-k and --samples belong to pass@k; --cross-play scores one answer per query")
     config.check_references()
@@ -238,6 +242,15 @@ def parser() -> argparse.ArgumentParser:
         "--limit", type=_positive_int, default=None, help="evaluate only the first N problems or queries (default: all)"
     )
     evaluate.add_argument("--batch-size", type=_positive_int, default=64, help="sequences per generate call")
+    evaluate.add_argument(
+        "--games", type=_positive_int, default=None, help="a game config: games per model, opponent and seat (100)"
+    )
+    evaluate.add_argument(
+        "--opponent",
+        action="append",
+        help="a game config: random, minimax, mcts or self (repeatable; default: random, minimax for tic-tac-toe, "
+        "self for a social dilemma)",
+    )
     evaluate.add_argument("--out", default=None, help="also write the results as JSON here")
     evaluate.set_defaults(handler=_eval)
 

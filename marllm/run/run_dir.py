@@ -265,8 +265,8 @@ def run_entries(run_dir: Path, names: Sequence[str] = RUN_FILES) -> list[Path]:
 
     A file (or a link) is listed by its name. In ``tensorboard/`` the event files are listed, in ``training_state/``
     the checkpoint directories (and what interrupted saves leave), and in ``checkpoints/LEARNER/`` what a learner's
-    export writes (``policy/``, ``learner_state.*``; a directory of ``checkpoints/`` counts as a learner's when it holds
-    a ``learner_state`` file or ``policy/``). Nothing else in those directories is listed, nor the directories.
+    export writes (:data:`EXPORT_ENTRIES`; a directory of ``checkpoints/`` counts as a learner's when it holds one of
+    them). Nothing else in those directories is listed, nor the directories themselves.
     """
     entries = []
     for name in names:
