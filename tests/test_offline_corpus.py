@@ -162,5 +162,5 @@ def test_jsonl_round_trip_and_errors(tmp_path):
     with pytest.raises(ValueError, match=r"line 1 lacks the field\(s\) \['source'\]"):
         read_jsonl(tmp_path / "b.jsonl")
     (tmp_path / "c.jsonl").write_text('{"text": "x", "lab')
-    with pytest.raises(ValueError, match="line 1 is not valid JSON"):
+    with pytest.raises(ValueError, match="c.jsonl:1: not valid JSON"):  # a torn last line is refused here
         read_jsonl(tmp_path / "c.jsonl")

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from marllm.run.run_dir import RunState, run_state
+from marllm.utils.jsonl import read_jsonl
 
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
@@ -149,28 +150,6 @@ def as_number(value: Any) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """``(line_number, object)`` for every non-blank line of a JSON-lines file; any other line is an error, but
-    for a last line without its newline (cut short by a killed run), which is left out with a warning."""
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        lines = handle.readlines()
-    for number, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as err:
-            if number == len(lines) and not text.endswith("\n"):
-                warnings.warn(f"{path}:{number}: leaving out a last line cut short ({err.msg})", stacklevel=2)
-                continue
-            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-        records.append((number, record))
-    return records
 
 
 def load_run(run_dir: Path | str) -> Run:

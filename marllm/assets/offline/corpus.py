@@ -20,11 +20,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import logging
 import os
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,8 @@ import numpy as np
 
 from marllm.assets.offline.files import pip_download
 from marllm.utils.files import sha256_file
+from marllm.utils.jsonl import read_jsonl as read_lines
+from marllm.utils.jsonl import write_jsonl
 
 __all__ = [
     "ARCHIVE_NAME",
@@ -282,31 +283,16 @@ def split_corpus(corpus: RawCorpus, recipe: CorpusRecipe) -> CorpusSplit:
     return CorpusSplit(train, heldout, record)
 
 
-def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> None:
-    """Write one JSON object per line (UTF-8, non-ASCII kept)."""
-    with Path(path).open("w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
 def read_jsonl(path: str | Path, fields: Sequence[str] = ("text", "label", "source")) -> list[dict[str, Any]]:
-    """Read a JSONL file written by :func:`write_jsonl`, checking that every row has ``fields``.
+    """Read a JSONL file written by :func:`~marllm.utils.jsonl.write_jsonl`, checking that every row has ``fields``.
 
     Raises:
         ValueError: a line that is not JSON or lacks a field (names the file and line).
     """
-    path = Path(path)
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}: line {line_number} is not valid JSON ({error})") from error
-            missing = [name for name in fields if name not in row]
-            if missing:
-                raise ValueError(f"{path}: line {line_number} lacks the field(s) {missing}")
-            rows.append(row)
+    for line_number, row in read_lines(path, torn_last_line="raise"):
+        missing = [name for name in fields if name not in row]
+        if missing:
+            raise ValueError(f"{path}: line {line_number} lacks the field(s) {missing}")
+        rows.append(row)
     return rows

@@ -33,7 +33,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from marllm.assets.offline.base_model import train_base_model
-from marllm.assets.offline.corpus import load_raw_corpus, read_jsonl, split_corpus, write_jsonl
+from marllm.assets.offline.corpus import load_raw_corpus, read_jsonl, split_corpus
 from marllm.assets.offline.home import resolve_home
 from marllm.assets.offline.recipe import RECIPE_VERSION, OfflineRecipe
 from marllm.assets.offline.sentiment_classifier import SentimentClassifier, train_reward_model
@@ -46,6 +46,7 @@ from marllm.utils.files import (
     tree_checksums,
     verify_checksums,
 )
+from marllm.utils.jsonl import write_jsonl
 
 __all__ = [
     "AssetsNotPreparedError",
