@@ -65,6 +65,7 @@ EXPORT_ENTRIES = (
     "policy",
     "learner_state.safetensors",
     "learner_state.json",
+    "manifest.json",
     "learner_state.pt",
     "value_head.safetensors",
 )
