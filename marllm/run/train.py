@@ -44,7 +44,6 @@ from marllm.run.run_dir import (
     RUN_FILES,
     SAMPLES_FILE,
     RunDirError,
-    RunLog,
     check_can_start,
     hold_run_dir,
     keep_iterations_before,
@@ -53,11 +52,11 @@ from marllm.run.run_dir import (
     read_run_state,
     remove_run_files,
     run_entries,
-    sample_rows,
     update_run_info,
     write_atomic,
     write_run_info,
 )
+from marllm.run.run_log import RunLog, sample_rows
 from marllm.run.setup import Setup, build
 from marllm.run.skip_streaks import count_skips, skip_streaks
 
