@@ -20,7 +20,22 @@ import numpy as np
 from pettingzoo import AECEnv
 
 from marllm.algorithms.learner import Learner
-from marllm.envs.info_keys import BATCH_REWARDS, QUERIES, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
+from marllm.envs.info_keys import (
+    BATCH_REWARDS,
+    QUERIES,
+    TASK_REWARDS,
+    TURN_BATCH_REWARDS,
+    TURN_GAMES,
+    TURN_TASK_REWARDS,
+)
+
+ROLE_TASK_REWARD = "role_task_reward"
+"""Metric of an agent that spoke several times in an episode: its role's task reward (its last response's), batch
+mean. Its ``task_reward`` (the learner's own metric) is the mean over all its turns' rollouts."""
+
+TURN_TASK_REWARD = "turn_task_reward"
+"""Metric prefix of an agent that spoke several times: ``turn_task_reward/<role>_<k>`` is the task reward its k-th
+turn was credited with (the env's ``turn_task_rewards``), batch mean."""
 
 
 class Player(Protocol):
@@ -109,7 +124,8 @@ def run_iteration(
 ) -> IterationResult:
     """One episode (a batch of dialogues) then one independent update per learner (any :class:`Learner`).
 
-    Returns the iteration's metrics (``<learner>/<name>`` and ``time/*``) and, per learner, its dialogue record:
+    Returns the iteration's metrics (``<learner>/<name>`` and ``time/*``; for an agent that spoke several times also
+    :data:`ROLE_TASK_REWARD` and one :data:`TURN_TASK_REWARD` per turn) and, per learner, its dialogue record:
     its role, the batch's queries and, per turn it spoke, the prompts, responses and task rewards. A learner
     object that plays several agents (self-play) is updated once, under the first of its agent ids.
 
@@ -139,10 +155,27 @@ def run_iteration(
         metrics[f"{learner_id}/role"] = episode.dialogues[learner_id]["role"]
     for agent, record in episode.dialogues.items():
         metrics.setdefault(f"{agent}/role", record["role"])
+    metrics.update(turn_metrics(episode))
     metrics["time/reward_s"] = episode.env_seconds
     metrics.update(timings)
     metrics["time/iteration_s"] = time.perf_counter() - started
     return IterationResult(metrics, episode.dialogues)
+
+
+def turn_metrics(episode: Episode) -> dict[str, float]:
+    """For each agent that spoke more than once: its role's task reward (its last response's) and each turn's, batch
+    means, as ``<agent>/role_task_reward`` and ``<agent>/turn_task_reward/<role>_<k>``. A learner's own
+    ``task_reward`` metric is the mean over its turns; these say which turn earned what. Agents of one turn get
+    none (their ``task_reward`` is all three), nor do turns covering only some dialogues (a batched game's)."""
+    metrics: dict[str, float] = {}
+    for agent, record in episode.dialogues.items():
+        info = episode.final_infos.get(agent, {})
+        if len(record["turns"]) < 2 or TURN_GAMES in info or TASK_REWARDS not in info:
+            continue
+        metrics[f"{agent}/{ROLE_TASK_REWARD}"] = float(np.mean(info[TASK_REWARDS]))
+        for k, turn in enumerate(record["turns"], start=1):
+            metrics[f"{agent}/{TURN_TASK_REWARD}/{record['role']}_{k}"] = float(np.mean(turn["task_rewards"]))
+    return metrics
 
 
 def _finish_turns(

@@ -538,7 +538,9 @@ def test_a_programming_error_still_shows_its_traceback(monkeypatch, tmp_path):
 
 def stub_setup(monkeypatch, failures: list[bool]):
     """build() returns a stand-in; each iteration fails or logs one line, in the order of ``failures``."""
-    setup = SimpleNamespace(env=SimpleNamespace(), learners={}, concurrent_updates=False)
+    setup = SimpleNamespace(
+        env=SimpleNamespace(), learners={}, players={}, concurrent_updates=False, iteration_metrics=lambda m: m
+    )
     monkeypatch.setattr(train_module, "build", lambda config, data_parallel=None: setup)
     steps = iter(failures)
 

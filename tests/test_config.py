@@ -140,7 +140,7 @@ def test_override_into_a_new_nested_mapping():
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["foo=1"], "unknown config key 'foo'; valid keys here: ['agents', 'critic_free', 'env', 'generation'"),
+        (["foo=1"], "unknown config key 'foo'; valid keys here: ['agents', 'critic_free', 'env', 'game', 'generation'"),
         (["ppo.lr=1e-5"], "unknown config key 'ppo.lr'; valid keys here: ['adam_eps'"),
         (["agents.period=5"], "unknown config key 'agents.period' (did you mean 'agents.role_period'?)"),
         (["iterations=ten"], "iterations must be an integer, got str 'ten'"),

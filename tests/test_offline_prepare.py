@@ -18,8 +18,8 @@ from marllm.assets.offline import (
     prepare,
 )
 from marllm.assets.offline import preparation as prepare_module
-from marllm.utils.files import sha256_file
 from marllm.assets.offline.recipe import RECIPE_VERSION
+from marllm.utils.files import sha256_file
 from tests.offline_support import REVIEWS_CSV, tiny_recipe, write_polarity_csv, write_tiny_corpus
 
 

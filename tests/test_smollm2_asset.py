@@ -30,10 +30,10 @@ from marllm.assets.offline import (
     prepare_gguf_model,
 )
 from marllm.assets.offline import gguf_model as gguf_module
-from marllm.utils.files import sha256_file
 from marllm.assets.references import check_model_reference
 from marllm.cli import main
 from marllm.config import load_config
+from marllm.utils.files import sha256_file
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -58,10 +58,19 @@ def _eval(args: argparse.Namespace) -> int:
         result = cross_play_of_checkpoints(
             config, args.checkpoint or ["base"], args.limit, args.batch_size, config.seed
         )
-        print(f"task reward over {result.num_queries} held-out queries, mean (standard error); columns: the model "
-              f"answering, rows: its role and the partner that played the earlier roles")
+        print(f"task reward over {result.num_queries} {result.queries} queries, mean (standard error); columns: the "
+              f"model answering, rows: its role and the partner that played the earlier roles")
         print(result.to_markdown())
         results: Any = result.to_dict()
+    elif args.pass_k is None and args.samples is None:
+        from marllm.evaluation.task_rewards import task_rewards_of_checkpoints
+
+        rewards = task_rewards_of_checkpoints(
+            config, args.checkpoint or ["base"], args.limit, args.batch_size, config.seed
+        )
+        print(rewards.describe())
+        print(rewards.to_markdown())
+        results = rewards.to_dict()
     else:
         from marllm.evaluation.deployed import evaluate_pass_at_k
 
@@ -219,7 +228,9 @@ def parser() -> argparse.ArgumentParser:
     prepare.set_defaults(handler=_prepare)
 
     evaluate = commands.add_parser(
-        "eval", help="pass@k of the base model or trained agents deployed alone, or their cross-play matrix"
+        "eval",
+        help="the task reward of each role and turn for the base model or trained agents playing every role; with "
+        "--pass-k their pass@k deployed alone, with --cross-play their cross-play matrix",
     )
     evaluate.add_argument("config", help="the run's YAML config (task, roles, templates, model, generation settings)")
     evaluate.add_argument("overrides", nargs="*", help="dotted overrides")
@@ -234,7 +245,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="put every checkpoint in every role beside every other as partner and print the task-reward matrix",
     )
-    evaluate.add_argument("--pass-k", default=None, help="comma-separated k values, e.g. 1,5,10 (default: 1)")
+    evaluate.add_argument(
+        "--pass-k",
+        default=None,
+        help="pass@k of each model deployed alone, for tasks with a 0/1 reward: comma-separated k values, e.g. 1,5,10 "
+        "(default with --samples: 1)",
+    )
     evaluate.add_argument(
         "--samples", type=_positive_int, default=None, help="samples per problem (n >= max k; default: 1)"
     )

@@ -12,13 +12,14 @@ from marllm.algorithms.critic_free_config import ALGORITHMS, CriticFreeConfig
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import CAUSAL_LMS
 from marllm.assets.references import check_model_reference
+from marllm.config.custom_tasks import absolute_task_references, task_class
 from marllm.config.game import GameConfig
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml, to_dict
 from marllm.config.sections import AgentsConfig, EnvConfig, LoggingConfig, ModelConfig
 from marllm.envs.templates import check_template_keys
 from marllm.envs.turns import check_shard
 from marllm.models.devices import resolve_device
-from marllm.tasks import TASKS, TaskConfig
+from marllm.tasks import TASKS, TaskConfig, has_binary_reward
 from marllm.wrappers.shared_reward import check_coefficients, cooperation_matrix
 
 
@@ -63,8 +64,19 @@ class TrainConfig:
             self.coefficient_matrix()
         except ValueError as error:
             raise ValueError(f"agents.reward_coefficients: {error}") from error
-        if self.logging.pass_at_k is not None and self.task.name not in ("gsm8k", "arithmetic"):
-            raise ValueError(f"logging.pass_at_k needs a task with a 0/1 reward, not {self.task.name!r}")
+        if self.logging.pass_at_k is not None and not has_binary_reward(self.task):
+            raise ValueError(
+                f"logging.pass_at_k needs a task with a 0/1 reward, not {self.task.name!r} (a task says so with "
+                "binary_reward; the text task's is task.binary_reward)"
+            )
+        check_roles = getattr(self.task, "check_roles", None)
+        if check_roles is not None:
+            check_roles(self.env.roles)
+        if self.env.templates is None and not self.task.default_templates():
+            raise ValueError(
+                f"env.templates: task {self.task.name!r} has no default prompt templates; give one per role of "
+                f"{self.env.roles} (\"{{query}}\" uses the dataset's prompt as written)"
+            )
         if self.env.templates is not None:
             try:
                 check_template_keys(self.env.templates, self.env.roles, self.speaking_order)
@@ -307,15 +319,15 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     task = data.get("task", {})
     if isinstance(task, dict):
         kind = task.get("name", "sentiment")
-        if kind not in TASKS:
-            raise ConfigError(f"task.name must be one of {sorted(TASKS)}, got {kind!r}")
-        data["task"] = build(TASKS[kind], {**task, "name": kind}, "task")
+        data["task"] = build(task_class(kind), {**task, "name": kind}, "task")
     return build(TrainConfig, data)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read a YAML config and apply ``section.key=value`` overrides."""
-    return config_from_dict(apply_overrides(read_yaml(path), overrides))
+    """Read a YAML config and apply ``section.key=value`` overrides. A file that ``task.name`` or ``task.reward``
+    names by path (``rewards.py:haggle``) is relative to the config file's folder."""
+    data = apply_overrides(read_yaml(path), overrides)
+    return config_from_dict(absolute_task_references(data, Path(path).resolve().parent))
 
 
 # What a resumed run may change: where it is written, what it logs and evaluates, whether remote code may load,

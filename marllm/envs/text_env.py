@@ -18,12 +18,18 @@ Info
     from ``reset`` on, and the role's rewards once the episode ends (see Reward).
 Reward
     After the last turn every role gets its task reward: ``r(sample, response)`` of the reward function on its last
-    response. PettingZoo rewards are scalars, so ``rewards[role]`` is the batch mean; the per-dialogue vectors are
-    in ``infos[role]`` under the keys of :mod:`marllm.envs.info_keys`: ``task_rewards`` (the role's own reward, never
-    changed by wrappers), ``batch_rewards`` (the reward it is trained on; reward wrappers rewrite it), and one row
-    per turn of the role in ``turn_task_rewards`` / ``turn_batch_rewards``. With ``turn_rewards="each"`` each turn
-    is credited with the reward of its own response; with ``"last"`` every turn of a role is credited with the
-    reward of the role's last response (the outcome of its turns, undiscounted).
+    response. The reward function is the same for every role, ``reward_fn(samples, responses)``, unless it asks to
+    know whose responses it scores: a reward with a parameter named ``context``, ``reward_fn(samples, responses,
+    context)``, is also given a :class:`~marllm.envs.reward_context.RewardContext` (the role, the turn, the speaking
+    order and every turn's responses), and ``reward_fn`` may map each role to a reward of its own (see
+    :mod:`marllm.envs.reward_context`). Either way a role is scored on its own responses, so that roles may want
+    opposite things (a buyer a low price, a seller a high one). PettingZoo rewards are scalars, so
+    ``rewards[role]`` is the batch mean; the per-dialogue vectors are in ``infos[role]`` under the keys of
+    :mod:`marllm.envs.info_keys`: ``task_rewards`` (the role's own reward, its last response's, never changed by
+    wrappers), ``batch_rewards`` (the reward it is trained on; reward wrappers rewrite it), and one row per turn of
+    the role in ``turn_task_rewards`` / ``turn_batch_rewards``. With ``turn_rewards="each"`` each turn is credited
+    with the reward of its own response; with ``"last"`` every turn of a role is credited with the reward of the
+    role's last response (the outcome of its turns, undiscounted).
 Termination
     All roles terminate together after the last turn; nothing truncates.
 """
@@ -39,6 +45,7 @@ from pettingzoo import AECEnv
 from pettingzoo.utils import wrappers
 
 from marllm.envs.info_keys import BATCH_REWARDS, QUERIES, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
+from marllm.envs.reward_context import RewardContext, reward_name, rewards_by_role, wants_context
 from marllm.envs.spaces import TextBatch
 from marllm.envs.templates import PromptFn, check_templates
 from marllm.envs.turns import TURN_REWARDS, check_roles, check_shard, check_turns, describe_turn, turn_names
@@ -46,7 +53,8 @@ from marllm.utils.errors import CheckpointError
 from marllm.utils.generators import restore_generator
 
 RewardFn = Callable[[list[dict[str, Any]], list[str]], Sequence[float]]
-"""A task reward: ``reward_fn(samples, responses) -> one float per sample``."""
+"""A task reward: ``reward_fn(samples, responses) -> one float per sample`` (or, with a parameter named ``context``,
+``reward_fn(samples, responses, context)``: see :mod:`marllm.envs.reward_context`)."""
 
 MAX_TEXT_LENGTH = 1_000_000
 
@@ -66,7 +74,11 @@ class SequentialTextEnv(AECEnv):
             ``<role>_<k>`` (the role's k-th turn, from 1), which then overrides the role's template for that turn.
             Fields (and the keys of ``responses``) are the sample's columns, each role that spoke earlier (its
             latest response) and each earlier turn's name (that turn's response, e.g. ``{proposer_1}``).
-        reward_fn: ``reward_fn(samples, responses) -> one float per sample``, applied to every role's responses.
+        reward_fn: ``reward_fn(samples, responses) -> one float per sample``, applied to every role's responses; a
+            function with a parameter named ``context`` is called ``reward_fn(samples, responses, context=...)``
+            with a :class:`~marllm.envs.reward_context.RewardContext` (the scored role and turn, the speaking order,
+            every turn's responses); a mapping role -> reward function scores each role by its own (it must name
+            every role).
         batch_size: dialogues per episode.
         query_column: the column holding the query.
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the first dialogue as text).
@@ -93,7 +105,7 @@ class SequentialTextEnv(AECEnv):
         dataset: Any,
         roles: Sequence[str],
         templates: Mapping[str, str | PromptFn] | Sequence[str | PromptFn],
-        reward_fn: RewardFn,
+        reward_fn: RewardFn | Mapping[str, RewardFn],
         batch_size: int,
         query_column: str = "query",
         render_mode: str | None = None,
@@ -127,9 +139,9 @@ class SequentialTextEnv(AECEnv):
         self.global_batch_size = batch_size
         batch_size = self.batch_size = batch_size // self.shard_count
         self.templates = check_templates(templates, self.roles, columns, self.turns)
-        if not callable(reward_fn):
-            raise TypeError(f"reward_fn must be callable (samples, responses) -> floats, got {reward_fn!r}")
         self.reward_fn = reward_fn
+        self.role_rewards = rewards_by_role(reward_fn, self.roles)
+        self._wants_context = {role: wants_context(fn) for role, fn in self.role_rewards.items()}
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.render_mode = render_mode
@@ -265,11 +277,25 @@ class SequentialTextEnv(AECEnv):
         """The role of a turn, for messages, with the turn's name where some role speaks more than once."""
         return describe_turn(self.turns, self.roles, turn)
 
+    def reward_context(self, turn: int) -> RewardContext:
+        """The :class:`~marllm.envs.reward_context.RewardContext` of turn ``turn`` of the current episode."""
+        return RewardContext(
+            role=self.turns[turn],
+            turn=turn,
+            turns=tuple(self.turns),
+            samples=tuple(self.samples),
+            dialogue=tuple(self.turn_responses),
+        )
+
     def _task_rewards(self, role: str, turn: int) -> np.ndarray:
-        name = getattr(self.reward_fn, "__name__", type(self.reward_fn).__name__)
+        reward_fn = self.role_rewards[role]
+        name = reward_name(reward_fn)
         who = self._who(turn)
         try:
-            values = self.reward_fn(self.samples, list(self.turn_responses[turn]))
+            if self._wants_context[role]:
+                values = reward_fn(self.samples, list(self.turn_responses[turn]), context=self.reward_context(turn))
+            else:
+                values = reward_fn(self.samples, list(self.turn_responses[turn]))
         except Exception as error:
             raise RewardFunctionError(f"reward function {name} raised on the responses of {who}: {error!r}") from error
         try:

@@ -1,5 +1,8 @@
 """Cross-play: every model in every role beside every partner, on held-out queries, scored by the task reward.
 
+The queries are the task's evaluation rows; a task without any (``eval_split: null``) is played on its training
+queries, and the result says so (:attr:`CrossPlayResult.queries`).
+
 A model is the base model or a saved learner (``RUN_DIR/checkpoints/LEARNER``), so one matrix puts the pioneer of one
 run beside the observer of another, or a trained learner beside the untrained base. The episodes are played through
 :class:`~marllm.envs.text_env.SequentialTextEnv` with the config's roles, templates and task reward. Row ``alone`` is
@@ -21,7 +24,7 @@ from tqdm.auto import tqdm
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.envs.text_env import SequentialTextEnv
-from marllm.evaluation.deployed import generate_answers, held_out_rows, load_deployed_model
+from marllm.evaluation.deployed import HELD_OUT, generate_answers, held_out_rows, load_deployed_model, queries_kind
 from marllm.loop import ActOnly, play_episode
 from marllm.models.policy import load_tokenizer
 from marllm.utils.statistics import Estimate, estimate
@@ -50,12 +53,14 @@ class CrossPlayCell:
 
 @dataclass
 class CrossPlayResult:
-    """Every cell of a cross-play matrix, over ``num_queries`` held-out queries."""
+    """Every cell of a cross-play matrix, over ``num_queries`` queries: ``held-out`` ones, or the ``training`` ones
+    of a task without evaluation rows (``queries``)."""
 
     roles: list[str]
     models: list[str]
     num_queries: int
     cells: list[CrossPlayCell] = field(default_factory=list)
+    queries: str = HELD_OUT
 
     def rows(self) -> list[str]:
         """Row names in order: ``alone``, then ``ROLE after PARTNER`` for each later role and partner."""
@@ -94,6 +99,7 @@ class CrossPlayResult:
             "roles": self.roles,
             "models": self.models,
             "num_queries": self.num_queries,
+            "queries": self.queries,
             "cells": [
                 {
                     "row": c.row,
@@ -115,8 +121,10 @@ def cross_play(
     load: Callable[[str], Generate],
     seed: int = 0,
     progress: bool = True,
+    queries: str = HELD_OUT,
 ) -> CrossPlayResult:
-    """Play the cross-play matrix of ``models`` on one batch of ``env`` (its batch is the held-out queries).
+    """Play the cross-play matrix of ``models`` on one batch of ``env`` (its batch is the held-out queries, or what
+    ``queries`` says they are).
 
     Each model is loaded twice (``load(name)`` returns its generate function; it is dropped before the next is
     loaded): once to play every role itself, which gives its ``alone`` cell, its diagonal and the partner texts that
@@ -130,7 +138,7 @@ def cross_play(
     if duplicates:
         raise ValueError(f"cross-play models must have distinct names; {duplicates} appear twice")
     roles = list(env.possible_agents)
-    result = CrossPlayResult(roles, names, env.batch_size)
+    result = CrossPlayResult(roles, names, env.batch_size, queries=queries)
     own_texts: dict[str, dict[str, list[str]]] = {}
     steps = len(names) + len(names) * (len(names) - 1) * (len(roles) - 1)
     bar = tqdm(total=steps, desc="cross-play", disable=not progress)
@@ -283,4 +291,4 @@ def cross_play_of_checkpoints(
 
         return generate
 
-    return cross_play(env, labels, load, seed, progress)
+    return cross_play(env, labels, load, seed, progress, queries_kind(task, config.task))

@@ -22,12 +22,14 @@ from transformers import PreTrainedModel
 from marllm.algorithms.learner import Learner
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
+from marllm.envs.reward_context import alone_context
+from marllm.envs.reward_context import score as score_reward
 from marllm.envs.templates import as_prompt_fn
 from marllm.evaluation.pass_at_k import mean_pass_at_k
 from marllm.models.generation import generate_responses
 from marllm.models.lora import load_adapter_checkpoint
 from marllm.models.policy import context_length, load_causal_lm, load_tokenizer
-from marllm.tasks.base import TaskParts
+from marllm.tasks.base import TaskParts, has_binary_reward
 from marllm.utils.errors import CheckpointError
 from marllm.utils.files import MANIFEST_NAME, verify_directory_manifest
 
@@ -116,10 +118,40 @@ def deployed_models(config: TrainConfig, learners: Mapping[str, Learner]) -> Ite
 
 
 def held_out_rows(task: TaskParts, limit: int | None = None) -> list[dict[str, Any]]:
-    """The first ``limit`` rows (None: all) of the task's held-out queries: its eval dataset, else its dataset."""
+    """The first ``limit`` rows (None: all) of the task's held-out queries: its eval dataset, else its dataset
+    (:func:`queries_kind` says which)."""
     source = task.eval_dataset if task.eval_dataset is not None else task.dataset
     count = len(source) if limit is None else min(limit, len(source))
     return [dict(source[i]) for i in range(count)]
+
+
+HELD_OUT = "held-out"
+TRAINING = "training"
+
+
+def queries_kind(task: TaskParts, task_config: Any = None) -> str:
+    """What :func:`held_out_rows` returns: ``held-out`` queries when the task gives evaluation rows apart from its
+    training rows, else ``training`` queries (no eval dataset, or a ``task_config`` whose ``eval_split`` is its
+    training ``split``)."""
+    if task.eval_dataset is None:
+        return TRAINING
+    split, eval_split = getattr(task_config, "split", None), getattr(task_config, "eval_split", None)
+    if split is not None and eval_split == split and getattr(task_config, "eval_dataset", None) is None:
+        return TRAINING
+    return HELD_OUT
+
+
+def build_task(config: TrainConfig) -> TaskParts:
+    """``config``'s task, built with the base model's tokenizer (the one that cuts the sentiment task's queries)."""
+    base_path = resolve_model(config.model.name_or_path)
+    tokenizer = load_tokenizer(base_path, trust_remote_code=config.model.trust_remote_code)
+    return config.task.build(tokenizer, config.seed, config.model.device)
+
+
+def score_alone(reward_fn: Any, role: str, samples: list[dict[str, Any]], texts: Sequence[str]) -> Any:
+    """The task reward of ``texts`` answered by ``role`` alone (one turn, no partner), as the env would score them:
+    a role-aware reward sees a one-turn dialogue, a mapping of rewards gives the role's."""
+    return score_reward(reward_fn, samples, list(texts), alone_context(role, samples, texts))
 
 
 def deployed_prompts(config: TrainConfig, rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -153,7 +185,7 @@ def evaluate_alone(
     for name, model, tokenizer in deployed_models(config, learners):
         torch.manual_seed(seed)
         texts = generate_answers(model, tokenizer, config, prompts, name)
-        rewards = task.reward_fn(samples, list(texts))
+        rewards = score_alone(task.reward_fn, config.env.roles[0], samples, texts)
         for sample, prompt, response, reward in zip(samples, prompts, texts, rewards, strict=True):
             rows.append(
                 {
@@ -168,13 +200,13 @@ def evaluate_alone(
 
 
 def evaluate_pass_at_k_alone(
-    config: TrainConfig, learners: Mapping[str, Learner], progress: bool | None = None
+    config: TrainConfig, learners: Mapping[str, Learner], progress: bool | None = None, task: TaskParts | None = None
 ) -> list[dict[str, Any]]:
-    """pass@k of the base model and of each learner deployed alone, on the task's eval split, with the
-    ``logging.pass_at_k*`` settings of ``config``; one :meth:`PassAtKResult.to_dict` per model. ``progress``: show
-    progress bars (None: ``logging.progress``)."""
+    """pass@k of the base model and of each learner deployed alone, on the task's eval split (``task``'s held-out
+    rows and reward, when the built task is given), with the ``logging.pass_at_k*`` settings of ``config``; one
+    :meth:`PassAtKResult.to_dict` per model. ``progress``: show progress bars (None: ``logging.progress``)."""
     log = config.logging
-    problems = eval_problems(config, log.pass_at_k_problems)
+    problems = eval_problems(config, log.pass_at_k_problems, task)
     results = []
     for name, model, tokenizer in deployed_models(config, learners):
         result = pass_at_k_of_model(
@@ -187,6 +219,7 @@ def evaluate_pass_at_k_alone(
             log.pass_at_k_samples,
             seed=config.seed,
             progress=log.progress if progress is None else progress,
+            reward_fn=None if task is None else task.reward_fn,
         )
         results.append(result.to_dict())
     return results
@@ -202,17 +235,24 @@ def evaluate_pass_at_k(
     seed: int = 0,
     progress: bool = True,
 ) -> PassAtKResult:
-    """pass@k of the base model or a saved learner on the task's eval split (see :func:`pass_at_k_of_model`)."""
+    """pass@k of the base model or a saved learner on the task's held-out rows (its eval split), scored by its
+    reward (see :func:`pass_at_k_of_model`)."""
     check_pass_at_k_request(config, ks, samples)
+    task = build_task(config)
     model, label, tokenizer = load_deployed_model(config, checkpoint)
-    problems = eval_problems(config, limit)
-    return pass_at_k_of_model(model, tokenizer, config, problems, label, ks, samples, batch_size, seed, progress)
+    problems = eval_problems(config, limit, task)
+    return pass_at_k_of_model(
+        model, tokenizer, config, problems, label, ks, samples, batch_size, seed, progress, task.reward_fn
+    )
 
 
 def check_pass_at_k_request(config: TrainConfig, ks: list[int], samples: int) -> None:
-    """The task must have a 0/1 reward and every k must satisfy 1 <= k <= samples."""
-    if config.task.name not in ("gsm8k", "arithmetic"):
-        raise ValueError(f"pass@k needs a task with a 0/1 reward (gsm8k, arithmetic), not {config.task.name!r}")
+    """The task must declare a 0/1 reward (``binary_reward``) and every k must satisfy 1 <= k <= samples."""
+    if not has_binary_reward(config.task):
+        raise ValueError(
+            f"pass@k needs a task with a 0/1 reward, and task {config.task.name!r} does not declare one "
+            "(binary_reward: the math tasks' is; the text task's is task.binary_reward)"
+        )
     if samples < 1:
         raise ValueError(f"pass@k samples per problem must be >= 1, got {samples}")
     bad = [k for k in ks if not 1 <= k <= samples]
@@ -220,8 +260,10 @@ def check_pass_at_k_request(config: TrainConfig, ks: list[int], samples: int) ->
         raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}); got k = {bad or ks}")
 
 
-def eval_problems(config: TrainConfig, limit: int | None = None) -> list[dict[str, Any]]:
-    """The first ``limit`` problems of the task's eval split."""
+def eval_problems(config: TrainConfig, limit: int | None = None, task: TaskParts | None = None) -> list[dict[str, Any]]:
+    """The first ``limit`` problems of the built ``task``'s held-out rows, else of the task's eval split."""
+    if task is not None:
+        return held_out_rows(task, limit)
     problems = config.task.load_split(config.task.eval_split)
     count = len(problems) if limit is None else min(limit, len(problems))
     return [dict(problems[i]) for i in range(count)]
@@ -239,15 +281,18 @@ def pass_at_k_of_model(
     batch_size: int = 64,
     seed: int = 0,
     progress: bool = True,
+    reward_fn: Any = None,
 ) -> PassAtKResult:
     """Sample ``samples`` answers per problem and compute the unbiased pass@k estimator.
 
     The prompt is the first role's template (the pioneer's: the query alone), as a CORY agent is used at
-    inference. Sampling uses the config's generation settings with the full ``max_new_tokens`` budget.
+    inference, scored by ``reward_fn`` (None: the task config's ``reward()``) as that role's answers. Sampling uses
+    the config's generation settings with the full ``max_new_tokens`` budget.
     """
     check_pass_at_k_request(config, ks, samples)
     model.eval()
-    reward_fn = config.task.reward()
+    reward_fn = config.task.reward() if reward_fn is None else reward_fn
+    role = config.env.roles[0]
     prompts = deployed_prompts(config, problems)
     # Every problem is asked `samples` times; batches mix problems so that each generate call is full.
     order = [(i, s) for i in range(len(problems)) for s in range(samples)]
@@ -257,7 +302,7 @@ def pass_at_k_of_model(
     for start in tqdm(range(0, len(order), batch_size), desc=f"pass@k {label}", disable=not progress):
         chunk = order[start : start + batch_size]
         texts = generate_answers(model, tokenizer, config, [prompts[i] for i, _ in chunk], label)
-        scores = np.asarray(reward_fn([problems[i] for i, _ in chunk], list(texts)), dtype=np.float64)
+        scores = np.asarray(score_alone(reward_fn, role, [problems[i] for i, _ in chunk], texts), dtype=np.float64)
         if not np.all(np.isin(scores, (0.0, 1.0))):
             raise ValueError(f"pass@k needs a 0/1 task reward; task {config.task.name!r} returned {scores[:5]}")
         for (i, _), score in zip(chunk, scores, strict=True):

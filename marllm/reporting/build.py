@@ -10,8 +10,16 @@ from typing import Any
 
 from marllm.reporting.evaluation import EvalModel, eval_collapse, eval_models, sample_queries, sample_table
 from marllm.reporting.indicators import final_means, final_window, phase_times
-from marllm.reporting.plots import curve_colors, plot_collapse, plot_metric, plot_reward_vs_kl
-from marllm.reporting.runs import EVAL_FILE, SAMPLES_FILE, Run, curves, load_runs
+from marllm.reporting.plots import (
+    SMOOTHING_SPAN,
+    curve_colors,
+    plot_by_role,
+    plot_collapse,
+    plot_metric,
+    plot_reward_vs_kl,
+    smooths,
+)
+from marllm.reporting.runs import EVAL_FILE, HELD_OUT, SAMPLES_FILE, Run, curves, load_runs
 from marllm.reporting.tables import fmt, markdown_table
 
 REPORT_FILE = "report.md"
@@ -32,6 +40,7 @@ FINAL_METRICS = (
     ("received_reward", "trained-on reward"),
     ("response_length", "response length"),
 )
+BY_ROLE_FILE = "task_reward_by_role.png"
 SCATTER_FILE = "reward_vs_kl.png"
 COLLAPSE_FILE = "collapse_per_iteration.png"
 
@@ -52,7 +61,8 @@ def build_report(
         out_dir: where the report goes; created if missing, earlier report files in it are overwritten.
         smoothing: moving-average window of the curves; 1 draws the raw values only, more draws them faint
             under the smoothed line. Smoothing hides noise but also delays and flattens peaks such as a
-            reward collapse.
+            reward collapse. A run shorter than 3 windows (:data:`~marllm.reporting.plots.SMOOTHING_SPAN`) is
+            drawn raw, bold.
         final_k: the final table averages the last ``final_k`` iterations of each run (fewer for a shorter
             run). A wider window is less noisy but mixes in earlier, less trained iterations.
         n_sample_queries: how many held-out queries the sample table shows (0 for none).
@@ -77,6 +87,8 @@ def build_report(
         name = f"{metric}.png"
         drawn = plot_metric(all_curves, colors, metric, title, out_dir / name, smoothing)
         figures[metric] = name if drawn else None
+    by_role = plot_by_role(runs, "task_reward", "Task reward by role", out_dir / BY_ROLE_FILE, smoothing)
+    figures["task_reward_by_role"] = BY_ROLE_FILE if by_role else None
     figures["reward_vs_kl"] = SCATTER_FILE if plot_reward_vs_kl(all_curves, colors, out_dir / SCATTER_FILE) else None
     figures["collapse"] = COLLAPSE_FILE if plot_collapse(all_curves, colors, out_dir / COLLAPSE_FILE) else None
 
@@ -128,7 +140,7 @@ def build_report(
         _final_section(finals, final_k),
         _time_section(times),
         _samples_section(runs, models, queries),
-        _collapse_section(collapse),
+        _collapse_section(collapse, held_out=not _training_queries(runs)),
         *([_pass_at_k_section(pass_at_k)] if pass_at_k else []),
     ]
     report = out_dir / REPORT_FILE
@@ -206,10 +218,29 @@ def _unfinished_warning(runs: Sequence[Run]) -> list[str]:
 
 def _figures_section(runs: Sequence[Run], figures: dict[str, str | None], smoothing: int) -> str:
     lines = ["## Curves", ""]
-    if smoothing > 1:
+    smoothed = [run.display for run in runs if smooths(len(run.metrics), smoothing)]
+    short = [run.display for run in runs if smoothing > 1 and not smooths(len(run.metrics), smoothing)]
+    if smoothed:
         lines += [f"Bold lines: moving average over {smoothing} iterations; faint lines: raw values.", ""]
+    if short:
+        who = "every run" if not smoothed else ", ".join(short)
+        lines += [
+            f"Raw values, bold, for {who}: shorter than {SMOOTHING_SPAN * smoothing} iterations ({SMOOTHING_SPAN} "
+            f"windows of {smoothing}), too short for a moving average.",
+            "",
+        ]
     for metric, title in CURVE_METRICS:
         lines += [_figure(figures[metric], title, f"no run logged `<learner>/{metric}`"), ""]
+    if figures.get("task_reward_by_role"):
+        lines += [
+            "### Task reward by role",
+            "",
+            "The learners change roles (`agents.role_period`): each line follows one role, whichever learner played "
+            "it at that iteration.",
+            "",
+            _figure(figures["task_reward_by_role"], "Task reward by role", ""),
+            "",
+        ]
     lines += [
         "## Reward vs KL",
         "",
@@ -256,23 +287,41 @@ def _time_section(times: dict[str, dict[str, float]]) -> str:
     return "\n".join(["## Wall time", "", "Seconds summed over all iterations.", "", markdown_table(header, rows)])
 
 
+def _training_queries(runs: Sequence[Run]) -> list[str]:
+    """The runs whose end-of-run samples answer training queries (a task without evaluation rows)."""
+    return [run.display for run in runs if run.eval_samples and run.eval_queries != HELD_OUT]
+
+
 def _samples_section(runs: Sequence[Run], models: Sequence[EvalModel], queries: Sequence[str]) -> str:
-    lines = ["## Held-out samples", ""]
+    on_training = _training_queries(runs)
+    lines = ["## Held-out samples" if not on_training else "## Evaluation samples", ""]
     without = [run.display for run in runs if not run.eval_samples]
     if without:
         lines += [f"No {EVAL_FILE} (or an empty one) in: {', '.join(without)}.", ""]
     if not models:
         return "\n".join(lines).rstrip()
     if queries:
+        if not on_training:
+            what = f"The first {len(queries)} held-out queries"
+        elif len(on_training) == len([run for run in runs if run.eval_samples]):
+            what = (
+                f"The first {len(queries)} training queries (the task has no evaluation split, `eval_split: null`: "
+                "these queries are not held out)"
+            )
+        else:
+            what = (
+                f"The first {len(queries)} queries (training queries, not held out, for {', '.join(on_training)}: "
+                "its task has no evaluation split)"
+            )
         lines += [
-            f"The first {len(queries)} held-out queries; each model answers from the query alone (r = task reward).",
+            f"{what}; each model answers from the query alone (r = task reward).",
             "",
             sample_table(models, queries),
         ]
     return "\n".join(lines)
 
 
-def _collapse_section(collapse: Sequence[dict[str, Any]]) -> str:
+def _collapse_section(collapse: Sequence[dict[str, Any]], held_out: bool = True) -> str:
     if not collapse:
         return "## Collapse indicators\n\n*No held-out samples to measure.*"
     header = ["model", "answers", "task reward", "distinct-1", "distinct-2", "repeated tokens", "mean words"]
@@ -289,7 +338,8 @@ def _collapse_section(collapse: Sequence[dict[str, Any]]) -> str:
         for c in collapse
     ]
     intro = (
-        "Over all held-out answers of each model (lower-cased whitespace tokens). Distinct-n: unique n-grams "
+        f"Over all {'held-out' if held_out else 'end-of-run (evaluation)'} answers of each model (lower-cased "
+        "whitespace tokens). Distinct-n: unique n-grams "
         "/ all n-grams; repeated tokens: fraction of tokens already seen in the same answer. Low distinct-n "
         "and many repeats point to mode collapse."
     )

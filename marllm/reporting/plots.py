@@ -11,16 +11,36 @@ from pathlib import Path
 
 import matplotlib
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from marllm.reporting.evaluation import collapse_per_iteration
 from marllm.reporting.indicators import moving_average
-from marllm.reporting.runs import Curve
+from marllm.reporting.runs import Curve, Run
 
 Color = tuple[float, ...]
 
 _FIGSIZE = (7.0, 4.2)
 _DPI = 120
+
+SMOOTHING_SPAN = 3
+"""A curve is smoothed only when it has at least this many windows of points: a moving average over a third or more
+of a short run mostly shows its own lag, so such a curve is drawn raw, bold."""
+
+
+def smooths(points: int, smoothing: int) -> bool:
+    """Whether a curve of ``points`` values is drawn as its moving average over ``smoothing`` iterations (see
+    :data:`SMOOTHING_SPAN`)."""
+    return smoothing > 1 and points >= SMOOTHING_SPAN * smoothing
+
+
+def _finish_axes(fig: Figure, ax: Axes) -> None:
+    """Whole-number iteration ticks, a grid, and the legend beside the plot, where it covers no data."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
 
 
 def curve_colors(n: int) -> list[Color]:
@@ -37,32 +57,89 @@ def plot_metric(
     path: Path,
     smoothing: int = 1,
 ) -> bool:
-    """One line per curve of ``<learner>/<metric>`` against the iteration.
+    """One line per curve of ``<learner>/<metric>`` against the iteration (see :func:`metric_figure`).
 
     Returns False (and writes nothing) when no curve has a value of that metric.
+    """
+    fig = metric_figure(curves, colors, metric, title, smoothing)
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=_DPI)
+    return True
 
-    With ``smoothing > 1`` the raw values are drawn faint under their trailing moving average.
+
+def metric_figure(
+    curves: Sequence[Curve], colors: Sequence[Color], metric: str, title: str, smoothing: int = 1
+) -> Figure | None:
+    """The figure of :func:`plot_metric`, or None when no curve has a value of ``metric``.
+
+    With ``smoothing > 1`` a curve long enough for it (:func:`smooths`) is drawn bold as its trailing moving average
+    over the faint raw values; a shorter one is drawn raw, bold, with a dot per iteration.
     """
     fig = Figure(figsize=_FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
-    drawn = False
+    drawn = smoothed = False
     for curve, color in zip(curves, colors, strict=True):
         iterations, values = curve.series(metric)
         if len(values) == 0:
             continue
-        if smoothing > 1:
-            ax.plot(iterations, values, color=color, alpha=0.25, linewidth=1)
-            values = moving_average(values, smoothing)
-        ax.plot(iterations, values, color=color, linewidth=2, label=curve.label)
+        _draw(ax, iterations, values, color, curve.label, smoothing)
+        smoothed |= smooths(len(values), smoothing)
         drawn = True
     if not drawn:
-        return False
-    note = f" (moving average over {smoothing} iterations)" if smoothing > 1 else ""
+        return None
+    note = f" (moving average over {smoothing} iterations)" if smoothed else ""
     ax.set(xlabel="iteration", ylabel=metric, title=title + note)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    _finish_axes(fig, ax)
+    return fig
+
+
+def _draw(ax: Axes, iterations: np.ndarray, values: np.ndarray, color: Color, label: str, smoothing: int) -> None:
+    if smooths(len(values), smoothing):
+        ax.plot(iterations, values, color=color, alpha=0.25, linewidth=1)
+        ax.plot(iterations, moving_average(values, smoothing), color=color, linewidth=2, label=label)
+    else:
+        ax.plot(iterations, values, color=color, linewidth=2, marker="." if len(values) < 50 else None, label=label)
+
+
+def changes_roles(run: Run, learner: str) -> bool:
+    """Whether ``learner`` played more than one role in ``run`` (``agents.role_period``)."""
+    return len(run.roles_held(learner)) > 1
+
+
+def plot_by_role(runs: Sequence[Run], metric: str, title: str, path: Path, smoothing: int = 1) -> bool:
+    """One line per role of each run whose learners change roles: ``metric`` of whichever learner played the role
+    at each iteration. Returns False (and writes nothing) when no run has a learner that changed role."""
+    fig = role_figure(runs, metric, title, smoothing)
+    if fig is None:
+        return False
     fig.savefig(path, dpi=_DPI)
     return True
+
+
+def role_figure(runs: Sequence[Run], metric: str, title: str, smoothing: int = 1) -> Figure | None:
+    """The figure of :func:`plot_by_role`, or None."""
+    lines = []
+    for run in runs:
+        if not any(changes_roles(run, learner) for learner in run.learners):
+            continue
+        roles = list(dict.fromkeys(role for learner in run.learners for role in run.roles_held(learner)))
+        for role in roles:
+            iterations, values = run.role_series(metric, role)
+            if len(values):
+                lines.append((f"{run.display} {role}", iterations, values))
+    if not lines:
+        return None
+    fig = Figure(figsize=_FIGSIZE, layout="constrained")
+    ax = fig.add_subplot()
+    smoothed = False
+    for (label, iterations, values), color in zip(lines, curve_colors(len(lines)), strict=True):
+        _draw(ax, iterations, values, color, label, smoothing)
+        smoothed |= smooths(len(values), smoothing)
+    note = f" (moving average over {smoothing} iterations)" if smoothed else ""
+    ax.set(xlabel="iteration", ylabel=metric, title=title + note)
+    _finish_axes(fig, ax)
+    return fig
 
 
 def plot_reward_vs_kl(curves: Sequence[Curve], colors: Sequence[Color], path: Path) -> bool:
@@ -87,7 +164,7 @@ def plot_reward_vs_kl(curves: Sequence[Curve], colors: Sequence[Color], path: Pa
         return False
     ax.set(xlabel="KL to reference", ylabel="task reward", title="Task reward vs KL (★ = final iteration)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
     fig.savefig(path, dpi=_DPI)
     return True
 
@@ -109,8 +186,9 @@ def plot_collapse(curves: Sequence[Curve], colors: Sequence[Color], path: Path) 
         return False
     top.set(ylabel="distinct-2", title="Collapse indicators of the logged training samples")
     bottom.set(xlabel="iteration", ylabel="repeated-token fraction")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-    top.legend()
+    fig.legend(*top.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
     fig.savefig(path, dpi=_DPI)
     return True

@@ -14,6 +14,8 @@ A run directory holds:
   and model.
 - ``samples.jsonl`` (optional): ``{"iteration", "learner", "role", "query", "prompt", "response",
   "task_reward"}``, a few training dialogues per iteration.
+- ``config.yaml`` (optional): the run's config, read only to tell whether the queries of ``eval_samples.jsonl`` were
+  held out (:func:`eval_queries_of`).
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from marllm.run.run_dir import RunState, run_state
 from marllm.utils.jsonl import read_jsonl
 
 RUN_FILE = "run.json"
+CONFIG_FILE = "config.yaml"
+HELD_OUT = "held-out"
+TRAINING = "training"
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval_samples.jsonl"
 SAMPLES_FILE = "samples.jsonl"
@@ -58,6 +64,9 @@ class Run:
     tag: str = ""
     status: str = "finished"
     planned_iterations: int | None = None
+    eval_queries: str = HELD_OUT
+    """What the queries of ``eval_samples`` are: ``held-out`` ones, or the ``training`` queries of a task without
+    evaluation rows (``eval_split: null``)."""
 
     @property
     def label(self) -> str:
@@ -190,7 +199,22 @@ def load_run(run_dir: Path | str) -> Run:
         kl_metric=kl_metric,
         status=state.status,
         planned_iterations=state.planned,
+        eval_queries=eval_queries_of(run_dir / CONFIG_FILE),
     )
+
+
+def eval_queries_of(config_path: Path) -> str:
+    """``training`` when the run's config (its ``task`` section) evaluates on the training queries: no
+    ``eval_dataset``, and an ``eval_split`` that is null or the training ``split``; else (or without a readable
+    config) ``held-out``."""
+    try:
+        config = yaml.safe_load(config_path.read_text(encoding="utf-8")) if config_path.is_file() else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return HELD_OUT
+    task = config.get("task") if isinstance(config, dict) else None
+    if not isinstance(task, dict) or "eval_split" not in task or task.get("eval_dataset") is not None:
+        return HELD_OUT
+    return TRAINING if task["eval_split"] is None or task["eval_split"] == task.get("split") else HELD_OUT
 
 
 def load_runs(run_dirs: Sequence[Path | str]) -> list[Run]:

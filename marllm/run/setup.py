@@ -27,8 +27,8 @@ class Setup:
     config: TrainConfig
     env: AECEnv
     learners: dict[str, Learner]
-    """Every player with a state, by id: the learners, then (a game's) the fixed opponents; what a checkpoint saves
-    and the run exports to ``checkpoints/``."""
+    """Every player with a state, by id: the learners, then (a game's) the fixed opponents; what a checkpoint
+    saves."""
     task: TaskParts | None
     """The text task; None for a game."""
     reference: Any
@@ -40,6 +40,11 @@ class Setup:
     whose ids are the text env's agents."""
     metrics_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     """Adds what the env measured to an iteration's metrics (a game's per-seat results); None: nothing."""
+
+    @property
+    def trained_learners(self) -> dict[str, Learner]:
+        """The learners that train (``config.learner_ids``), what the run exports to ``checkpoints/``."""
+        return {learner_id: self.learners[learner_id] for learner_id in self.config.learner_ids}
 
     @property
     def players(self) -> dict[str, Any]:
@@ -82,7 +87,8 @@ def build(config: TrainConfig, data_parallel: DataParallel | None = None) -> Set
 
     The model, reward model and dataset references are checked first, before anything loads. ``data_parallel``:
     this process's rank of a data-parallel run (:mod:`marllm.parallel.distributed`), which plays its slice of each
-    batch.
+    batch. A config with a ``game`` section plays the game instead of the text env, with no task
+    (:func:`marllm.run.games.build_game_setup`).
     """
     config.check_references()
     torch.manual_seed(config.seed)

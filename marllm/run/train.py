@@ -356,7 +356,7 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
     if not run.writes and not setup.sharded:
         return
     if config.logging.save_checkpoint:
-        for learner_id, learner in setup.learners.items():
+        for learner_id, learner in setup.trained_learners.items():  # a game's fixed opponents have no policy
             learner.save(run_dir / EXPORT_DIR / learner_id)
     if config.logging.eval_queries > 0 and setup.task is not None:  # a game is evaluated by marllm eval
         run.result.eval_rows = evaluate_alone(

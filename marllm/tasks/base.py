@@ -6,10 +6,10 @@ errors name the line, see :func:`load_local_file`) or rows built in memory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import datasets
 from datasets.exceptions import DatasetGenerationError
@@ -26,14 +26,49 @@ class TaskParts:
     Attributes:
         dataset: training rows, each with a ``query`` field.
         templates: default prompt template per role name (used when the config gives none).
-        reward_fn: ``reward_fn(samples, responses) -> one float per sample``.
-        eval_dataset: rows for evaluating agents deployed alone (defaults to ``dataset``).
+        reward_fn: ``reward_fn(samples, responses) -> one float per sample``, a role-aware reward (a parameter named
+            ``context``) or a mapping role -> reward (see :mod:`marllm.envs.reward_context`).
+        eval_dataset: rows for evaluating agents (held out from training); None: they are evaluated on ``dataset``.
     """
 
     dataset: Any
     templates: dict[str, str]
-    reward_fn: RewardFn
+    reward_fn: RewardFn | Mapping[str, RewardFn]
     eval_dataset: Any = None
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What a task configuration (the ``task`` section, built into a dataclass) must offer; the tasks of
+    :data:`marllm.tasks.TASKS` do, and so may a user's own class, named in a config as ``task.name: module:Class``
+    or ``task.name: file.py:Class``.
+
+    Attributes:
+        name: the ``task.name`` it was built from (a custom class needs a ``name: str`` field, which receives the
+            reference, so that the config is written back as it was read).
+
+    A task may also say ``binary_reward = True`` (its reward is 0 or 1, so pass@k applies); the training-end pass@k
+    (``logging.pass_at_k``) also needs ``load_split(split)`` and ``reward(device)``, and an ``eval_split``.
+    """
+
+    name: str
+
+    def build(self, tokenizer: Any, seed: int, device: str = "auto") -> TaskParts:
+        """The training rows (each with a ``query``), default templates, the reward and the evaluation rows."""
+        ...
+
+    def default_templates(self) -> dict[str, str]:
+        """A prompt template per role name, used where the config's ``env.templates`` gives none."""
+        ...
+
+    def check_references(self) -> None:
+        """Raise ``ConfigError`` if a file or hub id it names is missing (called before anything loads)."""
+        ...
+
+
+def has_binary_reward(task: Any) -> bool:
+    """Whether the task declares a 0/1 reward (``binary_reward``), so that pass@k applies."""
+    return getattr(task, "binary_reward", False) is True
 
 
 def local_file(source: str) -> Path | None:

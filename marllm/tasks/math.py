@@ -8,7 +8,7 @@ ground truth, else 0 (so pass@k applies).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import datasets
 from transformers import PreTrainedTokenizerBase
@@ -49,6 +49,8 @@ class MathTask:
     train_seed: int = 1001
     eval_seed: int = 2002
     stop_strings: list[str] = field(default_factory=list)
+    binary_reward: ClassVar[bool] = True
+    """The reward is 1 for the right answer and 0 otherwise: pass@k applies."""
 
     def __post_init__(self) -> None:
         for key in ("num_problems", "eval_problems"):

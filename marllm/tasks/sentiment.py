@@ -3,13 +3,17 @@
 Query: the first 2–8 tokens (policy tokenizer) of a review. Pioneer prompt: the query. Observer prompt:
 ``I can make this sentence "<query + pioneer response>" more positive: <query>``. Reward: the positive-class logit
 of a sentiment classifier on query + response.
+
+Every review (of any dataset, a local file included) is cut to its opening, and reviews shorter than
+``min_text_chars`` are dropped: that is the paper's recipe, not a way to use prompts of one's own. Prompts used as
+written are the plain text task's (:mod:`marllm.tasks.text`, ``task.name: text``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import datasets
 import numpy as np
@@ -28,13 +32,15 @@ OBSERVER_TEMPLATE = 'I can make this sentence "{query}{pioneer}" more positive: 
 
 @dataclass
 class SentimentTask:
-    """Configuration of the sentiment task.
+    """Configuration of the sentiment task: the opening (``query_min_tokens`` to ``query_max_tokens`` tokens) of each
+    review of at least ``min_text_chars`` characters; the rest of the review is dropped.
 
     Attributes:
         dataset: hub id (``imdb``), local file, or ``marllm:offline-reviews`` (the embedded offline corpus).
         split: training split; for the offline corpus ``heldout`` (reviews neither the base model nor the reward
             model trained on) or ``train``.
-        eval_split: split whose queries evaluate agents deployed alone (None: the training split).
+        eval_split: split whose queries evaluate agents deployed alone (None: the training split's queries, which
+            the report then calls training queries).
         text_column: column holding the review.
         min_text_chars: reviews shorter than this are dropped (as in the paper's setup, 200).
         max_samples: keep at most this many reviews (None: all).
@@ -57,6 +63,8 @@ class SentimentTask:
     reward_model: str = "lvwerra/distilbert-imdb"
     positive_label: str = "POSITIVE"
     reward_batch_size: int = 64
+    binary_reward: ClassVar[bool] = False
+    """The reward is a classifier's logit, not 0/1: pass@k does not apply."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.query_min_tokens <= self.query_max_tokens:

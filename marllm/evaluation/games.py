@@ -1,0 +1,320 @@
+"""Models at a game: win, draw, loss and illegal-move rates against fixed opponents, in each seat, with 95% intervals.
+
+A model is the base model or a saved learner (``RUN_DIR/checkpoints/LEARNER``), as ``marllm eval`` loads them
+(:func:`~marllm.evaluation.deployed.load_deployed_model`); it answers the config's game prompts with the config's
+generation settings and the full ``max_new_tokens`` budget. Each (model, opponent, seat) plays ``games`` games of the
+config's game, parser and illegal-answer policy, dealt from the same seeds for every model (so models are compared on
+the same deals). The opponents are ``random``, ``minimax`` (tic-tac-toe), ``mcts`` and ``self`` (the model in every
+seat).
+
+Rates are per game (win, draw, loss) or per answer (illegal moves), with Wilson score 95% intervals; the mean payoff
+has a Student-t 95% interval over games (:mod:`marllm.utils.statistics`). Where the game's view names a cooperative
+move (a symmetric social dilemma: the prisoner's dilemma's Cooperate, see
+:meth:`~marllm.envs.games.GameView.cooperative_move`), the cooperation rate is the fraction of the model's legal
+answers that chose it. Answers within one game are not independent: the per-answer intervals are narrower than a
+per-game analysis would give.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from marllm.config import TrainConfig
+from marllm.config.game import GameConfig
+from marllm.envs.games import BatchedGameEnv
+from marllm.envs.games.catalog import TIC_TAC_TOE, game_factory
+from marllm.envs.games.keys import OUTCOMES, PAYOFFS, PROMPT
+from marllm.evaluation.deployed import load_deployed_model
+from marllm.loop import play_episode
+from marllm.models.generation import generate_responses
+from marllm.models.policy import context_length
+from marllm.players import RandomMover, TicTacToeMinimax
+from marllm.players.fixed import FixedPlayer
+from marllm.utils.statistics import estimate
+
+Z_95 = 1.959963984540054
+"""The standard normal's 0.975 quantile."""
+
+SELF = "self"
+"""The opponent that is the model itself, in every other seat."""
+
+OPPONENTS = ("random", "minimax", "mcts", SELF)
+"""The opponents :func:`evaluate_game` knows."""
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A proportion ``successes / n`` with its Wilson score 95% interval (None bounds when ``n`` is 0)."""
+
+    rate: float | None
+    low: float | None
+    high: float | None
+    n: int
+
+    def as_dict(self, prefix: str) -> dict[str, float | int | None]:
+        return {prefix: self.rate, f"{prefix}_low": self.low, f"{prefix}_high": self.high, f"{prefix}_n": self.n}
+
+    def text(self) -> str:
+        if self.rate is None:
+            return "-"
+        return f"{self.rate:.2f} [{self.low:.2f}, {self.high:.2f}]"
+
+
+def wilson(successes: int, n: int, z: float = Z_95) -> Rate:
+    """The Wilson score interval of a proportion: (p̂ + z²/2n ± z·√(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n)."""
+    if n == 0:
+        return Rate(None, None, None, 0)
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be in [0, n], got {successes} of {n}")
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact at the ends (no rounding error)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return Rate(p, low, high, n)
+
+
+@dataclass
+class GameEvalRow:
+    """One model against one opponent in one seat, over ``games`` games."""
+
+    model: str
+    opponent: str
+    seat: str
+    games: int
+    win: Rate
+    draw: Rate
+    loss: Rate
+    illegal: Rate
+    """Over the model's answers (each answer is one move)."""
+    payoff: dict[str, float | int | None]
+    """The mean payoff per game with its t interval (:meth:`~marllm.utils.statistics.Estimate.as_dict`)."""
+    cooperation: Rate | None
+    """Over the model's legal answers, where the game has a cooperative move; else None."""
+
+    def to_dict(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"model": self.model, "opponent": self.opponent, "seat": self.seat, "games": self.games}
+        for name, rate in (("win_rate", self.win), ("draw_rate", self.draw), ("loss_rate", self.loss)):
+            row.update(rate.as_dict(name))
+        row.update(self.illegal.as_dict("illegal_move_rate"))
+        row.update({f"payoff_{key}" if key != "mean" else "payoff": value for key, value in self.payoff.items()})
+        row.update(self.cooperation.as_dict("cooperation_rate") if self.cooperation is not None else {})
+        return row
+
+
+@dataclass
+class GameEvalResult:
+    """Every (model, opponent, seat) row of an evaluation of ``game``."""
+
+    game: str
+    seats: list[str]
+    rows: list[GameEvalRow] = field(default_factory=list)
+
+    def row(self, model: str, opponent: str, seat: str) -> GameEvalRow:
+        for row in self.rows:
+            if (row.model, row.opponent, row.seat) == (model, opponent, seat):
+                return row
+        raise KeyError(f"no row for model {model!r}, opponent {opponent!r}, seat {seat!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"game": self.game, "seats": self.seats, "rows": [row.to_dict() for row in self.rows]}
+
+    def to_markdown(self) -> str:
+        """One table: a row per model, opponent and seat; rates with their 95% intervals."""
+        cooperation = any(row.cooperation is not None for row in self.rows)
+        header = ["model", "opponent", "seat", "games", "win", "draw", "loss", "illegal moves", "payoff"]
+        header += ["cooperation"] if cooperation else []
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for row in self.rows:
+            payoff = row.payoff
+            interval = f" [{payoff['ci_low']:.2f}, {payoff['ci_high']:.2f}]" if payoff["ci_low"] is not None else ""
+            cells = [row.model, row.opponent, row.seat, str(row.games), row.win.text(), row.draw.text()]
+            cells += [row.loss.text(), row.illegal.text(), f"{payoff['mean']:.2f}{interval}"]
+            if cooperation:
+                cells.append(row.cooperation.text() if row.cooperation is not None else "-")
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+
+class ModelPlayer(FixedPlayer):
+    """A model answering a game's prompts with ``generation``'s settings and its full ``max_new_tokens`` budget."""
+
+    def __init__(self, name: str, model: Any, tokenizer: Any, generation: Any):
+        super().__init__(name)
+        self.model, self.tokenizer, self.generation = model, tokenizer, generation
+
+    def answer(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
+        prompts = tuple(observation[PROMPT])
+        if not prompts:
+            return ()
+        with torch.no_grad():
+            generated = generate_responses(
+                self.model,
+                self.tokenizer,
+                prompts,
+                self.generation.max_new_tokens,
+                self.generation,
+                context_length(self.model),
+                self.name,
+            )
+        return tuple(generated.texts)
+
+
+def default_opponents(game: GameConfig) -> list[str]:
+    """``random``, ``minimax`` for tic-tac-toe, and ``self`` for a game with a cooperative move (a social
+    dilemma, where how a model plays itself is the question)."""
+    opponents = ["random"] + (["minimax"] if game.name in TIC_TAC_TOE else [])
+    return opponents + ([SELF] if _has_cooperative_move(game) else [])
+
+
+def _has_cooperative_move(game: GameConfig) -> bool:
+    environment = BatchedGameEnv(game_factory(game.name, game.options), 1, templates=game.templates)
+    environment.reset(seed=0)
+    first = environment.possible_agents[0]
+    try:
+        return environment.view.cooperative_move(environment.games[0], first) is not None
+    finally:
+        environment.close()
+
+
+def check_opponents(game: GameConfig, opponents: Sequence[str]) -> None:
+    """Raise ``ValueError`` naming an opponent that is unknown or does not play ``game``."""
+    for opponent in opponents:
+        if opponent not in OPPONENTS:
+            raise ValueError(f"unknown opponent {opponent!r}; the opponents are {list(OPPONENTS)}")
+        if opponent == "minimax" and game.name not in TIC_TAC_TOE:
+            raise ValueError(f"minimax plays tic-tac-toe only ({' or '.join(TIC_TAC_TOE)}), not {game.name}")
+        if opponent == "mcts" and not game.info.sequential_perfect_information:
+            raise ValueError(f"mcts plays turn-taking games of perfect information; {game.name} is not one")
+
+
+def make_eval_opponent(game: GameConfig, opponent: str, seed: int) -> FixedPlayer:
+    """A fresh fixed opponent (not ``self``), seeded."""
+    if opponent == "random":
+        return RandomMover("random", seed=seed)
+    if opponent == "minimax":
+        return TicTacToeMinimax("minimax", seed=seed)
+    if opponent == "mcts":
+        from marllm.players.mcts import MCTSPlayer
+
+        return MCTSPlayer(game.info.mcts_game(), "mcts", simulations=game.mcts_simulations, seed=seed)
+    raise ValueError(f"unknown opponent {opponent!r}; the opponents are {list(OPPONENTS)}")
+
+
+def evaluate_game(
+    config: TrainConfig,
+    checkpoints: Sequence[str] = ("base",),
+    opponents: Sequence[str] | None = None,
+    games: int = 100,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> GameEvalResult:
+    """Each model of ``checkpoints`` against each opponent, in each seat of the config's game.
+
+    Args:
+        config: a config with a ``game`` section (its game, options, templates, parser, illegal-answer policy), model
+            and generation settings.
+        checkpoints: ``base`` or ``RUN_DIR/checkpoints/LEARNER`` directories.
+        opponents: from :data:`OPPONENTS`; None: :func:`default_opponents`.
+        games: games per model, opponent and seat.
+        batch_size: games played at once (one batched generation per move).
+        seed: deals the games (the same for every model) and seeds the opponents and the sampling.
+
+    Returns:
+        A row per model, opponent and seat (for ``self``, the model's results in each seat against itself).
+
+    Raises:
+        ValueError: the config has no game section, an opponent does not play the game, or a count is below 1.
+    """
+    game = config.game
+    if game is None:
+        raise ValueError("evaluate_game needs a config with a game section")
+    if games < 1 or batch_size < 1:
+        raise ValueError(f"games and batch_size must be >= 1, got {games} and {batch_size}")
+    opponents = list(default_opponents(game) if opponents is None else opponents)
+    check_opponents(game, opponents)
+    seats = list(game.info.seats)
+    result = GameEvalResult(game.name, seats)
+    for checkpoint in checkpoints:
+        model, label, tokenizer = load_deployed_model(config, checkpoint)
+        model.eval()
+        player = ModelPlayer(label, model, tokenizer, config.generation)
+        for opponent in opponents:
+            for seat in seats:
+                result.rows.append(_play(config, player, opponent, seat, games, batch_size, seed))
+        del model
+    return result
+
+
+def _play(
+    config: TrainConfig, player: ModelPlayer, opponent: str, seat: str, games: int, batch_size: int, seed: int
+) -> GameEvalRow:
+    """``games`` games of ``player`` in ``seat`` against ``opponent`` in the others."""
+    game = config.game
+    assert game is not None
+    torch.manual_seed(seed)
+    factory = game_factory(game.name, game.options)
+    payoffs, outcomes, answers, illegal, cooperative, legal = [], [], 0, 0, 0, 0
+    has_cooperation = False
+    for start in range(0, games, batch_size):
+        count = min(batch_size, games - start)
+        environment = BatchedGameEnv(
+            factory,
+            count,
+            templates=game.templates,
+            parser=game.parser,
+            illegal=game.illegal,
+            discount=game.discount,
+            illegal_penalty=game.illegal_penalty,
+            seed=seed + start,
+        )
+        other = player if opponent == SELF else make_eval_opponent(game, opponent, seed + start)
+        players = {s: (player if s == seat else other) for s in environment.possible_agents}
+        episode = play_episode(environment, players, seed=seed + start)
+        payoffs.append(np.asarray(episode.final_infos[seat][PAYOFFS], dtype=np.float64))
+        outcomes.append(np.asarray(episode.final_infos[seat][OUTCOMES]))
+        answers += sum(record.answers[seat] for record in environment.records)
+        illegal += sum(record.illegal[seat] for record in environment.records)
+        for b, (moves, flags) in enumerate(_seat_answers(environment, seat)):
+            target = environment.view.cooperative_move(environment.games[b], seat)
+            if target is None:
+                continue
+            has_cooperation = True
+            chosen = [move.action for move, was_illegal in zip(moves, flags, strict=False) if not was_illegal]
+            legal += len(chosen)
+            cooperative += sum(action == target for action in chosen)
+        for fixed in {id(p): p for p in players.values()}.values():
+            fixed.update()  # drop the rewards it was credited (fixed players keep them for a metric)
+        environment.close()
+    outcome = np.concatenate(outcomes)
+    return GameEvalRow(
+        model=player.name,
+        opponent=opponent,
+        seat=seat,
+        games=len(outcome),
+        win=wilson(int(np.sum(outcome == 1)), len(outcome)),
+        draw=wilson(int(np.sum(outcome == 0)), len(outcome)),
+        loss=wilson(int(np.sum(outcome == -1)), len(outcome)),
+        illegal=wilson(illegal, answers),
+        payoff=estimate(np.concatenate(payoffs)).as_dict(),
+        cooperation=wilson(cooperative, legal) if has_cooperation else None,
+    )
+
+
+def _seat_answers(environment: BatchedGameEnv, seat: str) -> list[tuple[list[Any], list[bool]]]:
+    """Per game, the seat's moves applied and whether each of its answers was illegal, in order (a forfeiting answer
+    is the last and has no move; with ``illegal="random"`` an illegal answer's move is the random one)."""
+    flags: list[list[bool]] = [[] for _ in environment.records]
+    for turn in environment.turns:
+        if turn.seat == seat:
+            for game, was_illegal in zip(turn.games, turn.illegal, strict=True):
+                flags[int(game)].append(bool(was_illegal))
+    moves = [[move for move in record.moves if move.seat == seat] for record in environment.records]
+    return list(zip(moves, flags, strict=True))

@@ -1,0 +1,222 @@
+"""A game run built from a config's ``game`` section: the batched game env, its wrappers, and who sits where.
+
+The env is :class:`~marllm.envs.games.BatchedGameEnv` over the game, wrapped like the text env: by
+:class:`~marllm.wrappers.SharedReward` over the game's seats when ``agents.reward_coefficients`` is set, then by
+:class:`~marllm.wrappers.RolePermutation`, whose agents are the *slots* of ``game.seats``: slot i starts in seat i and
+moves on to the next seat every ``agents.role_period`` iterations (never when it is null). A slot's id is its player's:
+the learner id, or ``random``, ``minimax``, ``mcts``, ``pool-<learner>``; a player named in several seats has its
+later slots numbered, ``llm#2``. One learner in several slots (self-play) is one learner, updated once per iteration
+on the moves of all of them; with ``game.role_baselines`` it sits behind :func:`~marllm.players.share_learner`.
+
+After each iteration :func:`game_metrics` adds what the env measured of each learner's games:
+``<learner>/game/<seat>/<metric>`` per seat it played and ``<learner>/game/<metric>`` over them (see
+:data:`AGGREGATED`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pettingzoo import AECEnv
+
+from marllm.algorithms.role_baselines import RoleBaselines
+from marllm.config import TrainConfig
+from marllm.config.game import Seat
+from marllm.envs.games import BatchedGameEnv
+from marllm.envs.games.catalog import game_factory
+from marllm.parallel.distributed import reseed_sampling
+from marllm.players import OpponentPool, RandomMover, TicTacToeMinimax, share_learner
+from marllm.run.learners import learners_from_config
+from marllm.run.setup import Setup
+from marllm.wrappers import RolePermutation, SharedReward
+
+OPPONENT_SEED_OFFSET = 10_000
+"""A fixed opponent in seat i draws its moves from ``seed + OPPONENT_SEED_OFFSET + i``."""
+
+
+def seat_slots(seats: Sequence[Seat]) -> list[str]:
+    """The agent id of each seat's slot: its player's id, numbered ``#2``, ``#3`` from its second seat on."""
+    counts: Counter[str] = Counter()
+    slots = []
+    for seat in seats:
+        counts[seat.player_id] += 1
+        n = counts[seat.player_id]
+        slots.append(seat.player_id if n == 1 else f"{seat.player_id}#{n}")
+    return slots
+
+
+def build_game_env(config: TrainConfig) -> AECEnv:
+    """The batched game of ``config``, wrapped by SharedReward (if rewards are shared) and RolePermutation."""
+    game = config.game
+    if game is None:
+        raise ValueError("build_game_env needs a config with a game section")
+    env: AECEnv = BatchedGameEnv(
+        game_factory(game.name, game.options),
+        game.batch_size,
+        templates=game.templates,
+        parser=game.parser,
+        illegal=game.illegal,
+        discount=game.discount,
+        illegal_penalty=game.illegal_penalty,
+        seed=config.seed,
+    )
+    coefficients = config.coefficient_matrix()
+    if coefficients is not None:
+        env = SharedReward(env, coefficients)
+    return RolePermutation(env, config.agents.role_period, seat_slots(game.parsed_seats()))
+
+
+def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping[str, Any]) -> Any:
+    """The fixed player of a seat that is not a learner (``index``: the seat's position, which seeds it)."""
+    game = config.game
+    assert game is not None
+    seed = config.seed + OPPONENT_SEED_OFFSET + index
+    if seat.kind == "random":
+        return RandomMover(seat.player_id, seed=seed)
+    if seat.kind == "minimax":
+        return TicTacToeMinimax(seat.player_id, seed=seed)
+    if seat.kind == "mcts":
+        from marllm.players.mcts import MCTSPlayer
+
+        return MCTSPlayer(game.info.mcts_game(), seat.player_id, simulations=game.mcts_simulations, seed=seed)
+    if seat.kind == "snapshot_pool":
+        learner = learners[seat.learner]
+        return OpponentPool(learner, size=game.pool_size, every=game.pool_every, name=seat.player_id, seed=seed)
+    raise ValueError(f"seat {seat.spec!r} is a learner, not a fixed opponent")
+
+
+class WithBaselines:
+    """A learner as a checkpoint sees it when it trains on role-conditioned advantages: its own state, plus the
+    running baselines (:class:`~marllm.algorithms.role_baselines.RoleBaselines`) its seats subtract, so that a resumed
+    run goes on with them. Everything else is the learner's."""
+
+    def __init__(self, learner: Any, baselines: RoleBaselines):
+        self.learner = learner
+        self.baselines = baselines
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "learner":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.learner, name)
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        tensors, meta = self.learner.state_dict()
+        values = [[*key, value] for key, value in self.baselines.values.items()]  # keys: (game, role)
+        return tensors, {**meta, "role_baselines": values}
+
+    def load_state_dict(self, tensors: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+        own = dict(meta)
+        values = own.pop("role_baselines", [])
+        self.learner.load_state_dict(tensors, own)
+        self.baselines.values = {(game, role): float(value) for game, role, value in values}
+
+
+def seat_players(config: TrainConfig, learners: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(players by slot, fixed opponents by id)``: the loop's mapping (the learners' slots first, so that a
+    snapshot pool, updated after its learner, snapshots the updated weights) and the opponents, one per id.
+
+    With ``game.role_baselines``, each learner of ``learners`` is replaced by a :class:`WithBaselines` of itself (what
+    a checkpoint saves)."""
+    game = config.game
+    assert game is not None
+    seats = game.parsed_seats()
+    slots = seat_slots(seats)
+    opponents: dict[str, Any] = {}
+    for index, seat in enumerate(seats):
+        if seat.kind != "learner" and seat.player_id not in opponents:
+            opponents[seat.player_id] = make_opponent(config, seat, index, learners)
+    players: dict[str, Any] = {}
+    for learner_id in game.learner_ids:
+        own = [
+            slot
+            for slot, seat in zip(slots, seats, strict=True)
+            if seat.kind == "learner" and seat.learner == learner_id
+        ]
+        if game.role_baselines is not None:
+            baselines = RoleBaselines(game.role_baselines)
+            players.update(share_learner(learners[learner_id], own, baselines, game.name))
+            learners[learner_id] = WithBaselines(learners[learner_id], baselines)
+        else:
+            players.update(dict.fromkeys(own, learners[learner_id]))
+    for slot, seat in zip(slots, seats, strict=True):
+        if seat.kind != "learner":
+            players[slot] = opponents[seat.player_id]
+    return players, opponents
+
+
+AGGREGATED = ("payoff", "win_rate", "draw_rate", "loss_rate", "forfeit_rate", "moves_per_game", "game_length")
+"""The metrics ``<learner>/game/<metric>`` averages over the seats the learner played this iteration (each seat's
+games counting once); its ``illegal_move_rate`` is over all its answers."""
+
+
+def game_metrics(
+    env: AECEnv, slots: Sequence[str], owners: Mapping[str, str], metrics: dict[str, Any]
+) -> dict[str, Any]:
+    """``metrics`` with the learners' game results of the episode just played added (see the module docstring).
+
+    Args:
+        env: the wrapped env of :func:`build_game_env`, after an episode.
+        slots: the env's agent ids.
+        owners: slot -> learner id, for the learners' slots.
+        metrics: the iteration's metrics (:func:`~marllm.loop.run_iteration`'s), keyed by agent id: a learner whose
+            first slot did not move reports under a later one, which is moved to the learner's id here.
+    """
+    game_env = env.unwrapped
+    role_of = env.role_of if isinstance(env, RolePermutation) else {slot: slot for slot in slots}
+    merged = dict(metrics)
+    for slot, learner_id in owners.items():
+        if slot == learner_id:
+            continue
+        for key in [k for k in merged if k.startswith(f"{slot}/") and k != f"{slot}/role"]:
+            merged.setdefault(f"{learner_id}/{key[len(slot) + 1 :]}", merged.pop(key))
+    by_learner: dict[str, list[dict[str, float]]] = {}
+    for slot in slots:
+        if slot not in owners:
+            continue
+        seat = role_of[slot]
+        seat_metrics = game_env.final_metrics.get(seat)
+        if seat_metrics is None:  # the episode has not ended
+            continue
+        learner_id = owners[slot]
+        by_learner.setdefault(learner_id, []).append(seat_metrics)
+        for key, value in seat_metrics.items():
+            merged[f"{learner_id}/game/{seat}/{key}"] = float(value)
+    for learner_id, seats in by_learner.items():
+        for key in AGGREGATED:
+            merged[f"{learner_id}/game/{key}"] = float(sum(m[key] for m in seats) / len(seats))
+        answers = [m["moves_per_game"] for m in seats]  # per game; every seat plays the batch's games
+        illegal = sum(m["illegal_move_rate"] * n for m, n in zip(seats, answers, strict=True))
+        merged[f"{learner_id}/game/illegal_move_rate"] = float(illegal / sum(answers)) if sum(answers) else 0.0
+    return merged
+
+
+def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
+    """The :class:`~marllm.run.setup.Setup` of a game config (``config.game``): the learners its seats name (and
+    their reference), the fixed opponents, the wrapped env and the per-seat metrics."""
+    game = config.game
+    assert game is not None
+    env = build_game_env(config)
+    learners, reference = learners_from_config(config, tokenizer)
+    players, opponents = seat_players(config, learners)
+    reseed_sampling(config.seed, None)
+    slots = seat_slots(game.parsed_seats())
+    owners = {
+        slot: seat.learner for slot, seat in zip(slots, game.parsed_seats(), strict=True) if seat.kind == "learner"
+    }
+    devices = {str(next(learner.model.parameters()).device) for learner in learners.values()}
+    pools = any(isinstance(player, OpponentPool) for player in opponents.values())  # a snapshot waits for its learner
+    concurrent = config.model.lora is None and len(devices) == len(learners) > 1 and not pools
+    return Setup(
+        config,
+        env,
+        {**learners, **opponents},
+        None,
+        reference,
+        tokenizer,
+        concurrent,
+        seat_players=players,
+        metrics_hook=functools.partial(game_metrics, env, slots, owners),
+    )
