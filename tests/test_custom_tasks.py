@@ -119,7 +119,7 @@ def test_a_reward_by_module_path(project, tiny_lm_dir, monkeypatch):
     ("reward", "message"),
     [
         ("no_such_package.rewards:haggle", "no module named 'no_such_package.rewards' can be imported"),
-        ("rewards.py:missing", r"rewards.py has no 'missing' \(it defines: NOT_CALLABLE, haggle, length, one_argument\)"),
+        ("rewards.py:missing", r"rewards.py has no 'missing' \(it defines: NOT_CALLABLE, haggle, length, one_arg"),
         ("gone.py:haggle", "gone.py' does not exist"),
         ("rewards.py:one_argument", r"one_argument\(samples\) cannot be called as \(samples, responses\)"),
         ("rewards.py:NOT_CALLABLE", "must be callable"),
@@ -229,3 +229,14 @@ def test_pass_at_k_follows_what_the_task_declares_not_its_name(project, tiny_lm_
     with pytest.raises(ValueError, match="does not declare one"):
         check_pass_at_k_request(plain, [1], 1)
 
+
+
+def test_a_study_finds_the_reward_beside_its_base_config(project, tiny_lm_dir, monkeypatch, tmp_path_factory):
+    from marllm.studies.spec import load_study
+
+    write_config(project, text_config(project, tiny_lm_dir, reward="rewards.py:length"), "base.yaml")
+    studies = tmp_path_factory.mktemp("studies")
+    (studies / "study.yaml").write_text(yaml.safe_dump({"name": "s", "base": str(project / "base.yaml"), "seeds": [0]}))
+    monkeypatch.chdir(studies)
+    (run,) = load_study(studies / "study.yaml").runs()
+    assert run.config.task.reward == f"{project / 'rewards.py'}:length"

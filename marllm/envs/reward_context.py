@@ -14,6 +14,10 @@ The form is read off the signature (:func:`wants_context`) when the env is built
 a callable that fits neither, naming its signature. Rewards are scored once the episode is over, so the context's
 ``dialogue`` holds every turn of the episode, the ones after the scored turn included; ``earlier`` holds what the
 scored turn's prompt could see.
+
+An agent deployed alone (the end-of-run samples of a training run, pass@k) answers the first role's prompt with no
+partner: its answers are scored with a one-turn context (:func:`alone_context`: ``turns`` is the first role alone),
+so a role-aware reward should not count on the other roles having spoken.
 """
 
 from __future__ import annotations
@@ -93,7 +97,10 @@ class RewardContext:
     def responses_of(self, role: str) -> list[tuple[str, ...]]:
         """The responses of each turn ``role`` spoke in the episode, in order."""
         if role not in self.turns:
-            raise KeyError(f"role {role!r} does not speak in this episode; its turns are {list(self.turns)}")
+            raise KeyError(
+            f"role {role!r} does not speak in this episode; its turns are {list(self.turns)} (an agent deployed "
+            "alone is scored with its own turn only)"
+        )
         return [texts for speaker, texts in zip(self.turns, self.dialogue, strict=False) if speaker == role]
 
     def last(self, role: str) -> tuple[str, ...]:

@@ -365,7 +365,9 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
         if run.writes:
             write_atomic(run_dir / EVAL_FILE, "".join(json.dumps(row) + "\n" for row in run.result.eval_rows))
     if config.logging.pass_at_k is not None:
-        results = evaluate_pass_at_k_alone(config, setup.learners, progress=config.logging.progress and run.writes)
+        results = evaluate_pass_at_k_alone(
+            config, setup.learners, progress=config.logging.progress and run.writes, task=setup.task
+        )
         if run.writes:
             write_atomic(run_dir / PASS_AT_K_FILE, json.dumps(results, indent=2))
     if run.writes:

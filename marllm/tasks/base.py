@@ -47,8 +47,8 @@ class Task(Protocol):
         name: the ``task.name`` it was built from (a custom class needs a ``name: str`` field, which receives the
             reference, so that the config is written back as it was read).
 
-    A task may also say ``binary_reward = True`` (its reward is 0 or 1, so pass@k applies); the training-end pass@k
-    (``logging.pass_at_k``) also needs ``load_split(split)`` and ``reward(device)``, and an ``eval_split``.
+    A task may also say ``binary_reward = True`` (its reward is 0 or 1, so pass@k applies: on the built task's
+    ``eval_dataset``, else its ``dataset``, scored by its ``reward_fn``).
     """
 
     name: str
