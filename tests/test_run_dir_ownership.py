@@ -27,7 +27,8 @@ from marllm.run.run_dir import (
     remove_run_files,
 )
 from marllm.run.train import train
-from marllm.studies.execute import ERROR_FILE, run_one, run_study
+from marllm.studies.execute import run_one, run_study
+from marllm.studies.files import ERROR_FILE
 from marllm.studies.spec import study_from_dict
 from marllm.utils.files import LockHeldError, exclusive_lock
 from tests.test_durable_runs import SUBPROCESS_ENV, cory_data, lines

@@ -28,11 +28,8 @@ import yaml
 
 from marllm.config.loading import ConfigError
 from marllm.run.run_dir import DirectoryInUseError, hold_directory, hold_run_dir, read_run_info, write_atomic
+from marllm.studies.files import ERROR_FILE, EXPANSION_FILE, STUDY_FILE
 from marllm.studies.spec import Study, StudyRun
-
-STUDY_FILE = "study.yaml"
-EXPANSION_FILE = "study.json"
-ERROR_FILE = "error.txt"
 
 Action = Literal["skip", "resume", "start"]
 

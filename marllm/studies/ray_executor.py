@@ -39,9 +39,6 @@ from marllm.run.run_dir import (
     write_atomic,
 )
 from marllm.studies.execute import (
-    ERROR_FILE,
-    EXPANSION_FILE,
-    STUDY_FILE,
     Action,
     RunEvent,
     RunOutcome,
@@ -50,6 +47,7 @@ from marllm.studies.execute import (
     run_one,
     sigterm_interrupts,
 )
+from marllm.studies.files import ERROR_FILE, EXPANSION_FILE, STUDY_FILE
 from marllm.studies.spec import DEFAULT_RESOURCES, StudyRun
 
 RunFunction = Callable[[dict[str, Any], str, Action], RunOutcome]

@@ -40,15 +40,15 @@ from marllm.studies.aggregate import (
 )
 from marllm.studies.cells import MEAN, METRICS, ROLE_PREFIX, Cell, show
 from marllm.studies.figures import plot_axis, plot_curves, plot_reward_vs_kl
+from marllm.studies.files import EXPANSION_FILE
 
-STUDY_FILE = "study.json"
 REPORT_DIR = "report"
 
 
 def build_study_report(study_dir: Path, last_k: int = 5) -> Path:
     """Write ``study_dir/report/report.md`` with its figures and ``summary.json``; returns the markdown path."""
     study_dir = Path(study_dir)
-    study = json.loads((study_dir / STUDY_FILE).read_text(encoding="utf-8"))
+    study = json.loads((study_dir / EXPANSION_FILE).read_text(encoding="utf-8"))
     cells, excluded = _collect(study_dir, study)
     out = study_dir / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
