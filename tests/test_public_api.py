@@ -154,3 +154,11 @@ def test_readme_links_name_files_that_exist():
     assert relative, "the README links to no page of the docs"
     for target in relative:
         assert (ROOT / target).is_file(), f"the README links to {target}, which does not exist"
+
+
+def test_importing_the_config_loads_no_torch():
+    # The config layer checks names (devices, dtypes, LoRA, tasks) without torch, so that `marllm` commands that only
+    # read configs and runs stay light.
+    code = "import sys, marllm.config, marllm.studies.spec; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import datasets
 import numpy as np
-from transformers import PreTrainedTokenizerBase
 
 from marllm.assets import offline_assets, resolve_dataset
-from marllm.assets.offline.sentiment_classifier import VOCABULARY_FILE, SentimentClassifier
 from marllm.assets.references import check_dataset_reference, check_model_reference
-from marllm.rewards.sentiment import ClassifierReward, TextScoreReward
 from marllm.tasks.base import TaskParts, load_text_dataset, local_file
 from marllm.utils.data_formats import suffix_list
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from marllm.rewards.sentiment import TextScoreReward
 
 PIONEER_TEMPLATE = "{query}"
 OBSERVER_TEMPLATE = 'I can make this sentence "{query}{pioneer}" more positive: {query}'
@@ -138,6 +140,10 @@ class SentimentTask:
 
     def reward(self, device: str = "auto") -> TextScoreReward:
         """The classifier's positive logit on query + response."""
+        # Imported here: both load torch, which the config (it imports this task to check it) must not.
+        from marllm.assets.offline.sentiment_classifier import VOCABULARY_FILE, SentimentClassifier
+        from marllm.rewards.sentiment import ClassifierReward, TextScoreReward
+
         assets = offline_assets(self.reward_model, "offline-sentiment", "task.reward_model")
         directory = assets.reward_model_dir if assets is not None else Path(self.reward_model)
         if (directory / VOCABULARY_FILE).is_file():
