@@ -222,6 +222,8 @@ RPS = ["rock", "paper", "scissors"]
         ("2", RPS, 1, 1),  # the move's number in the prompt's list
         ("3 then 1", RPS, 2, 0),
         ("7", RPS, None, None),  # no such number
+        ("My move: 1.", RPS, 0, 0),  # a number ending a sentence
+        ("1.5 or 2.5", RPS, None, None),  # decimals are not move numbers
         ("column 3", ["1", "3", "7"], 1, 1),  # numeric names are names, not numbers in the list
         ("2", ["1", "3", "7"], None, None),
         ("x(0,0) then x(1,1)", ["x(0,0)", "x(1,1)"], 0, 1),

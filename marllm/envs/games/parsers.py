@@ -63,7 +63,8 @@ def _numbers(answer: str, moves: Sequence[str]) -> list[tuple[int, int]]:
     """(start, index) of every number k in ``answer`` with 1 <= k <= len(moves), if moves are numbered."""
     if not numbered(moves):
         return []
-    hits = [(m.start(), int(m.group())) for m in re.finditer(r"(?<![\w.])\d+(?![\w.])", answer)]
+    # A whole number, not part of a word or a decimal ("1." ending a sentence counts; "1.5" does not).
+    hits = [(m.start(), int(m.group())) for m in re.finditer(r"(?<![\w.])\d+(?!\w|\.\d)", answer)]
     return [(start, k - 1) for start, k in hits if 1 <= k <= len(moves)]
 
 
