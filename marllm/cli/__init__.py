@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from marllm.cli.arguments import positive_int as _positive_int
+from marllm.cli.evaluate import add_eval as _add_eval
 from marllm.cli.train import train_command
 from marllm.config.loading import ConfigError
 from marllm.run.interrupts import TrainingInterrupted
@@ -36,59 +38,6 @@ def _prepare(args: argparse.Namespace) -> int:
 
     assets = prepare(home=args.home, force=args.force, progress=True, corpus_source=args.source)
     print(f"offline assets ready in {assets.home}")
-    return 0
-
-
-def _eval(args: argparse.Namespace) -> int:
-    import json
-
-    from marllm.config import load_config
-
-    config = load_config(args.config, args.overrides)
-    if config.game is not None or args.games is not None or args.opponent is not None:
-        from marllm.cli.eval_game import eval_game
-
-        return eval_game(config, args)
-    if args.cross_play and (args.pass_k is not None or args.samples is not None):
-        raise ConfigError("--pass-k and --samples belong to pass@k; --cross-play scores one answer per query")
-    config.check_references()
-    if args.cross_play:
-        from marllm.evaluation.cross_play import cross_play_of_checkpoints
-
-        result = cross_play_of_checkpoints(
-            config, args.checkpoint or ["base"], args.limit, args.batch_size, config.seed
-        )
-        print(f"task reward over {result.num_queries} {result.queries} queries, mean (standard error); columns: the "
-              f"model answering, rows: its role and the partner that played the earlier roles")
-        print(result.to_markdown())
-        results: Any = result.to_dict()
-    elif args.pass_k is None and args.samples is None:
-        from marllm.evaluation.task_rewards import task_rewards_of_checkpoints
-
-        rewards = task_rewards_of_checkpoints(
-            config, args.checkpoint or ["base"], args.limit, args.batch_size, config.seed
-        )
-        print(rewards.describe())
-        print(rewards.to_markdown())
-        results = rewards.to_dict()
-    else:
-        from marllm.evaluation.deployed import evaluate_pass_at_k
-
-        pass_k = args.pass_k or "1"
-        try:
-            ks = [int(k) for k in pass_k.split(",")]
-        except ValueError as error:
-            raise ConfigError(f"--pass-k must be comma-separated integers like 1,5,10, got {pass_k!r}") from error
-        results = []
-        for checkpoint in args.checkpoint or ["base"]:
-            result = evaluate_pass_at_k(
-                config, checkpoint, ks, args.samples or 1, args.limit, args.batch_size, config.seed
-            )
-            results.append(result.to_dict())
-            print(json.dumps(result.to_dict()))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=2))
     return 0
 
 
@@ -174,9 +123,15 @@ def _study_report(study_dir: Path) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The ``marllm`` argument parser: one sub-command per ``_add_*`` function below."""
     root = argparse.ArgumentParser(prog="marllm", description="Multi-agent RL fine-tuning of LLMs (CORY and beyond).")
     commands = root.add_subparsers(dest="command", required=True)
+    for add in (_add_train, _add_report, _add_prepare, _add_eval, _add_main, _add_study):
+        add(commands)
+    return root
 
+
+def _add_train(commands: Any) -> None:
     train = commands.add_parser("train", help="train from a YAML config")
     train.add_argument("config", help="YAML config file, e.g. examples/cory_imdb.yaml")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. ppo.learning_rate=1e-5 iterations=3")
@@ -201,11 +156,15 @@ def parser() -> argparse.ArgumentParser:
     )
     train.set_defaults(handler=train_command)
 
+
+def _add_report(commands: Any) -> None:
     report = commands.add_parser("report", help="rebuild the report of one or more runs from their logs")
     report.add_argument("run_dirs", nargs="+")
     report.add_argument("--out", default=None, help="output directory (default: FIRST_RUN_DIR/report)")
     report.set_defaults(handler=_report)
 
+
+def _add_prepare(commands: Any) -> None:
     prepare = commands.add_parser(
         "prepare", help="build the offline corpus, base model and reward model, or marllm:smollm2-135m-instruct"
     )
@@ -227,49 +186,8 @@ def parser() -> argparse.ArgumentParser:
     prepare.add_argument("--force", action="store_true", help="rebuild even if the assets are up to date")
     prepare.set_defaults(handler=_prepare)
 
-    evaluate = commands.add_parser(
-        "eval",
-        help="the task reward of each role and turn for the base model or trained agents playing every role; with "
-        "--pass-k their pass@k deployed alone, with --cross-play their cross-play matrix",
-    )
-    evaluate.add_argument("config", help="the run's YAML config (task, roles, templates, model, generation settings)")
-    evaluate.add_argument("overrides", nargs="*", help="dotted overrides")
-    evaluate.add_argument(
-        "--checkpoint",
-        action="append",
-        help="RUN_DIR/checkpoints/LEARNER, 'base', or (with --cross-play) a RUN_DIR for all its learners "
-        "(repeatable; default: base)",
-    )
-    evaluate.add_argument(
-        "--cross-play",
-        action="store_true",
-        help="put every checkpoint in every role beside every other as partner and print the task-reward matrix",
-    )
-    evaluate.add_argument(
-        "--pass-k",
-        default=None,
-        help="pass@k of each model deployed alone, for tasks with a 0/1 reward: comma-separated k values, e.g. 1,5,10 "
-        "(default with --samples: 1)",
-    )
-    evaluate.add_argument(
-        "--samples", type=_positive_int, default=None, help="samples per problem (n >= max k; default: 1)"
-    )
-    evaluate.add_argument(
-        "--limit", type=_positive_int, default=None, help="evaluate only the first N problems or queries (default: all)"
-    )
-    evaluate.add_argument("--batch-size", type=_positive_int, default=64, help="sequences per generate call")
-    evaluate.add_argument(
-        "--games", type=_positive_int, default=None, help="a game config: games per model, opponent and seat (100)"
-    )
-    evaluate.add_argument(
-        "--opponent",
-        action="append",
-        help="a game config: random, minimax, mcts or self (repeatable; default: random, minimax for tic-tac-toe, "
-        "self for a social dilemma)",
-    )
-    evaluate.add_argument("--out", default=None, help="also write the results as JSON here")
-    evaluate.set_defaults(handler=_eval)
 
+def _add_main(commands: Any) -> None:
     main = commands.add_parser("main", help="the offline main job: prepare, PPO run, CORY run, report")
     main.add_argument("--out", default="runs/main", help="directory for the two runs and the report")
     main.add_argument("--iterations", type=int, default=None, help="override the iteration count of both runs")
@@ -278,6 +196,8 @@ def parser() -> argparse.ArgumentParser:
     )
     main.set_defaults(handler=_main_job)
 
+
+def _add_study(commands: Any) -> None:
     study = commands.add_parser(
         "study",
         help="run a study (configs x variants x grid x seeds), or rebuild its report: marllm study report STUDY_DIR",
@@ -306,19 +226,6 @@ def parser() -> argparse.ArgumentParser:
     study.add_argument("--out", default=None, help="study directory (default: runs/studies/NAME)")
     study.add_argument("--overwrite", action="store_true", help="start every run again, even finished ones")
     study.set_defaults(handler=_study)
-    return root
-
-
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (argparse names the option in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
-
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse ``argv``, letting dotted overrides come after options too (``train CONFIG --run-dir D a=1``)."""

@@ -1,0 +1,111 @@
+"""``marllm eval``: its arguments and what it runs (task rewards, pass@k, cross-play, or a game's matches)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from marllm.cli.arguments import positive_int as _positive_int
+from marllm.config.loading import ConfigError
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from marllm.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    if config.game is not None or args.games is not None or args.opponent is not None:
+        from marllm.cli.eval_game import eval_game
+
+        return eval_game(config, args)
+    if args.cross_play and (args.pass_k is not None or args.samples is not None):
+        raise ConfigError("--pass-k and --samples belong to pass@k; --cross-play scores one answer per query")
+    config.check_references()
+    if args.cross_play:
+        from marllm.evaluation.cross_play import cross_play_of_checkpoints
+
+        result = cross_play_of_checkpoints(
+            config, args.checkpoint or ["base"], args.limit, args.batch_size, config.seed
+        )
+        print(f"task reward over {result.num_queries} {result.queries} queries, mean (standard error); columns: the "
+              f"model answering, rows: its role and the partner that played the earlier roles")
+        print(result.to_markdown())
+        results: Any = result.to_dict()
+    elif args.pass_k is None and args.samples is None:
+        from marllm.evaluation.task_rewards import task_rewards_of_checkpoints
+
+        rewards = task_rewards_of_checkpoints(
+            config, args.checkpoint or ["base"], args.limit, args.batch_size, config.seed
+        )
+        print(rewards.describe())
+        print(rewards.to_markdown())
+        results = rewards.to_dict()
+    else:
+        from marllm.evaluation.deployed import evaluate_pass_at_k
+
+        pass_k = args.pass_k or "1"
+        try:
+            ks = [int(k) for k in pass_k.split(",")]
+        except ValueError as error:
+            raise ConfigError(f"--pass-k must be comma-separated integers like 1,5,10, got {pass_k!r}") from error
+        results = []
+        for checkpoint in args.checkpoint or ["base"]:
+            result = evaluate_pass_at_k(
+                config, checkpoint, ks, args.samples or 1, args.limit, args.batch_size, config.seed
+            )
+            results.append(result.to_dict())
+            print(json.dumps(result.to_dict()))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+
+def add_eval(commands: Any) -> None:
+    evaluate = commands.add_parser(
+        "eval",
+        help="the task reward of each role and turn for the base model or trained agents playing every role; with "
+        "--pass-k their pass@k deployed alone, with --cross-play their cross-play matrix",
+    )
+    evaluate.add_argument("config", help="the run's YAML config (task, roles, templates, model, generation settings)")
+    evaluate.add_argument("overrides", nargs="*", help="dotted overrides")
+    evaluate.add_argument(
+        "--checkpoint",
+        action="append",
+        help="RUN_DIR/checkpoints/LEARNER, 'base', or (with --cross-play) a RUN_DIR for all its learners "
+        "(repeatable; default: base)",
+    )
+    evaluate.add_argument(
+        "--cross-play",
+        action="store_true",
+        help="put every checkpoint in every role beside every other as partner and print the task-reward matrix",
+    )
+    evaluate.add_argument(
+        "--pass-k",
+        default=None,
+        help="pass@k of each model deployed alone, for tasks with a 0/1 reward: comma-separated k values, e.g. 1,5,10 "
+        "(default with --samples: 1)",
+    )
+    evaluate.add_argument(
+        "--samples", type=_positive_int, default=None, help="samples per problem (n >= max k; default: 1)"
+    )
+    evaluate.add_argument(
+        "--limit", type=_positive_int, default=None, help="evaluate only the first N problems or queries (default: all)"
+    )
+    evaluate.add_argument("--batch-size", type=_positive_int, default=64, help="sequences per generate call")
+    evaluate.add_argument(
+        "--games", type=_positive_int, default=None, help="a game config: games per model, opponent and seat (100)"
+    )
+    evaluate.add_argument(
+        "--opponent",
+        action="append",
+        help="a game config: random, minimax, mcts or self (repeatable; default: random, minimax for tic-tac-toe, "
+        "self for a social dilemma)",
+    )
+    evaluate.add_argument("--out", default=None, help="also write the results as JSON here")
+    evaluate.set_defaults(handler=run_eval)
+
+
