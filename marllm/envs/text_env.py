@@ -48,6 +48,7 @@ from marllm.envs.info_keys import BATCH_REWARDS, QUERIES, TASK_REWARDS, TURN_BAT
 from marllm.envs.reward_context import RewardContext, reward_name, rewards_by_role, wants_context
 from marllm.envs.spaces import TextBatch
 from marllm.envs.templates import PromptFn, check_templates
+from marllm.envs.text_inputs import check_dataset, describe_action
 from marllm.envs.turns import TURN_REWARDS, check_roles, check_shard, check_turns, describe_turn, turn_names
 from marllm.utils.errors import CheckpointError
 from marllm.utils.generators import restore_generator
@@ -124,7 +125,7 @@ class SequentialTextEnv(AECEnv):
         self.turn_rewards = turn_rewards
         self.dataset = dataset
         self.query_column = query_column
-        self._num_rows, columns = _check_dataset(dataset, query_column)
+        self._num_rows, columns = check_dataset(dataset, query_column)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.batch_size = batch_size
@@ -236,7 +237,7 @@ class SequentialTextEnv(AECEnv):
         if not self.action_spaces[agent].contains(action):
             raise ValueError(
                 f"action of role {agent!r} must be a sequence of {self.batch_size} strings (one response per "
-                f"dialogue), got {_describe(action)}"
+                f"dialogue), got {describe_action(action)}"
             )
         self._cumulative_rewards[agent] = 0.0
         self.responses[agent] = tuple(action)
@@ -394,33 +395,3 @@ raw_env = SequentialTextEnv
 def env(**kwargs: Any) -> AECEnv:
     """``SequentialTextEnv(**kwargs)`` behind PettingZoo's order-enforcing wrapper."""
     return wrappers.OrderEnforcingWrapper(SequentialTextEnv(**kwargs))
-
-
-def _check_dataset(dataset: Any, query_column: str) -> tuple[int, list[str]]:
-    try:
-        num_rows = len(dataset)
-    except TypeError as error:
-        kind = type(dataset).__name__
-        raise TypeError(f"dataset must be a datasets.Dataset or a list of dicts, got {kind}") from error
-    if num_rows == 0:
-        raise ValueError("dataset is empty: it needs at least one row with a query")
-    columns = getattr(dataset, "column_names", None)
-    if columns is None:
-        first = dataset[0]
-        if not isinstance(first, Mapping):
-            raise TypeError(f"dataset rows must be dicts, row 0 is {type(first).__name__}")
-        columns = list(first)
-        missing_rows = [i for i, row in enumerate(dataset) if query_column not in row]
-        if missing_rows:
-            raise ValueError(f"dataset rows {missing_rows[:10]} have no {query_column!r} field (row 0 has {columns})")
-    if query_column not in columns:
-        raise ValueError(f"dataset has no query column {query_column!r}; its columns are {list(columns)}")
-    return num_rows, list(columns)
-
-
-def _describe(action: Any) -> str:
-    if isinstance(action, str):
-        return "a single str"
-    if isinstance(action, Sequence):
-        return f"a {type(action).__name__} of {len(action)} items"
-    return repr(type(action).__name__)

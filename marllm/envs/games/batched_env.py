@@ -44,6 +44,7 @@ from pettingzoo import AECEnv
 from pettingzoo.utils import wrappers
 
 from marllm.envs.games import keys
+from marllm.envs.games.checks import check_credit, check_policy, check_seats, make_game
 from marllm.envs.games.credit import outcomes, seat_metrics, turn_rewards
 from marllm.envs.games.parsers import Parser, get_parser, list_moves
 from marllm.envs.games.prompts import GameTemplate, check_game_templates
@@ -53,8 +54,6 @@ from marllm.envs.games.views import GameView, Move, describe, view_for
 from marllm.envs.info_keys import BATCH_REWARDS, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
 from marllm.utils.errors import CheckpointError
 from marllm.utils.generators import restore_generator
-
-ILLEGAL_POLICIES = ("forfeit", "random")
 
 
 class BatchedGameEnv(AECEnv):
@@ -106,13 +105,13 @@ class BatchedGameEnv(AECEnv):
         if not callable(game_fn):
             raise TypeError(f"game_fn must be a zero-argument callable returning an AEC env, got {game_fn!r}")
         self.batch_size = batch_size
-        self.games = [_make_game(game_fn) for _ in range(batch_size)]
-        self.possible_agents = _check_seats(self.games)
+        self.games = [make_game(game_fn) for _ in range(batch_size)]
+        self.possible_agents = check_seats(self.games)
         self.view = view_for(self.games[0]) if view is None else view
         self.templates = check_game_templates(templates, self.possible_agents)
         self.parser = get_parser(parser)
-        self.illegal, self.forfeit_payoffs = _check_policy(illegal, forfeit_payoffs)
-        self.discount, self.illegal_penalty = _check_credit(discount, illegal_penalty)
+        self.illegal, self.forfeit_payoffs = check_policy(illegal, forfeit_payoffs)
+        self.discount, self.illegal_penalty = check_credit(discount, illegal_penalty)
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.render_mode = render_mode
@@ -367,45 +366,3 @@ raw_env = BatchedGameEnv
 def env(**kwargs: Any) -> AECEnv:
     """``BatchedGameEnv(**kwargs)`` behind PettingZoo's order-enforcing wrapper."""
     return wrappers.OrderEnforcingWrapper(BatchedGameEnv(**kwargs))
-
-
-def _make_game(game_fn: Callable[[], AECEnv]) -> AECEnv:
-    game = game_fn()
-    if not isinstance(game, AECEnv):
-        raise TypeError(f"game_fn must return a PettingZoo AEC env, got {type(game).__name__}")
-    return game
-
-
-def _check_seats(games: Sequence[AECEnv]) -> list[str]:
-    seats = list(games[0].possible_agents)
-    if not seats:
-        raise ValueError("the game has no possible_agents: a batched game needs at least one seat")
-    for index, game in enumerate(games[1:], 1):
-        if list(game.possible_agents) != seats:
-            raise ValueError(f"game {index} has seats {list(game.possible_agents)}, game 0 {seats}: they must be equal")
-    return seats
-
-
-def _check_policy(illegal: str, forfeit_payoffs: Any) -> tuple[str, tuple[float, float] | None]:
-    if illegal not in ILLEGAL_POLICIES:
-        raise ValueError(f"illegal must be one of {list(ILLEGAL_POLICIES)}, got {illegal!r}")
-    if forfeit_payoffs is None:
-        return illegal, None
-    try:
-        loser, others = (float(v) for v in forfeit_payoffs)
-    except (TypeError, ValueError) as error:
-        message = f"forfeit_payoffs must be (loser's payoff, others' payoff), got {forfeit_payoffs!r}"
-        raise ValueError(message) from error
-    if not np.isfinite([loser, others]).all():
-        raise ValueError(f"forfeit_payoffs must be finite, got {forfeit_payoffs!r}")
-    return illegal, (loser, others)
-
-
-def _check_credit(discount: float, illegal_penalty: float) -> tuple[float, float]:
-    if isinstance(discount, bool) or not isinstance(discount, int | float) or not 0 < discount <= 1:
-        raise ValueError(f"discount must be a number in (0, 1], got {discount!r}")
-    if isinstance(illegal_penalty, bool) or not isinstance(illegal_penalty, int | float):
-        raise ValueError(f"illegal_penalty must be a number >= 0, got {illegal_penalty!r}")
-    if not 0 <= illegal_penalty < float("inf"):
-        raise ValueError(f"illegal_penalty must be a finite number >= 0, got {illegal_penalty!r}")
-    return float(discount), float(illegal_penalty)

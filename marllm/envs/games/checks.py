@@ -1,0 +1,55 @@
+"""Checks of a batched game env's arguments: the game factory, the seats of its copies, the illegal-move policy and
+the credit settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from pettingzoo import AECEnv
+
+ILLEGAL_POLICIES = ("forfeit", "random")
+"""What an answer naming no legal move gets: the player loses the game, or a random legal move is played."""
+
+
+def make_game(game_fn: Callable[[], AECEnv]) -> AECEnv:
+    game = game_fn()
+    if not isinstance(game, AECEnv):
+        raise TypeError(f"game_fn must return a PettingZoo AEC env, got {type(game).__name__}")
+    return game
+
+
+def check_seats(games: Sequence[AECEnv]) -> list[str]:
+    seats = list(games[0].possible_agents)
+    if not seats:
+        raise ValueError("the game has no possible_agents: a batched game needs at least one seat")
+    for index, game in enumerate(games[1:], 1):
+        if list(game.possible_agents) != seats:
+            raise ValueError(f"game {index} has seats {list(game.possible_agents)}, game 0 {seats}: they must be equal")
+    return seats
+
+
+def check_policy(illegal: str, forfeit_payoffs: Any) -> tuple[str, tuple[float, float] | None]:
+    if illegal not in ILLEGAL_POLICIES:
+        raise ValueError(f"illegal must be one of {list(ILLEGAL_POLICIES)}, got {illegal!r}")
+    if forfeit_payoffs is None:
+        return illegal, None
+    try:
+        loser, others = (float(v) for v in forfeit_payoffs)
+    except (TypeError, ValueError) as error:
+        message = f"forfeit_payoffs must be (loser's payoff, others' payoff), got {forfeit_payoffs!r}"
+        raise ValueError(message) from error
+    if not np.isfinite([loser, others]).all():
+        raise ValueError(f"forfeit_payoffs must be finite, got {forfeit_payoffs!r}")
+    return illegal, (loser, others)
+
+
+def check_credit(discount: float, illegal_penalty: float) -> tuple[float, float]:
+    if isinstance(discount, bool) or not isinstance(discount, int | float) or not 0 < discount <= 1:
+        raise ValueError(f"discount must be a number in (0, 1], got {discount!r}")
+    if isinstance(illegal_penalty, bool) or not isinstance(illegal_penalty, int | float):
+        raise ValueError(f"illegal_penalty must be a number >= 0, got {illegal_penalty!r}")
+    if not 0 <= illegal_penalty < float("inf"):
+        raise ValueError(f"illegal_penalty must be a finite number >= 0, got {illegal_penalty!r}")
+    return float(discount), float(illegal_penalty)
