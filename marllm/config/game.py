@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from marllm.envs.games.checks import ILLEGAL_POLICIES
 from marllm.envs.games.catalog import TIC_TAC_TOE, GameInfo, describe_game
+from marllm.envs.games.checks import ILLEGAL_POLICIES
 from marllm.envs.games.openspiel import require_openspiel
 from marllm.envs.games.parsers import PARSERS
 from marllm.envs.games.prompts import check_game_templates
