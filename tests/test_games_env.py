@@ -4,6 +4,7 @@ illegal answers, credit and metrics, prompts and views, and errors on bad input.
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 
 import numpy as np
@@ -474,3 +475,11 @@ def test_openspiel_is_optional_and_its_absence_names_the_extra(monkeypatch):
     with pytest.raises(ImportError, match=r"'marllm\[games\]'"):
         require_openspiel()
     play(BatchedGameEnv(tictactoe_v3.env, batch_size=2))  # PettingZoo games need neither
+
+
+def test_a_seat_that_never_moved_has_no_illegal_move_rate():
+    from marllm.envs.games.credit import seat_metrics
+
+    zeros = np.zeros(4)
+    metrics = seat_metrics(zeros - 1, zeros + 1, zeros, zeros, zeros + 1, zeros.astype(bool))
+    assert math.isnan(metrics["illegal_move_rate"]) and metrics["moves_per_game"] == 0.0

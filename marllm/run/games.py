@@ -16,6 +16,7 @@ After each iteration :func:`game_metrics` adds what the env measured of each lea
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -188,8 +189,8 @@ def game_metrics(
         for key in AGGREGATED:
             merged[f"{learner_id}/game/{key}"] = float(sum(m[key] for m in seats) / len(seats))
         answers = [m["moves_per_game"] for m in seats]  # per game; every seat plays the batch's games
-        illegal = sum(m["illegal_move_rate"] * n for m, n in zip(seats, answers, strict=True))
-        merged[f"{learner_id}/game/illegal_move_rate"] = float(illegal / sum(answers)) if sum(answers) else 0.0
+        illegal = sum(m["illegal_move_rate"] * n for m, n in zip(seats, answers, strict=True) if n > 0)
+        merged[f"{learner_id}/game/illegal_move_rate"] = float(illegal / sum(answers)) if sum(answers) else math.nan
     return merged
 
 

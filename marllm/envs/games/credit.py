@@ -78,7 +78,8 @@ def seat_metrics(
         "win_rate": float(np.mean(outcome == 1)),
         "draw_rate": float(np.mean(outcome == 0)),
         "loss_rate": float(np.mean(outcome == -1)),
-        "illegal_move_rate": float(np.sum(illegal) / answered) if answered else 0.0,
+        # A seat that never moved has no illegal-move rate (NaN), not a perfect one.
+        "illegal_move_rate": float(np.sum(illegal) / answered) if answered else float("nan"),
         "moves_per_game": float(np.mean(answers)),
         "game_length": float(np.mean(game_lengths)),
         "forfeit_rate": float(np.mean(forfeits)),
