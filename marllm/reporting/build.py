@@ -70,39 +70,13 @@ def build_report(
     Returns:
         The path of ``report.md``.
     """
-    if isinstance(smoothing, bool) or not isinstance(smoothing, int) or smoothing < 1:
-        raise ValueError(f"smoothing must be an integer >= 1 (1 = no smoothing), got {smoothing!r}")
-    if isinstance(final_k, bool) or not isinstance(final_k, int) or final_k < 1:
-        raise ValueError(f"final_k must be an integer >= 1, got {final_k!r}")
-    if isinstance(n_sample_queries, bool) or not isinstance(n_sample_queries, int) or n_sample_queries < 0:
-        raise ValueError(f"n_sample_queries must be an integer >= 0, got {n_sample_queries!r}")
+    _check_options(smoothing, final_k, n_sample_queries)
     runs = load_runs(run_dirs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-
     all_curves = curves(runs)
-    colors = curve_colors(len(all_curves))
-    figures: dict[str, str | None] = {}
-    for metric, title in CURVE_METRICS:
-        name = f"{metric}.png"
-        drawn = plot_metric(all_curves, colors, metric, title, out_dir / name, smoothing)
-        figures[metric] = name if drawn else None
-    by_role = plot_by_role(runs, "task_reward", "Task reward by role", out_dir / BY_ROLE_FILE, smoothing)
-    figures["task_reward_by_role"] = BY_ROLE_FILE if by_role else None
-    figures["reward_vs_kl"] = SCATTER_FILE if plot_reward_vs_kl(all_curves, colors, out_dir / SCATTER_FILE) else None
-    figures["collapse"] = COLLAPSE_FILE if plot_collapse(all_curves, colors, out_dir / COLLAPSE_FILE) else None
-
-    finals = [
-        {
-            "label": curve.label,
-            "run": curve.run.display,
-            "learner": curve.learner,
-            "k": len(final_window(curve.run, final_k)),
-            "window": [int(i) for i in final_window(curve.run, final_k)[[0, -1]]],
-            **final_means(curve.run, curve.learner, [m for m, _ in FINAL_METRICS], final_k),
-        }
-        for curve in all_curves
-    ]
+    figures = _draw_figures(runs, all_curves, out_dir, smoothing)
+    finals = _final_rows(all_curves, final_k)
     times = {run.display: phase_times(run) for run in runs}
     models = eval_models(runs)
     queries = sample_queries(models, n_sample_queries)
@@ -110,20 +84,7 @@ def build_report(
     pass_at_k = {run.display: rows for run in runs if (rows := read_pass_at_k(run.path))}
 
     summary = {
-        "runs": [
-            {
-                "label": run.display,
-                "name": run.name,
-                "dir": str(run.path),
-                "learners": list(run.learners),
-                "iterations": len(run.metrics),
-                "planned_iterations": run.planned_iterations,
-                "status": run.status,
-                "finished": run.finished,
-                "kl_metric": run.kl_metric,
-            }
-            for run in runs
-        ],
+        "runs": [_run_summary(run) for run in runs],
         "final_k": final_k,
         "smoothing": smoothing,
         "final": finals,
@@ -146,6 +107,59 @@ def build_report(
     report = out_dir / REPORT_FILE
     report.write_text("\n\n".join(["# marllm run report", *sections]) + "\n", encoding="utf-8")
     return report
+
+
+def _check_options(smoothing: int, final_k: int, n_sample_queries: int) -> None:
+    if isinstance(smoothing, bool) or not isinstance(smoothing, int) or smoothing < 1:
+        raise ValueError(f"smoothing must be an integer >= 1 (1 = no smoothing), got {smoothing!r}")
+    if isinstance(final_k, bool) or not isinstance(final_k, int) or final_k < 1:
+        raise ValueError(f"final_k must be an integer >= 1, got {final_k!r}")
+    if isinstance(n_sample_queries, bool) or not isinstance(n_sample_queries, int) or n_sample_queries < 0:
+        raise ValueError(f"n_sample_queries must be an integer >= 0, got {n_sample_queries!r}")
+
+
+def _draw_figures(runs: Sequence[Run], all_curves: list[Any], out_dir: Path, smoothing: int) -> dict[str, str | None]:
+    """Every figure of the report, into ``out_dir``: figure key -> file name (None where there was nothing to draw)."""
+    colors = curve_colors(len(all_curves))
+    figures: dict[str, str | None] = {}
+    for metric, title in CURVE_METRICS:
+        name = f"{metric}.png"
+        drawn = plot_metric(all_curves, colors, metric, title, out_dir / name, smoothing)
+        figures[metric] = name if drawn else None
+    by_role = plot_by_role(runs, "task_reward", "Task reward by role", out_dir / BY_ROLE_FILE, smoothing)
+    figures["task_reward_by_role"] = BY_ROLE_FILE if by_role else None
+    figures["reward_vs_kl"] = SCATTER_FILE if plot_reward_vs_kl(all_curves, colors, out_dir / SCATTER_FILE) else None
+    figures["collapse"] = COLLAPSE_FILE if plot_collapse(all_curves, colors, out_dir / COLLAPSE_FILE) else None
+    return figures
+
+
+def _final_rows(all_curves: list[Any], final_k: int) -> list[dict[str, Any]]:
+    """Per curve (run and learner): the means of the final metrics over its last ``final_k`` iterations."""
+    return [
+        {
+            "label": curve.label,
+            "run": curve.run.display,
+            "learner": curve.learner,
+            "k": len(final_window(curve.run, final_k)),
+            "window": [int(i) for i in final_window(curve.run, final_k)[[0, -1]]],
+            **final_means(curve.run, curve.learner, [m for m, _ in FINAL_METRICS], final_k),
+        }
+        for curve in all_curves
+    ]
+
+
+def _run_summary(run: Run) -> dict[str, Any]:
+    return {
+        "label": run.display,
+        "name": run.name,
+        "dir": str(run.path),
+        "learners": list(run.learners),
+        "iterations": len(run.metrics),
+        "planned_iterations": run.planned_iterations,
+        "status": run.status,
+        "finished": run.finished,
+        "kl_metric": run.kl_metric,
+    }
 
 
 def read_pass_at_k(run_dir: Path) -> list[dict[str, Any]]:

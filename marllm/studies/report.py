@@ -213,6 +213,28 @@ def _interval(entry: dict[str, Any]) -> str:
     return f"[{fmt(entry['ci_low'])}, {fmt(entry['ci_high'])}]"
 
 
+def _final_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """The final-values table: one row per cell, metric and learner."""
+    rows = []
+    for cell in summary["cells"]:
+        for metric, title in METRICS.items():
+            for learner, entry in cell["final"].get(metric, {}).items():
+                std = "–" if entry["std"] is None else fmt(entry["std"])
+                row = [escape_cell(cell["label"]), title, escape_cell(learner), f"{fmt(entry['mean'])} ± {std}"]
+                rows.append([*row, _interval(entry), str(entry["n"])])
+    return rows
+
+
+def _comparison_lines(summary: dict[str, Any]) -> list[str]:
+    k = summary["last_k"]
+    lines = [
+        f"- {row['a']} − {row['b']}, {METRICS[row['metric']]} ({row['learner']}) over the last {k} "
+        f"iterations: {fmt(row['diff'])} {_interval(row)} (n = {row['n_a']}, {row['n_b']})"
+        for row in summary["comparisons"]
+    ]
+    return lines or ["No comparison: fewer than two variants with finished runs."]
+
+
 def _markdown(summary: dict[str, Any], figures: list[tuple[str, str]]) -> str:
     k = summary["last_k"]
     lines = [f"# Study: {summary['name']}", ""]
@@ -241,31 +263,10 @@ def _markdown(summary: dict[str, Any], figures: list[tuple[str, str]]) -> str:
         "std is the sample std (ddof = 1); the interval is the 95% Student-t interval for the mean.",
         "",
     ]
-    rows = []
-    for cell in summary["cells"]:
-        for metric, title in METRICS.items():
-            for learner, entry in cell["final"].get(metric, {}).items():
-                std = "–" if entry["std"] is None else fmt(entry["std"])
-                rows.append(
-                    [
-                        escape_cell(cell["label"]),
-                        title,
-                        escape_cell(learner),
-                        f"{fmt(entry['mean'])} ± {std}",
-                        _interval(entry),
-                        str(entry["n"]),
-                    ]
-                )
     header = ["cell", "metric", "learner", "mean ± std", "95% interval", "n"]
-    lines += [markdown_table(header, rows, escape=False), ""]
+    lines += [markdown_table(header, _final_rows(summary), escape=False), ""]
     lines += ["## Comparisons (Welch: difference of means, Welch–Satterthwaite t interval)", ""]
-    for row in summary["comparisons"]:
-        lines.append(
-            f"- {row['a']} − {row['b']}, {METRICS[row['metric']]} ({row['learner']}) over the last {k} "
-            f"iterations: {fmt(row['diff'])} {_interval(row)} (n = {row['n_a']}, {row['n_b']})"
-        )
-    if not summary["comparisons"]:
-        lines.append("No comparison: fewer than two variants with finished runs.")
+    lines += _comparison_lines(summary)
     gap_lines = [
         f"- {escape_cell(cell['label'])}: {gap['role']} − {gap['minus']}, task reward at the first iteration "
         f"{fmt(gap['first_iteration']['mean'])} {_interval(gap['first_iteration'])}, over the last {k} iterations "
