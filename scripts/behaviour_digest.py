@@ -7,6 +7,9 @@ of ``eval_samples.jsonl``. Run it before and after a change and compare the two 
     .venv/bin/python scripts/behaviour_digest.py /tmp/before
     .venv/bin/python scripts/behaviour_digest.py /tmp/after
     diff /tmp/before/digest.json /tmp/after/digest.json && echo identical
+
+Where digests differ, ``--compare BEFORE AFTER`` says how: per run, the metric values that changed, metric keys
+added or gone, and whether samples and eval samples are identical.
 """
 
 from __future__ import annotations
@@ -56,7 +59,25 @@ def main(out: Path) -> None:
     print(json.dumps(digest, indent=2))
 
 
+def compare(before: Path, after: Path) -> None:
+    for name in CONFIGS:
+        old = [json.loads(line) for line in (before / name / "metrics.jsonl").read_text().splitlines()]
+        new = [json.loads(line) for line in (after / name / "metrics.jsonl").read_text().splitlines()]
+        changed, added, gone = set(), set(), set()
+        for a, b in zip(old, new, strict=False):
+            changed |= {k for k in a if not k.startswith("time/") and k in b and a[k] != b[k]}
+            gone |= {k for k in a if k not in b}
+            added |= {k for k in b if k not in a}
+        files = ("samples.jsonl", "eval_samples.jsonl")
+        same = {f: _digest(before / name / f) == _digest(after / name / f) for f in files}
+        print(f"{name}: {len(old)}/{len(new)} lines, changed values {sorted(changed)}, added keys {sorted(added)}, "
+              f"gone keys {sorted(gone)}, identical: {same}")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} OUT_DIR")
-    main(Path(sys.argv[1]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--compare":
+        compare(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif len(sys.argv) == 2:
+        main(Path(sys.argv[1]))
+    else:
+        sys.exit(f"usage: {sys.argv[0]} OUT_DIR | --compare BEFORE_DIR AFTER_DIR")
