@@ -330,12 +330,13 @@ def test_sigterm_stops_a_study_with_checkpoints_and_starts_no_further_run(tmp_pa
             break
         time.sleep(0.05)
     stderr = process.communicate(timeout=120)[1]
-    assert process.returncode == 130, stderr
+    assert process.returncode == 143, stderr  # 128 + SIGTERM
+    assert "interrupted by SIGTERM" in stderr
     info = json.loads((first / "run.json").read_text())
     assert info["status"] == "interrupted" and 1 <= info["completed_iterations"] < 200
     assert (first / "training_state").is_dir()
     assert not (out / "runs" / "base__seed1" / "metrics.jsonl").exists()
-    assert "interrupted; finished runs are kept" in stderr
+    assert "interrupted by SIGTERM; finished runs are kept" in stderr
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import datasets
 import numpy as np
@@ -516,3 +517,21 @@ def test_groups_repeat_each_query_in_consecutive_dialogues_and_pass_the_api():
 def test_bad_group_sizes_are_refused(group_size, message):
     with pytest.raises(ValueError, match=message):
         make(batch_size=6, group_size=group_size)
+
+
+def test_reward_function_returning_a_tensor_that_requires_grad():
+    import torch
+
+    weights = torch.ones(2, requires_grad=True)
+    environment = make(roles=("pioneer",), batch_size=2, reward_fn=lambda s, r: weights * 2)
+    with pytest.raises(RewardFunctionError, match=r"returned Tensor \(.*requires grad.*\).*detached from any graph"):
+        run_episode(environment, [("a", "b")])
+
+
+def test_a_dataset_smaller_than_a_batch_is_warned_about_once():
+    rows = [{"query": f"q{i}"} for i in range(3)]
+    with pytest.warns(UserWarning, match=r"3 row\(s\) but a batch asks for 8 queries .*every batch repeats queries"):
+        environment = make(rows=rows, batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        environment.reset(seed=0)  # not again at every batch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,7 +90,8 @@ def _study(args: argparse.Namespace) -> int:
         executor = LocalExecutor(args.workers)
     try:
         outcomes = run_study(study, study_dir, executor, overwrite=args.overwrite)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        stopped_by = signal.Signals(getattr(stop, "signal_number", signal.SIGINT))
         again = ["marllm", "study", args.study, "--out", str(study_dir)]
         if args.workers is not None:
             again += ["--workers", str(args.workers)]
@@ -98,11 +100,11 @@ def _study(args: argparse.Namespace) -> int:
         if args.address is not None:
             again += ["--address", args.address]
         print(
-            f"\nmarllm: study {study.name} interrupted; finished runs are kept and stopped ones resume from their "
-            f"checkpoints with: {shlex.join(again)}",
+            f"\nmarllm: study {study.name} interrupted by {stopped_by.name}; finished runs are kept and stopped ones "
+            f"resume from their checkpoints with: {shlex.join(again)}",
             file=sys.stderr,
         )
-        return 130
+        return 128 + stopped_by.value  # the shell's status for a process the signal ended: 130 SIGINT, 143 SIGTERM
     failed = [outcome for outcome in outcomes if outcome.status == "failed"]
     for outcome in failed:
         print(f"marllm: run {outcome.name} failed: {outcome.error}", file=sys.stderr)

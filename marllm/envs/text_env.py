@@ -36,6 +36,7 @@ Termination
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -139,6 +140,14 @@ class SequentialTextEnv(AECEnv):
         self.shard_index, self.shard_count = check_shard(shard, batch_size, group_size)
         self.global_batch_size = batch_size
         batch_size = self.batch_size = batch_size // self.shard_count
+        queries_per_batch = self.global_batch_size // group_size
+        if self._num_rows < queries_per_batch:
+            warnings.warn(
+                f"the dataset has {self._num_rows} row(s) but a batch asks for {queries_per_batch} queries "
+                f"(batch_size {self.global_batch_size} / group_size {group_size}): every batch repeats queries "
+                "(a new shuffled pass starts when one runs out)",
+                stacklevel=2,
+            )
         self.templates = check_templates(templates, self.roles, columns, self.turns)
         self.reward_fn = reward_fn
         self.role_rewards = rewards_by_role(reward_fn, self.roles)
@@ -304,10 +313,10 @@ class SequentialTextEnv(AECEnv):
             if raw.dtype.kind not in "biuf":
                 raise TypeError(f"dtype {raw.dtype}")
             rewards = raw.astype(np.float64)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, RuntimeError) as error:  # RuntimeError: e.g. a tensor that requires grad
             raise RewardFunctionError(
                 f"reward function {name} returned {type(values).__name__} ({error}) for {who}, not one "
-                f"number per sample"
+                f"number per sample (return plain floats, a numpy array, or a tensor detached from any graph)"
             ) from error
         if rewards.ndim != 1:
             raise RewardFunctionError(

@@ -296,12 +296,18 @@ class LocalExecutor:
         return outcomes
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taking the Ctrl-C path (a KeyboardInterrupt) but remembering which signal it was."""
+
+    signal_number = signal.SIGTERM
+
+
 def sigterm_interrupts() -> Any:
-    """In the main thread, make SIGTERM raise KeyboardInterrupt (the Ctrl-C path); returns the handler it replaced,
-    or None where it could not install one (another thread)."""
+    """In the main thread, make SIGTERM raise :class:`Terminated` (the Ctrl-C path); returns the handler it
+    replaced, or None where it could not install one (another thread)."""
 
     def interrupt(number: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
+        raise Terminated
 
     if threading.current_thread() is not threading.main_thread():
         return None
