@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,7 +90,9 @@ def _study(args: argparse.Namespace) -> int:
     try:
         outcomes = run_study(study, study_dir, executor, overwrite=args.overwrite)
     except KeyboardInterrupt as stop:
-        stopped_by = signal.Signals(getattr(stop, "signal_number", signal.SIGINT))
+        from marllm.studies.execute import stopping_signal
+
+        stopped_by = stopping_signal(stop)
         again = ["marllm", "study", args.study, "--out", str(study_dir)]
         if args.workers is not None:
             again += ["--workers", str(args.workers)]

@@ -300,6 +300,14 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, taking the Ctrl-C path (a KeyboardInterrupt) but remembering which signal it was."""
 
     signal_number = signal.SIGTERM
+    received = False
+    """Set when the handler ran: Ray re-raises an interrupt that reaches it inside ``ray.wait`` as a plain
+    KeyboardInterrupt, so the exception alone cannot always tell."""
+
+
+def stopping_signal(stop: KeyboardInterrupt) -> signal.Signals:
+    """The signal that stopped a study: SIGTERM when :func:`sigterm_interrupts`' handler ran, else SIGINT."""
+    return signal.SIGTERM if isinstance(stop, Terminated) or Terminated.received else signal.SIGINT
 
 
 def sigterm_interrupts() -> Any:
@@ -307,7 +315,10 @@ def sigterm_interrupts() -> Any:
     replaced, or None where it could not install one (another thread)."""
 
     def interrupt(number: int, frame: FrameType | None) -> None:
+        Terminated.received = True
         raise Terminated
+
+    Terminated.received = False
 
     if threading.current_thread() is not threading.main_thread():
         return None
