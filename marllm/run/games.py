@@ -31,8 +31,8 @@ from marllm.envs.games.catalog import game_factory
 from marllm.parallel.distributed import reseed_sampling
 from marllm.players import OpponentPool, RandomMover, TicTacToeMinimax, share_learner
 from marllm.run.learners import learners_from_config
-from marllm.run.setup import Setup
-from marllm.wrappers import RolePermutation, SharedReward
+from marllm.run.setup import Setup, wrap_for_agents
+from marllm.wrappers import RolePermutation
 
 OPPONENT_SEED_OFFSET = 10_000
 """A fixed opponent in seat i draws its moves from ``seed + OPPONENT_SEED_OFFSET + i``."""
@@ -64,10 +64,7 @@ def build_game_env(config: TrainConfig) -> AECEnv:
         illegal_penalty=game.illegal_penalty,
         seed=config.seed,
     )
-    coefficients = config.coefficient_matrix()
-    if coefficients is not None:
-        env = SharedReward(env, coefficients)
-    return RolePermutation(env, config.agents.role_period, seat_slots(game.parsed_seats()))
+    return wrap_for_agents(env, config, seat_slots(game.parsed_seats()))
 
 
 def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping[str, Any]) -> Any:

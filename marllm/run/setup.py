@@ -76,10 +76,16 @@ def build_env(config: TrainConfig, task: TaskParts, data_parallel: DataParallel 
         turn_rewards=config.env.turn_rewards,
         shard=(0, 1) if data_parallel is None else (data_parallel.rank, data_parallel.world_size),
     )
+    return wrap_for_agents(env, config, config.learner_ids)
+
+
+def wrap_for_agents(env: AECEnv, config: TrainConfig, agent_ids: list[str]) -> AECEnv:
+    """``env`` wrapped by SharedReward (when ``agents.reward_coefficients`` shares rewards) and by RolePermutation,
+    whose agents are ``agent_ids`` rotating over the roles every ``agents.role_period`` episodes."""
     coefficients = config.coefficient_matrix()
     if coefficients is not None:
         env = SharedReward(env, coefficients)
-    return RolePermutation(env, config.agents.role_period, config.learner_ids)
+    return RolePermutation(env, config.agents.role_period, agent_ids)
 
 
 def build(config: TrainConfig, data_parallel: DataParallel | None = None) -> Setup:
