@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.envs.text_env import SequentialTextEnv
-from marllm.evaluation.deployed import HELD_OUT, generate_answers, held_out_rows, load_deployed_model, queries_kind
+from marllm.evaluation.deployed import HELD_OUT, checkpoint_generator, held_out_rows, queries_kind
 from marllm.loop import ActOnly, play_episode
 from marllm.models.policy import load_tokenizer
 from marllm.utils.statistics import Estimate, estimate
@@ -134,9 +134,7 @@ def cross_play(
     names = list(models)
     if not names:
         raise ValueError("cross-play needs at least one model")
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"cross-play models must have distinct names; {duplicates} appear twice")
+    check_distinct_names(names, "cross-play models")
     roles = list(env.possible_agents)
     result = CrossPlayResult(roles, names, env.batch_size, queries=queries)
     own_texts: dict[str, dict[str, list[str]]] = {}
@@ -169,6 +167,13 @@ def cross_play(
     order = {row: i for i, row in enumerate(result.rows())}
     result.cells.sort(key=lambda c: (order[c.row], names.index(c.model)))
     return result
+
+
+def check_distinct_names(names: Sequence[str], what: str) -> None:
+    """Models are told apart by name in a result: ``what`` (e.g. ``cross-play models``) must not repeat one."""
+    duplicates = sorted({n for n in names if list(names).count(n) > 1})
+    if duplicates:
+        raise ValueError(f"{what} must have distinct names; {duplicates} appear twice")
 
 
 def _generating(generate: Generate, seed: int) -> Generate:
@@ -281,14 +286,6 @@ def cross_play_of_checkpoints(
     )
 
     def load(label: str) -> Generate:
-        model, _, tokenizer = load_deployed_model(config, by_label[label])
-
-        def generate(prompts: Sequence[str]) -> list[str]:
-            texts: list[str] = []
-            for start in range(0, len(prompts), batch_size):
-                texts.extend(generate_answers(model, tokenizer, config, prompts[start : start + batch_size], label))
-            return texts
-
-        return generate
+        return checkpoint_generator(config, by_label[label], label, batch_size)
 
     return cross_play(env, labels, load, seed, progress, queries_kind(task, config.task))

@@ -9,7 +9,7 @@ the first role's template (CORY's pioneer: the query alone) with the config's ge
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -316,3 +316,19 @@ def pass_at_k_of_model(
         mean_reward=float(np.mean(rewards)),
         correct_counts=correct.tolist(),
     )
+
+
+def checkpoint_generator(
+    config: TrainConfig, checkpoint: str, label: str, batch_size: int
+) -> Callable[[Sequence[str]], list[str]]:
+    """The generate function of the base model (``base``) or a saved learner, answering ``batch_size`` prompts per
+    ``generate`` call with the config's generation settings and the full ``max_new_tokens`` budget."""
+    model, _, tokenizer = load_deployed_model(config, checkpoint)
+
+    def generate(prompts: Sequence[str]) -> list[str]:
+        texts: list[str] = []
+        for start in range(0, len(prompts), batch_size):
+            texts.extend(generate_answers(model, tokenizer, config, prompts[start : start + batch_size], label))
+        return texts
+
+    return generate

@@ -24,13 +24,12 @@ from marllm.config import TrainConfig
 from marllm.envs.info_keys import TASK_REWARDS
 from marllm.envs.text_env import SequentialTextEnv
 from marllm.envs.turns import turn_names
-from marllm.evaluation.cross_play import checkpoint_label, expand_checkpoints
+from marllm.evaluation.cross_play import check_distinct_names, checkpoint_label, expand_checkpoints
 from marllm.evaluation.deployed import (
     HELD_OUT,
     build_task,
-    generate_answers,
+    checkpoint_generator,
     held_out_rows,
-    load_deployed_model,
     queries_kind,
 )
 from marllm.loop import ActOnly, play_episode
@@ -131,9 +130,7 @@ def task_rewards(
     names = list(models)
     if not names:
         raise ValueError("the evaluation needs at least one model")
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"the evaluated models must have distinct names; {duplicates} appear twice")
+    check_distinct_names(names, "the evaluated models")
     result = TaskRewardResult(list(env.roles), list(env.turns), names, env.batch_size, queries)
     all_turns = turn_names(env.turns)
     for name in tqdm(names, desc="task reward", disable=not progress):
@@ -151,20 +148,6 @@ def task_rewards(
         result.rewards[name] = rows
         del generate, player
     return result
-
-
-def checkpoint_generator(config: TrainConfig, checkpoint: str, label: str, batch_size: int) -> Generate:
-    """The generate function of the base model (``base``) or a saved learner, answering ``batch_size`` prompts per
-    ``generate`` call with the config's generation settings and the full ``max_new_tokens`` budget."""
-    model, _, tokenizer = load_deployed_model(config, checkpoint)
-
-    def generate(prompts: Sequence[str]) -> list[str]:
-        texts: list[str] = []
-        for start in range(0, len(prompts), batch_size):
-            texts.extend(generate_answers(model, tokenizer, config, prompts[start : start + batch_size], label))
-        return texts
-
-    return generate
 
 
 def task_rewards_of_checkpoints(
