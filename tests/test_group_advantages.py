@@ -412,14 +412,15 @@ def test_grpo_pipeline_end_to_end():
 def test_grpo_kl_penalty_is_not_rescaled_by_the_scores_std():
     # A group whose scores are all equal: the advantage is the (centred) KL penalty alone, of size η, not ±1.22
     # whatever η is (what normalising score − η·ΣKL together gives).
-    scores = torch.tensor([1.0, 1.0, 1.0, 1.0])
-    kl_sums = torch.tensor([2.0, 2.1, 1.9, 2.0])
+    # float64, so that the expected values are exact to far below the tolerance on any CPU
+    scores = t64([1.0, 1.0, 1.0, 1.0])
+    kl_sums = t64([2.0, 2.1, 1.9, 2.0])
     for eta in (0.3, 0.03, 0.003):
         advantages = grpo_kl_penalised_advantages(scores, kl_sums, eta, group_size=4)
-        torch.testing.assert_close(advantages, -eta * torch.tensor([0.0, 0.1, -0.1, 0.0]), rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(advantages, -eta * t64([0.0, 0.1, -0.1, 0.0]), rtol=1e-5, atol=1e-7)
     # A mixed group: the scores are normalised by their own std; the KL term is added unscaled.
-    scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
-    std = torch.tensor([1.0, 0.0, 1.0, 0.0]).std()
+    scores = t64([1.0, 0.0, 1.0, 0.0])
+    std = t64([1.0, 0.0, 1.0, 0.0]).std()
     expected = (scores - 0.5) / (std + 1e-6) - 0.3 * (kl_sums - kl_sums.mean())
     torch.testing.assert_close(grpo_kl_penalised_advantages(scores, kl_sums, 0.3, group_size=4), expected)
     # Without the KL (η = 0, or the KL in the loss) it is GRPO's advantage exactly.

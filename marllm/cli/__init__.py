@@ -230,6 +230,7 @@ def _add_study(commands: Any) -> None:
     study.add_argument("--overwrite", action="store_true", help="start every run again, even finished ones")
     study.set_defaults(handler=_study)
 
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse ``argv``, letting dotted overrides come after options too (``train CONFIG --run-dir D a=1``)."""
     root = parser()
