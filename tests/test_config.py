@@ -200,7 +200,7 @@ def test_config_errors_name_the_key(overrides, message):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match=r"config file '.*nope\.yaml' does not exist"):
         load_config(tmp_path / "nope.yaml")
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="is a directory; give a YAML config file"):
         read_yaml(tmp_path)  # a directory is not a config file
 
 

@@ -12,6 +12,7 @@ import pytest
 from marllm.reporting import build_report, collapse_indicators, load_run, load_runs, moving_average
 from marllm.reporting.evaluation import collapse_per_iteration, eval_models
 from marllm.reporting.tables import escape_cell
+from marllm.run.run_dir import WrongDirectoryError
 
 N_ITERATIONS = 12
 N_QUERIES = 10
@@ -26,6 +27,13 @@ def _queries() -> list[str]:
 
 def _write_jsonl(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def _run_dir(path: Path) -> Path:
+    """A run directory with a config.yaml but no run.json: a run is named after its directory."""
+    path.mkdir()
+    (path / "config.yaml").write_text("name: run\n", encoding="utf-8")
+    return path
 
 
 def _write_run(
@@ -245,6 +253,9 @@ def test_missing_run_dir_and_metrics_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere.*does not exist"):
         build_report([tmp_path / "nowhere"], tmp_path / "out")
     (tmp_path / "empty_run").mkdir()
+    with pytest.raises(WrongDirectoryError, match="empty_run is not a run directory: it has no run.json or config"):
+        build_report([tmp_path / "empty_run"], tmp_path / "out")
+    (tmp_path / "empty_run" / "config.yaml").write_text("name: run\n")
     with pytest.raises(FileNotFoundError, match="empty_run/metrics.jsonl not found"):
         build_report([tmp_path / "empty_run"], tmp_path / "out")
     (tmp_path / "empty_run" / "metrics.jsonl").write_text("\n")
@@ -285,8 +296,7 @@ def test_runs_with_the_same_name_are_told_apart(tmp_path):
 
 
 def test_run_without_run_json_is_named_after_its_directory(tmp_path):
-    run_dir = tmp_path / "my_run"
-    run_dir.mkdir()
+    run_dir = _run_dir(tmp_path / "my_run")
     _write_jsonl(run_dir / "metrics.jsonl", [{"time/update_s": 1.0, "a/kl": 1.0}, {"b/kl": 2.0, "a/kl": 3.0}])
     run = load_run(run_dir)
     assert (run.name, run.learners) == ("my_run", ("a", "b"))
@@ -296,8 +306,7 @@ def test_run_without_run_json_is_named_after_its_directory(tmp_path):
 
 
 def test_repeated_iteration_keeps_the_last_line_and_warns(tmp_path):
-    run_dir = tmp_path / "resumed"
-    run_dir.mkdir()
+    run_dir = _run_dir(tmp_path / "resumed")
     _write_jsonl(
         run_dir / "metrics.jsonl",
         [
@@ -312,8 +321,7 @@ def test_repeated_iteration_keeps_the_last_line_and_warns(tmp_path):
 
 
 def test_report_without_kl_or_eval_samples_says_what_is_missing(tmp_path):
-    run_dir = tmp_path / "bare"
-    run_dir.mkdir()
+    run_dir = _run_dir(tmp_path / "bare")
     _write_jsonl(
         run_dir / "metrics.jsonl", [{"iteration": i, "llm1/task_reward": float(i)} for i in range(3)]
     )

@@ -23,6 +23,7 @@ def write_run(root, name, iterations, role_period=None):
                          f"{learner}/kl": 0.1 * i, f"{learner}/role": role})
         lines.append(line)
     (path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (path / "run.json").write_text(json.dumps({"name": name, "learners": ["llm1", "llm2"]}))
     return path
 
 

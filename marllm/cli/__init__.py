@@ -14,7 +14,7 @@ from marllm.cli.evaluate import add_eval as _add_eval
 from marllm.cli.train import train_command
 from marllm.config.loading import ConfigError
 from marllm.run.interrupts import TrainingInterrupted
-from marllm.run.run_dir import DirectoryInUseError
+from marllm.run.run_dir import DirectoryInUseError, WrongDirectoryError
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -251,16 +251,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``marllm`` command; a bad config is one ``marllm: config error: …`` line and exit status 2, a
-    directory another process owns (a run's, a study's, the main job's) one ``marllm: error: …`` line naming that
-    process and status 2, a failure to load or run (a missing file, an unreachable hub, a bad dataset …) one
-    ``marllm: error: …`` line and status 1."""
+    directory another process owns (a run's, a study's, the main job's) or of the wrong kind (not a run's, not a
+    study's, a study's given as a run's) one ``marllm: error: …`` line saying so and status 2, a failure to load or
+    run (a missing file, an unreachable hub, a bad dataset …) one ``marllm: error: …`` line and status 1."""
     args = _parse(argv)
     try:
         return args.handler(args)
     except ConfigError as error:
         _print_error("config error", error)
         return 2
-    except DirectoryInUseError as error:  # refused before anything was done, like a bad config
+    except (DirectoryInUseError, WrongDirectoryError) as error:  # refused before anything was done, like a bad config
         _print_error("error", error)
         return 2
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@ def train_command(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     run_dir = _train_run_dir(args) or config.resolved_run_dir()
+    _refuse_study_dir(run_dir)
     if args.nproc > 1:
         from marllm.parallel.launcher import launch_ranks
 
@@ -65,6 +66,24 @@ def _train_run_dir(args: argparse.Namespace) -> Path | None:
             raise ConfigError(f"--resume {args.resume} and --run-dir {args.run_dir} name different run directories")
         return Path(args.resume)
     return Path(args.run_dir) if args.run_dir is not None else None
+
+
+def _refuse_study_dir(run_dir: Path) -> None:
+    """Refuse to train into a study directory (one holding ``study.yaml`` or ``study.json``): its runs live in its
+    ``runs/`` and ``marllm study`` trains them.
+
+    Raises:
+        WrongDirectoryError: naming the study file found and what to give instead.
+    """
+    from marllm.run.run_dir import WrongDirectoryError
+    from marllm.studies.files import EXPANSION_FILE, STUDY_FILE
+
+    found = [name for name in (STUDY_FILE, EXPANSION_FILE) if (run_dir / name).is_file()]
+    if found:
+        raise WrongDirectoryError(
+            f"run directory {run_dir} is a study directory (it holds {' and '.join(found)}): marllm study trains its "
+            f"runs, in {run_dir / 'runs'}/NAME; train into a run directory of its own (--run-dir)"
+        )
 
 
 def _next_step(stop: TrainingInterrupted, resume_command: str, args: argparse.Namespace) -> str:

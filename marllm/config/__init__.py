@@ -15,6 +15,7 @@ from marllm.assets.references import check_model_reference
 from marllm.config.custom_tasks import absolute_task_references, task_class
 from marllm.config.game import GameConfig
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml, to_dict
+from marllm.config.prompts import check_template_fields
 from marllm.config.sections import AgentsConfig, EnvConfig, LoggingConfig, ModelConfig
 from marllm.envs.templates import check_template_keys
 from marllm.envs.turns import check_shard
@@ -82,6 +83,7 @@ class TrainConfig:
                 check_template_keys(self.env.templates, self.env.roles, self.speaking_order)
             except ValueError as error:
                 raise ValueError(f"env.templates: {error}") from error
+            check_template_fields(self.env.templates, self.env.roles, self.speaking_order)
 
     def _check_text_env(self) -> None:
         try:

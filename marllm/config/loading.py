@@ -57,6 +57,8 @@ def parse_yaml(text: str) -> Any:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML file that holds a non-empty mapping, each key given once."""
     path = Path(path)
+    if path.is_dir():
+        raise directory_given(path, "config file", "examples/cory_offline.yaml")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
@@ -78,6 +80,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys, got {type(data).__name__}")
     return data
+
+
+def directory_given(path: Path, what: str, example: str) -> ConfigError:
+    """The error for a directory given where the YAML file ``what`` (``config file``) is expected: it says so and
+    names an ``example`` file and the YAML files in the directory, if any."""
+    found = sorted(str(entry) for entry in path.glob("*.y*ml") if entry.is_file())
+    inside = f" (in it: {', '.join(found[:3])}{', …' if len(found) > 3 else ''})" if found else ""
+    return ConfigError(f"{what} {str(path)!r} is a directory; give a YAML {what}, e.g. {example}{inside}")
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Reading the run directories written by the training loop.
 
-A run directory holds:
+A run directory holds ``run.json`` or ``config.yaml`` (marllm's record of a run, written when it starts: a directory
+with neither is refused, even one holding a ``metrics.jsonl``), and:
 
 - ``run.json``: ``{"name", "learners", "roles", "iterations", "kl_metric", "status", "completed_iterations"}``.
   When it is absent the run is named after its directory and its learners are read off the ``<learner>/...``
@@ -14,7 +15,7 @@ A run directory holds:
   and model.
 - ``samples.jsonl`` (optional): ``{"iteration", "learner", "role", "query", "prompt", "response",
   "task_reward"}``, a few training dialogues per iteration.
-- ``config.yaml`` (optional): the run's config, read only to tell whether the queries of ``eval_samples.jsonl`` were
+- ``config.yaml``: the run's config, read only to tell whether the queries of ``eval_samples.jsonl`` were
   held out (:func:`eval_queries_of`).
 """
 
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from marllm.run.run_dir import RunState, run_state
+from marllm.run.run_dir import RunState, check_run_record, run_state
 from marllm.utils.jsonl import read_jsonl
 
 RUN_FILE = "run.json"
@@ -164,14 +165,16 @@ def as_number(value: Any) -> float | None:
 def load_run(run_dir: Path | str) -> Run:
     """Read one run directory; see the module docstring for the files it expects.
 
-    Raises FileNotFoundError when the directory or its ``metrics.jsonl`` is missing, and ValueError naming the
-    file (and line) when a file is empty or malformed.
+    Raises FileNotFoundError when the directory or its ``metrics.jsonl`` is missing,
+    :class:`~marllm.run.run_dir.WrongDirectoryError` when it holds neither ``run.json`` nor ``config.yaml`` (it is no
+    run's), and ValueError naming the file (and line) when a file is empty or malformed.
     """
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
     if not run_dir.is_dir():
         raise NotADirectoryError(f"run directory {run_dir} is not a directory")
+    check_run_record(run_dir)
     metrics_path = run_dir / METRICS_FILE
     if not metrics_path.is_file():
         raise FileNotFoundError(

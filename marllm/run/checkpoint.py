@@ -25,6 +25,7 @@ those methods use (:func:`~marllm.models.state_dicts.check_tensors`, ...) are in
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from marllm.models.state_dicts import read_tensors, write_tensors
 from marllm.run.checkpoint_store import (
@@ -70,6 +72,7 @@ __all__ = [
     "STATE_FILE",
     "CheckpointError",
     "CheckpointInfo",
+    "checkpoints",
     "latest_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
@@ -119,6 +122,8 @@ def save_checkpoint(
     Raises:
         ValueError / TypeError: bad arguments, or ``extra`` is not JSON-able; nothing is written.
         RuntimeError: a learner holds a rollout not yet trained on.
+        CheckpointError: a file cannot be written (a full disk: the message gives the free space and about how much
+            a checkpoint takes); what this save wrote is removed, the checkpoints before it stay.
     """
     _check_save_arguments(iteration, learners, keep, extra)
     root = Path(run_dir) / CHECKPOINTS_DIR
@@ -131,28 +136,41 @@ def save_checkpoint(
         _write_contents(temporary, iteration, learners, env, extra or {})
         fsync_directory(temporary)
         replace_directory(temporary, final)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(temporary, ignore_errors=True)
+        if isinstance(error, OSError | SafetensorError):  # a full disk, say: one line, not a traceback
+            raise _write_error(final, error) from error
         raise
     prune(root, iteration, keep)
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:
-    """The newest complete checkpoint of ``run_dir`` (None if it has none).
+def checkpoints(run_dir: Path) -> list[CheckpointInfo | CheckpointError]:
+    """Every checkpoint of ``run_dir``, newest first: its :class:`CheckpointInfo` when it is complete, else the
+    :class:`CheckpointError` that says what is wrong with it.
 
     Reads only manifests and file sizes (the contents are verified by :func:`load_checkpoint`). Temporary
-    directories of unfinished saves are ignored; a damaged checkpoint is skipped with a warning that says why.
+    directories of unfinished saves are left out.
     """
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    for _, path in candidates(root):
+    found: list[CheckpointInfo | CheckpointError] = []
+    for _, path in candidates(Path(run_dir) / CHECKPOINTS_DIR):
         try:
             manifest = read_manifest(path)
             check_files(path, manifest, verify_hashes=False)
         except CheckpointError as error:
-            warnings.warn(f"skipping a damaged checkpoint: {error}", RuntimeWarning, stacklevel=2)
+            found.append(error)
             continue
-        return CheckpointInfo(path, manifest["iteration"], manifest["extra"])
+        found.append(CheckpointInfo(path, manifest["iteration"], manifest["extra"]))
+    return found
+
+
+def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:
+    """The newest complete checkpoint of ``run_dir`` (None if it has none; see :func:`checkpoints`); a damaged
+    checkpoint is skipped with a warning that says why."""
+    for entry in checkpoints(run_dir):
+        if isinstance(entry, CheckpointInfo):
+            return entry
+        warnings.warn(f"skipping a damaged checkpoint: {entry}", RuntimeWarning, stacklevel=2)
     return None
 
 
@@ -241,6 +259,34 @@ def _write_contents(
         "files": {name: describe_file(directory / name) for name in sorted(written)},
     }
     write_json(directory / MANIFEST_FILE, manifest, indent=2)
+
+
+def _write_error(final: Path, error: BaseException) -> CheckpointError:
+    """One line for a save that could not write its files; for a full disk, with the space free now and about what a
+    checkpoint takes (the newest complete one's size)."""
+    cause = f"{type(error).__name__}: {error}"
+    full = (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or any(
+        os.strerror(number) in str(error) for number in (errno.ENOSPC, errno.EDQUOT)
+    )
+    if not full:
+        return CheckpointError(f"cannot write checkpoint {final}: {cause}")
+    try:
+        space = f"{_size(shutil.disk_usage(final.parent).free)} free on its file system"
+    except OSError:
+        space = "its free space unknown"
+    previous = next((entry for entry in checkpoints(final.parents[1]) if isinstance(entry, CheckpointInfo)), None)
+    if previous is not None:
+        needed = sum(file.stat().st_size for file in previous.path.iterdir() if file.is_file())
+        space += f", a checkpoint takes about {_size(needed)} ({previous.path.name} does)"
+    return CheckpointError(f"cannot write checkpoint {final}: the disk is full ({space}); free some space ({cause})")
+
+
+def _size(count: int) -> str:
+    """A byte count for people: ``"512 B"``, ``"3.4 MB"``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
 
 
 def _learner_file(learner_id: str, index: int) -> str:

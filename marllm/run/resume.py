@@ -1,31 +1,51 @@
-"""Resuming a run: the checkpoint a resumed run starts from, checked against its config."""
+"""Resuming a run: the checkpoint a resumed run starts from, checked against its config, and loaded.
+
+A resume that fails before it trains changes nothing in the run directory; its errors say what is wrong and what
+can be done: resume from an older checkpoint the run keeps (``logging.keep_checkpoints``), or start again.
+"""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from marllm.config import TrainConfig, resume_differences
 from marllm.config.loading import ConfigError
-from marllm.run.checkpoint import CheckpointInfo, latest_checkpoint
+from marllm.run.checkpoint import CheckpointError, CheckpointInfo, checkpoints, load_checkpoint
 from marllm.run.run_dir import CONFIG_FILE, RunDirError, read_run_state
+
+if TYPE_CHECKING:
+    from pettingzoo import AECEnv
+
+    from marllm.algorithms.learner import Learner
+
+START_AGAIN = "start it again with --overwrite (overwrite=True)"
 
 
 def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
     """The latest complete training checkpoint of ``run_dir``, after checking that ``config`` may continue it.
 
     Raises:
-        RunDirError: no checkpoint to resume from.
+        RunDirError: no checkpoint to resume from (the message names what is damaged, if that is why).
         ConfigError: ``config`` differs from the checkpoint's in a key that changes training, or asks for fewer
             iterations than the checkpoint has completed.
     """
-    checkpoint = latest_checkpoint(run_dir) if run_dir.is_dir() else None
-    if checkpoint is None:
+    found = checkpoints(run_dir) if run_dir.is_dir() else []
+    if not any(isinstance(entry, CheckpointInfo) for entry in found):
+        if found:
+            damaged = "; ".join(str(error) for error in found)
+            raise RunDirError(f"nothing to resume in {run_dir}: {damaged}; it keeps no other checkpoint: {START_AGAIN}")
         state = read_run_state(run_dir) if run_dir.is_dir() else None
         what = f"its run ({state.describe()}) stopped before" if state else "no run there wrote"
         raise RunDirError(
             f"nothing to resume in {run_dir}: {what} its first training checkpoint (logging.checkpoint_every); "
-            "start it again with --overwrite (overwrite=True)"
+            f"{START_AGAIN}"
         )
+    checkpoint = next(entry for entry in found if isinstance(entry, CheckpointInfo))
+    for error in found[: found.index(checkpoint)]:  # newer ones, damaged: the run goes on from an older one
+        warnings.warn(f"skipping a damaged checkpoint: {error}", RuntimeWarning, stacklevel=2)
     saved = checkpoint.extra.get("config")
     if not isinstance(saved, dict):
         raise RunDirError(f"checkpoint {checkpoint.path} does not record the config it was trained with")
@@ -42,3 +62,26 @@ def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
             f"{run_dir} has completed; give iterations >= {checkpoint.iteration}, or start again with --overwrite"
         )
     return checkpoint
+
+
+def load_to_resume(
+    run_dir: Path, checkpoint: CheckpointInfo, learners: Mapping[str, Learner], env: AECEnv
+) -> CheckpointInfo:
+    """:func:`~marllm.run.checkpoint.load_checkpoint` of ``checkpoint`` (of ``run_dir``) into a resumed run.
+
+    Raises:
+        CheckpointError: the checkpoint does not load (a damaged file, named); the message adds that the run is
+            unchanged, and how to resume from an older checkpoint the run keeps, or else to start again.
+    """
+    try:
+        return load_checkpoint(checkpoint.path, learners, env)
+    except CheckpointError as error:
+        older = [e for e in checkpoints(run_dir) if isinstance(e, CheckpointInfo) and e.path != checkpoint.path]
+        if older:
+            advice = (
+                f"it also keeps {older[0].path.name} (logging.keep_checkpoints): to resume from that, move "
+                f"{checkpoint.path} out of the run directory (or delete it) and resume again; or {START_AGAIN}"
+            )
+        else:
+            advice = f"it keeps no older checkpoint (logging.keep_checkpoints): {START_AGAIN}"
+        raise CheckpointError(f"cannot resume: {error}; the run is left as it was, and {advice}") from error

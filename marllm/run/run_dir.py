@@ -73,6 +73,9 @@ EXPORT_ENTRIES = (
 TENSORBOARD_EVENTS_PREFIX = "events.out.tfevents."
 # Written after training ends: they describe a finished training, so a resumed run drops them until it ends.
 END_OF_RUN_FILES = (EVAL_FILE, PASS_AT_K_FILE)
+# marllm's record of a run, written first when a run starts: a directory holding neither is not a run's (a stray
+# ``metrics.jsonl`` does not make one).
+RECORD_FILES = (RUN_FILE, CONFIG_FILE)
 
 Status = Literal["running", "interrupted", "failed", "finished"]
 # "unknown": a run.json from before statuses were recorded, with fewer metric lines than its iterations.
@@ -81,6 +84,11 @@ STATUSES = ("running", "interrupted", "failed", "finished", "unknown")
 
 class RunDirError(ValueError):
     """A run directory cannot be used as asked (it already holds a run, it has nothing to resume from, ...)."""
+
+
+class WrongDirectoryError(RunDirError):
+    """A directory given as a run's is not one, or one given as a run's or a study's is the other kind (a study
+    directory as ``--run-dir``): refused before anything is done. The message says what it is and what to give."""
 
 
 class DirectoryInUseError(RunDirError):
@@ -128,6 +136,28 @@ def holds_run(run_dir: Path) -> bool:
     state = run_dir / TRAINING_STATE_DIR
     has_state = state.is_dir() and any(is_checkpoint_entry(entry.name) for entry in state.iterdir())
     return (run_dir / RUN_FILE).is_file() or (run_dir / METRICS_FILE).is_file() or has_state
+
+
+def has_run_record(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds marllm's record of a run: its ``run.json`` or its ``config.yaml``."""
+    return any((run_dir / name).is_file() for name in RECORD_FILES)
+
+
+def check_run_record(run_dir: Path) -> None:
+    """Refuse a directory without marllm's record of a run (:data:`RECORD_FILES`), such as one holding only a
+    ``metrics.jsonl``: a report would take it for a finished run.
+
+    Raises:
+        WrongDirectoryError: saying which files are missing, and which of a run's files it holds.
+    """
+    if has_run_record(run_dir):
+        return
+    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    alone = f" (of a run's files it holds only {', '.join(found)})" if found else ""
+    raise WrongDirectoryError(
+        f"{run_dir} is not a run directory: it has no {RUN_FILE} or {CONFIG_FILE}, which marllm train writes into "
+        f"every run directory{alone}; give a directory marllm train wrote (its --run-dir)"
+    )
 
 
 def read_run_state(run_dir: Path) -> RunState | None:
@@ -198,11 +228,19 @@ def check_can_start(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} is a file")
     state = read_run_state(run_dir)
-    if state is not None:
+    if state is None:
+        return
+    if not has_run_record(run_dir):
+        found = sorted({entry.relative_to(run_dir).parts[0] for entry in run_entries(run_dir, RUN_FILES)})
         raise RunDirError(
-            f"{run_dir} already holds a run ({state.describe()}); continue it from its latest checkpoint with "
-            "--resume (resume=True), or delete its files and start again with --overwrite (overwrite=True)"
+            f"{run_dir} holds {', '.join(found)} but no {RUN_FILE} or {CONFIG_FILE}: not a run marllm wrote, nor one "
+            "it can resume; train into another --run-dir, or delete marllm's files there and start again with "
+            "--overwrite (overwrite=True)"
         )
+    raise RunDirError(
+        f"{run_dir} already holds a run ({state.describe()}); continue it from its latest checkpoint with "
+        "--resume (resume=True), or delete its files and start again with --overwrite (overwrite=True)"
+    )
 
 
 def create_run_dir(run_dir: Path) -> Path | None:

@@ -30,9 +30,9 @@ from marllm.parallel.distributed import (
     launched_world_size,
     reseed_sampling,
 )
-from marllm.run.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
+from marllm.run.checkpoint import CheckpointInfo, save_checkpoint
 from marllm.run.interrupts import StopSignals, TrainingInterrupted
-from marllm.run.resume import checkpoint_to_resume
+from marllm.run.resume import checkpoint_to_resume, load_to_resume
 from marllm.run.run_dir import (
     CONFIG_FILE,
     END_OF_RUN_FILES,
@@ -109,6 +109,9 @@ def train(
         RunDirError: ``run_dir`` holds a run (and neither flag is given), or there is nothing to resume.
         DirectoryInUseError: another process owns ``run_dir`` (the message names its PID).
         ConfigError: resuming with a config that changes what is trained.
+        CheckpointError: the checkpoint to resume from does not load (a damaged file: the run is left as it was, and
+            the message says what can be done), or a checkpoint cannot be written (a full disk: the run is recorded
+            as failed, the checkpoints before it stay).
     """
     run_dir = Path(run_dir) if run_dir is not None else config.resolved_run_dir()
     if resume and overwrite:
@@ -170,6 +173,7 @@ class _Run:
     data_parallel: DataParallel | None = None
     created: Path | None = None  # the outermost directory this call created
     preexisting: frozenset[Path] = frozenset()  # marllm's files and directories in run_dir before a fresh run began
+    opened: bool = False  # a resumed run's checkpoint has loaded: from here on it changes run_dir
     completed: int = 0
     checkpointed: int | None = None  # the iteration of the latest training checkpoint
     streaks: dict[str, int] = field(default_factory=dict)  # consecutive skipped updates per learner
@@ -189,8 +193,9 @@ def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> 
     config, run_dir = run.config, run.run_dir
     info = _run_info(config)
     if checkpoint is not None:
-        loaded = load_checkpoint(checkpoint.path, run.setup.learners, run.setup.env)
+        loaded = load_to_resume(run_dir, checkpoint, run.setup.learners, run.setup.env)
         run.completed = run.checkpointed = loaded.iteration
+        run.opened = True
         reseed_sampling(config.seed, run.data_parallel, loaded.iteration)
         # Rank 0 rewrites the log atomically, and every rank keeps the same lines of it whichever version it reads.
         run.result.history = keep_iterations_before(run_dir / METRICS_FILE, loaded.iteration, rewrite=run.writes)
@@ -279,22 +284,22 @@ def _checkpoint_due(run: _Run) -> bool:
 
 
 def _save_training_state(run: _Run) -> None:
+    """Checkpoint the training state (rank 0 writes it); a save that fails (a full disk) raises CheckpointError."""
+    if run.writes:
+        save_checkpoint(
+            run.run_dir,
+            run.completed,
+            run.setup.learners,
+            run.setup.env,
+            keep=run.config.logging.keep_checkpoints,
+            extra={"config": run.config.to_dict()},
+        )
+        update_run_info(run.run_dir, checkpoint_iteration=run.completed)
+    elif run.setup.sharded:
+        # Rank 0's save_checkpoint gathers each learner's state_dict in turn as it writes; every rank joins.
+        for learner in run.setup.learners.values():
+            learner.share_state()
     run.checkpointed = run.completed
-    if not run.writes:
-        if run.setup.sharded:
-            # Rank 0's save_checkpoint gathers each learner's state_dict in turn as it writes; every rank joins.
-            for learner in run.setup.learners.values():
-                learner.share_state()
-        return
-    save_checkpoint(
-        run.run_dir,
-        run.completed,
-        run.setup.learners,
-        run.setup.env,
-        keep=run.config.logging.keep_checkpoints,
-        extra={"config": run.config.to_dict()},
-    )
-    update_run_info(run.run_dir, checkpoint_iteration=run.completed)
 
 
 def _stop_gracefully(run: _Run, stop: StopSignals) -> None:
@@ -341,20 +346,23 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
 
 def _record_stop(run: _Run, error: BaseException) -> BaseException:
     """Record why the run stopped in ``run.json`` (or, for a new run with nothing logged, remove what it wrote);
-    return the exception to raise."""
-    if not run.writes:
+    return the exception to raise. A resume that stopped before it changed anything leaves the run as it was."""
+    if not run.writes or not (run.fresh or run.opened):
         pass
     elif run.fresh and run.completed == 0:
         _remove_new_run(run)
     elif (run.run_dir / RUN_FILE).is_file():
         interrupted = isinstance(error, KeyboardInterrupt)
         details = {} if interrupted else {"error": f"{type(error).__name__}: {error}".splitlines()[0]}
-        update_run_info(
-            run.run_dir,
-            status="interrupted" if interrupted else "failed",
-            completed_iterations=run.completed,
-            **details,
-        )
+        try:
+            update_run_info(
+                run.run_dir,
+                status="interrupted" if interrupted else "failed",
+                completed_iterations=run.completed,
+                **details,
+            )
+        except OSError as unwritten:  # a full disk, say: the error that stopped the run is the one to raise
+            error.add_note(f"{run.run_dir / RUN_FILE} could not record it: {unwritten}")
     if isinstance(error, TrainingInterrupted) and error.run_dir is None:  # raised by a signal handler
         return TrainingInterrupted(
             error.signal_number, run.run_dir, run.completed, run.config.iterations, run.checkpointed, at_once=True

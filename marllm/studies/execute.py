@@ -1,11 +1,16 @@
-"""Running a study: its directory, what each run needs (skip, resume, start over), and a local process pool.
+"""Running a study: its directory, what each run needs (skip, resume, start over), and local worker processes.
 
 The study directory holds ``study.yaml`` (the study file, base inline), ``study.json`` (the expanded runs) and
 ``runs/<name>/``, one ordinary run directory per run (``error.txt`` in it when the run failed).
 
 One process at a time runs a study directory (:func:`hold_study_dir`: ``marllm study`` holds its lock while it runs),
 and one at a time each of its runs (the worker that trains a run holds its run directory's lock): a study run again
-while a worker of an earlier one still trains a run (an orphan whose parent was killed) refuses that run.
+while a worker of an earlier one still trains a run refuses that run. Workers die with the study that started them
+(on Linux, :mod:`marllm.studies.processes`: a training run then checkpoints and stops), so that worker is an orphan
+still checkpointing, or one on another platform, training its run to the end.
+
+Locally each run trains in a spawned process of its own (:class:`LocalExecutor`): one that dies (a signal, the
+out-of-memory killer) fails only its run, which is tried once more from its checkpoint, as on Ray.
 """
 
 from __future__ import annotations
@@ -15,11 +20,13 @@ import json
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
+from multiprocessing import connection
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, Protocol
@@ -27,11 +34,20 @@ from typing import Any, Literal, Protocol
 import yaml
 
 from marllm.config.loading import ConfigError
-from marllm.run.run_dir import DirectoryInUseError, hold_directory, hold_run_dir, read_run_info, write_atomic
+from marllm.run.run_dir import (
+    DirectoryInUseError,
+    hold_directory,
+    hold_run_dir,
+    read_run_info,
+    update_run_info,
+    write_atomic,
+)
 from marllm.studies.files import ERROR_FILE, EXPANSION_FILE, STUDY_FILE
-from marllm.studies.spec import Study, StudyRun
+from marllm.studies.processes import die_with_parent, exit_description
+from marllm.studies.spec import Study, StudyRun, expansion_changed
 
 Action = Literal["skip", "resume", "start"]
+ATTEMPTS = 2  # a run whose worker process dies is tried once more
 
 
 @dataclass(frozen=True)
@@ -99,10 +115,7 @@ def prepare_study_dir(study: Study, runs: Sequence[StudyRun], study_dir: Path, o
         except ValueError:
             before = None
         if not isinstance(before, dict) or before.get("runs") != expansion["runs"]:
-            raise ConfigError(
-                f"{study_dir} holds a study whose runs differ from study {study.name}'s; give another --out, or "
-                "start every run again with --overwrite"
-            )
+            raise ConfigError(expansion_changed(study_dir, study.name, before, expansion))
         check_run_configs(runs, study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(study_dir / STUDY_FILE, yaml.safe_dump(study.to_file_dict(), sort_keys=False))
@@ -188,6 +201,22 @@ def run_one(config_data: dict[str, Any], run_dir: str, action: Action) -> RunOut
     return RunOutcome(name, "finished", None, time.monotonic() - started)
 
 
+RunFunction = Callable[[dict[str, Any], str, Action], RunOutcome]
+"""What trains a run in a worker: ``run_one(config_data, run_dir, action)`` or a stand-in of the same shape."""
+
+
+def record_failure(run_dir: Path, message: str) -> None:
+    """Record a run that failed outside ``run_one`` (its worker died) as ``run_one`` records a failure:
+    ``error.txt``, and ``failed`` in ``run.json`` where there is one."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / ERROR_FILE, message + "\n")
+        if read_run_info(run_dir):
+            update_run_info(run_dir, status="failed")
+    except OSError:
+        pass  # e.g. the run directory is a file: the outcome still says why
+
+
 def error_line(error: BaseException) -> str:
     """The error's type and message on one line, as a run's failure is recorded."""
     text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
@@ -226,10 +255,23 @@ def _idle_sigint(number: int, frame: FrameType | None) -> None:
 
 
 class LocalExecutor:
-    """Runs a study's runs in a pool of ``workers`` spawned processes (default: ``os.cpu_count()``)."""
+    """Runs a study's runs here, each in a spawned process of its own, ``workers`` at a time (default:
+    ``os.cpu_count()``).
 
-    def __init__(self, workers: int | None = None):
+    A run whose process dies (killed by a signal, by the out-of-memory killer, a crash in native code) fails alone:
+    the other runs go on, and it is tried once more, planned afresh (it resumes from the checkpoint the first attempt
+    left, or starts over without one), as on Ray. If that attempt dies too, the run is recorded failed (``error.txt``
+    and ``run.json``). A run that raises fails once (``run_one`` records it): it would fail again.
+
+    Args:
+        workers: how many runs train at once.
+        run_function: what each process calls with ``(config_data, run_dir, action)`` (default: :func:`run_one`;
+            tests put one that kills its process here). It must be importable by name in a spawned process.
+    """
+
+    def __init__(self, workers: int | None = None, run_function: RunFunction = run_one):
         self.workers = max(1, workers or os.cpu_count() or 1)
+        self.run_function = run_function
 
     def run(
         self, runs: Sequence[StudyRun], study_dir: Path, on_event: Callable[[RunEvent], None], overwrite: bool = False
@@ -247,10 +289,10 @@ class LocalExecutor:
             else:
                 todo.append((run, action))
         if todo:
-            outcomes.update(self._run_pool(todo, study_dir, on_event))
+            outcomes.update(self._run_processes(todo, study_dir, on_event))
         return [outcomes[run.name] for run in runs]
 
-    def _run_pool(
+    def _run_processes(
         self, todo: list[tuple[StudyRun, Action]], study_dir: Path, on_event: Callable[[RunEvent], None]
     ) -> dict[str, RunOutcome]:
         outcomes: dict[str, RunOutcome] = {}
@@ -258,35 +300,35 @@ class LocalExecutor:
         os.environ["OMP_NUM_THREADS"] = "1"  # spawned workers inherit it before they import torch
         context = multiprocessing.get_context("spawn")
         stopping = context.Event()
-        workers = min(self.workers, len(todo))
-        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init, initargs=(stopping,))
-        pending: dict[Future, str] = {}
-        queue = list(reversed(todo))
+        queue = deque((run, action, 1) for run, action in todo)
+        running: list[_Attempt] = []
         previous_sigterm = sigterm_interrupts()
         try:
-            while queue or pending:
-                while queue and len(pending) < workers:  # no more than the workers can start: nothing waits queued
-                    run, action = queue.pop()
-                    run_dir = str(study_dir / run.relative_dir)
-                    with _sigint_ignored():  # a worker spawned here starts immune until its initializer runs
-                        pending[pool.submit(run_one, run.config.to_dict(), run_dir, action)] = run.name
-                    on_event(RunEvent("started", run.name))
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    name = pending.pop(future)
-                    outcomes[name] = _result(future, name)
-                    on_event(RunEvent("ended", name, outcomes[name]))
-        except KeyboardInterrupt:
+            while queue or running:
+                while queue and len(running) < self.workers:
+                    run, action, number = queue.popleft()
+                    run_dir = study_dir / run.relative_dir
+                    running.append(_Attempt(context, stopping, self.run_function, run, run_dir, action, number))
+                    if number == 1:
+                        on_event(RunEvent("started", run.name))
+                waiting = {handle: attempt for attempt in running for handle in attempt.handles()}
+                ready = dict.fromkeys(waiting[handle] for handle in connection.wait(list(waiting)))
+                for attempt in ready:
+                    if not attempt.collect():
+                        continue
+                    running.remove(attempt)
+                    outcome = self._ended(attempt, queue)
+                    if outcome is not None:
+                        outcomes[attempt.run.name] = outcome
+                        on_event(RunEvent("ended", attempt.run.name, outcome))
+        except BaseException:  # Ctrl-C, SIGTERM (or a failure here): the running runs checkpoint and stop
             stopping.set()
-            for future in pending:
-                future.cancel()
-            for process in list(getattr(pool, "_processes", {}).values()):
-                if process.is_alive() and process.pid is not None:
-                    os.kill(process.pid, signal.SIGINT)
-            pool.shutdown(wait=True, cancel_futures=True)
+            for attempt in running:
+                attempt.interrupt()
             raise
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            for attempt in running:
+                attempt.process.join()
             if previous_sigterm is not None:
                 signal.signal(signal.SIGTERM, previous_sigterm)
             if threads is None:
@@ -294,6 +336,95 @@ class LocalExecutor:
             else:
                 os.environ["OMP_NUM_THREADS"] = threads
         return outcomes
+
+    def _ended(self, attempt: _Attempt, queue: deque[tuple[StudyRun, Action, int]]) -> RunOutcome | None:
+        """The outcome of an attempt whose process has ended, or None when the run is tried again (queued first)."""
+        if attempt.outcome is not None:
+            return attempt.outcome
+        run, how = attempt.run, exit_description(attempt.exitcode)
+        if attempt.number < ATTEMPTS:
+            action = plan(run, attempt.run_dir)
+            if action == "skip":  # it finished, and died before its result came back
+                return RunOutcome(run.name, "finished")
+            from tqdm.auto import tqdm
+
+            again = "resuming from its checkpoint" if action == "resume" else "starting it over (no checkpoint)"
+            tqdm.write(f"marllm: run {run.name}: its worker process died ({how}); {again}", file=sys.stderr)
+            queue.appendleft((run, action, attempt.number + 1))
+            return None
+        message = f"worker process died in each of {ATTEMPTS} attempts, the last {how}"
+        record_failure(attempt.run_dir, message)
+        return RunOutcome(run.name, "failed", message)
+
+
+class _Attempt:
+    """Attempt ``number`` at a run, planned as ``action``: a spawned process of its own, started here, and the pipe
+    its outcome comes back on."""
+
+    def __init__(
+        self,
+        context: Any,
+        stopping: Any,
+        run_function: RunFunction,
+        run: StudyRun,
+        run_dir: Path,
+        action: Action,
+        number: int,
+    ) -> None:
+        self.run, self.run_dir, self.number = run, run_dir, number
+        self.outcome: RunOutcome | None = None
+        self.exitcode: int | None = None
+        self.results, sender = context.Pipe(duplex=False)
+        args = (sender, os.getpid(), stopping, run_function, run.config.to_dict(), str(run_dir), action)
+        self.process = context.Process(target=_worker_main, args=args, name=f"marllm-study:{run.name}")
+        with _sigint_ignored():  # a worker spawned here starts immune until its initializer runs
+            self.process.start()
+        sender.close()
+
+    def handles(self) -> list[Any]:
+        """What to wait on: the process's end and, until it has come, its outcome (read at once, so that a long one
+        cannot block the worker on a full pipe)."""
+        return [self.process.sentinel] + ([] if self.results.closed else [self.results])
+
+    def collect(self) -> bool:
+        """Read the outcome if it has come; True once the process has ended (then ``exitcode`` is set)."""
+        ended = not self.process.is_alive()
+        if not self.results.closed and (ended or self.results.poll()):
+            with contextlib.suppress(EOFError, OSError):  # the worker died without sending it
+                if self.results.poll():
+                    self.outcome = self.results.recv()
+            self.results.close()
+        if ended:
+            self.exitcode = self.process.exitcode
+        return ended
+
+    def interrupt(self) -> None:
+        """SIGINT to the worker: a training run checkpoints and stops, a loading one stops."""
+        if self.process.is_alive() and self.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGINT)
+
+
+def _worker_main(
+    results: Any,
+    parent_pid: int,
+    stopping: Any,
+    run_function: RunFunction,
+    config_data: dict[str, Any],
+    run_dir: str,
+    action: Action,
+) -> None:
+    """A worker process: die with the study (SIGTERM when its parent dies, so a training run checkpoints and
+    stops), run one run and send its outcome back."""
+    die_with_parent(parent_pid)
+    try:
+        _worker_init(stopping)
+        outcome = run_function(config_data, run_dir, action)
+    except BaseException as error:  # noqa: BLE001 - raised outside run_one's own handling: the run's failure
+        outcome = RunOutcome(Path(run_dir).name, "failed", f"worker failed: {error_line(error)}")
+        record_failure(Path(run_dir), outcome.error or "")
+    with contextlib.suppress(OSError):  # the study is gone
+        results.send(outcome)
 
 
 class Terminated(KeyboardInterrupt):
@@ -333,13 +464,6 @@ def _sigint_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _result(future: Future, name: str) -> RunOutcome:
-    try:
-        return future.result()
-    except BaseException as error:  # noqa: BLE001 - a worker that died (killed, out of memory) fails its run only
-        return RunOutcome(name, "failed", f"worker failed: {error_line(error)}")
 
 
 class StudyProgress:

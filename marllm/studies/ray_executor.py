@@ -34,9 +34,6 @@ from marllm.run.run_dir import (
     DirectoryInUseError,
     hold_run_dir,
     overwrite_run_files,
-    read_run_info,
-    update_run_info,
-    write_atomic,
 )
 from marllm.studies.execute import (
     Action,
@@ -44,6 +41,7 @@ from marllm.studies.execute import (
     RunOutcome,
     error_line,
     plan,
+    record_failure,
     run_one,
     sigterm_interrupts,
 )
@@ -276,17 +274,6 @@ def _clear_run(run_dir: Path) -> None:
             (run_dir / ERROR_FILE).unlink(missing_ok=True)
     except DirectoryInUseError:
         pass
-
-
-def record_failure(run_dir: Path, message: str) -> None:
-    """Record a failed run as a local failure is: ``error.txt``, and ``failed`` in ``run.json`` where there is one."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(run_dir / ERROR_FILE, message + "\n")
-        if read_run_info(run_dir):
-            update_run_info(run_dir, status="failed")
-    except OSError:
-        pass  # e.g. the run directory is a file: the outcome still says why
 
 
 def _ray_error(error: BaseException) -> str:

@@ -31,6 +31,7 @@ import numpy as np
 from marllm.reporting.plots import curve_colors
 from marllm.reporting.runs import load_run
 from marllm.reporting.tables import escape_cell, fmt, markdown_table
+from marllm.run.run_dir import WrongDirectoryError, has_run_record
 from marllm.studies.aggregate import (
     estimate,
     final_value,
@@ -40,15 +41,20 @@ from marllm.studies.aggregate import (
 )
 from marllm.studies.cells import MEAN, METRICS, ROLE_PREFIX, Cell, show
 from marllm.studies.figures import plot_axis, plot_curves, plot_reward_vs_kl
-from marllm.studies.files import EXPANSION_FILE
+from marllm.studies.files import EXPANSION_FILE, STUDY_FILE
 
 REPORT_DIR = "report"
 
 
 def build_study_report(study_dir: Path, last_k: int = 5) -> Path:
-    """Write ``study_dir/report/report.md`` with its figures and ``summary.json``; returns the markdown path."""
+    """Write ``study_dir/report/report.md`` with its figures and ``summary.json``; returns the markdown path.
+
+    Raises:
+        WrongDirectoryError: ``study_dir`` is not a study directory (no ``study.json``), or its study has no runs.
+        ValueError: its ``study.json`` is damaged.
+    """
     study_dir = Path(study_dir)
-    study = json.loads((study_dir / EXPANSION_FILE).read_text(encoding="utf-8"))
+    study = read_expansion(study_dir)
     cells, excluded = _collect(study_dir, study)
     out = study_dir / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -84,6 +90,42 @@ def build_study_report(study_dir: Path, last_k: int = 5) -> Path:
     path = out / "report.md"
     path.write_text(_markdown(summary, figures), encoding="utf-8")
     return path
+
+
+def read_expansion(study_dir: Path) -> dict[str, Any]:
+    """The ``study.json`` of ``study_dir``, checked to be a study's: a mapping with one run or more.
+
+    Raises:
+        WrongDirectoryError: ``study_dir`` is not a study directory (the message says what it is and what to give),
+            or its ``study.json`` lists no runs.
+        ValueError: ``study.json`` is not a JSON object with a list of runs.
+    """
+    give = "give the directory marllm study wrote (its --out, by default runs/studies/NAME)"
+    path = study_dir / EXPANSION_FILE
+    if not study_dir.is_dir():
+        what = "does not exist" if not study_dir.exists() else "is a file, not a directory"
+        if study_dir.suffix in (".yaml", ".yml"):
+            what += f" (to run that study file: marllm study {study_dir})"
+        raise WrongDirectoryError(f"study directory {study_dir} {what}; {give}")
+    if not path.is_file():
+        has = f"a {STUDY_FILE} but no {EXPANSION_FILE}" if (study_dir / STUDY_FILE).is_file() else "neither"
+        run = f" (it is a run directory: marllm report {study_dir})" if has_run_record(study_dir) else ""
+        raise WrongDirectoryError(
+            f"{study_dir} is not a study directory: marllm study writes {STUDY_FILE} and {EXPANSION_FILE} there, and "
+            f"it has {has}{run}; {give}"
+        )
+    try:
+        study = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); run the study again to rewrite it") from error
+    if not isinstance(study, dict) or not isinstance(study.get("runs"), list):
+        raise ValueError(f"{path} does not hold a study's runs (a JSON object with a 'runs' list)")
+    if not study["runs"]:
+        raise WrongDirectoryError(
+            f"the study in {study_dir} has no runs ({EXPANSION_FILE} lists none): nothing to report; run a study "
+            f"into it first (marllm study STUDY.yaml --out {study_dir})"
+        )
+    return study
 
 
 def _collect(study_dir: Path, study: dict[str, Any]) -> tuple[list[Cell], list[dict[str, Any]]]:

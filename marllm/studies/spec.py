@@ -29,14 +29,15 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from marllm.config import TrainConfig, config_from_dict
 from marllm.config.custom_tasks import absolute_task_references
-from marllm.config.loading import ConfigError, apply_overrides, read_yaml
+from marllm.config.loading import ConfigError, apply_overrides, directory_given, read_yaml
+from marllm.studies.files import EXPANSION_FILE
 
 STUDY_OWNED = ("seed", "run_dir")  # config keys a study sets for each of its runs
 STUDY_KEYS = ("name", "base", "overrides", "variants", "grid", "seeds", "compare", "resources")
@@ -108,8 +109,8 @@ class Study:
         a grid key itself (``ppo: [agents.reward_coefficients=null]``) is not crossed with that axis.
 
         Raises:
-            ConfigError: an override of some run is invalid; the message names the study, the variant, the grid
-                values and the seed, then the key.
+            ConfigError: an override of some run is invalid (the message names the study, the variant, the grid
+                values and the seed, then the key), or there is no run (no variant, no seed or an empty grid axis).
         """
         runs: list[StudyRun] = []
         names: set[str] = set()
@@ -128,6 +129,11 @@ class Study:
                     config = self._build(variant, axes, seed, overrides)
                     name = _unique(run_name(variant, axes, seed), names)
                     runs.append(StudyRun(name, variant, axes, seed, overrides, config))
+        if not runs:
+            raise ConfigError(
+                f"study {self.name} has no runs: variants {list(self.variants)} × grid {self.grid} × seeds "
+                f"{self.seeds}; give at least one variant, one value per grid key and one seed"
+            )
         return runs
 
     def variant_axes(self, variant: str) -> list[str]:
@@ -179,6 +185,59 @@ class Study:
         return {"name": self.name, "runs": [run.to_dict() for run in runs], "compare": self.compare}
 
 
+def expansion_changed(study_dir: Path, name: str, before: Any, after: Mapping[str, Any]) -> str:
+    """Why the study ``name`` cannot run in ``study_dir``, whose ``study.json`` (``before``) lists other runs than
+    its expansion ``after`` (:meth:`Study.expansion`): the runs added and removed, and the first changed run with
+    the keys that changed, e.g. ``run ppo__seed0 changed iterations: 50 -> 60``. One line, ending with what to do."""
+    old_runs = before.get("runs") if isinstance(before, Mapping) else None
+    if not isinstance(old_runs, list) or not all(isinstance(_get(run, "name"), str) for run in old_runs):
+        what = f"its {EXPANSION_FILE} does not list runs as marllm study writes them"
+    else:
+        old = {run["name"]: run for run in old_runs}
+        new = {run["name"]: run for run in after["runs"]}
+        changed = {key: _run_changes(old[key], new[key]) for key in old.keys() & new.keys() if old[key] != new[key]}
+        parts = [f"new runs: {_names(new.keys() - old.keys())}"] if new.keys() - old.keys() else []
+        parts += [f"runs no longer in it: {_names(old.keys() - new.keys())}"] if old.keys() - new.keys() else []
+        first = next((key for key in new if key in changed), None)
+        if first is not None:
+            parts.append(f"run {first} changed {', '.join(changed[first])}")
+            more = len(changed) - 1
+            parts += [f"{more} more run{'s' if more > 1 else ''} changed"] if more else []
+        what = "; ".join(parts) or "the order of its runs changed"
+    return (
+        f"{study_dir} holds a study whose runs differ from study {name}'s ({what}); give another --out, or start "
+        "every run again with --overwrite"
+    )
+
+
+def _get(entry: Any, key: str) -> Any:
+    return entry.get(key) if isinstance(entry, Mapping) else None
+
+
+def _run_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``"key: old -> new"`` for each dotted override (then each other entry) that differs between two runs."""
+    before, after = (_by_key(run.get("overrides")) for run in (old, new))
+    changes = []
+    for key in [*before, *(key for key in after if key not in before)]:
+        if before.get(key) != after.get(key):
+            changes.append(f"{key}: {before.get(key, '(absent)')} -> {after.get(key, '(absent)')}")
+    for key in sorted((old.keys() | new.keys()) - {"overrides", "name"}):
+        if old.get(key) != new.get(key):
+            changes.append(f"{key}: {_inline(old.get(key))} -> {_inline(new.get(key))}")
+    return changes or ["the order of its overrides"]
+
+
+def _by_key(overrides: Any) -> dict[str, str]:
+    """Dotted overrides ``key=value`` as ``{key: value}`` (the last of a key wins, as when they are applied)."""
+    pairs = (str(override).partition("=") for override in overrides or [])
+    return {key.strip(): value for key, _, value in pairs}
+
+
+def _names(names: Collection[str]) -> str:
+    listed = sorted(names)
+    return ", ".join(listed[:3]) + (f" and {len(listed) - 3} more" if len(listed) > 3 else "")
+
+
 def run_name(variant: str, axes: Mapping[str, Any], seed: int) -> str:
     """E.g. ``cory__agents.reward_coefficients=-0.5__seed1``, with characters unsafe in file names replaced."""
     parts = [variant, *(f"{key}={_inline(value)}" for key, value in axes.items()), f"seed{seed}"]
@@ -206,6 +265,8 @@ def load_study(path: str | Path) -> Study:
         ConfigError: the file is missing, not strict YAML, or holds an unknown key or a value of the wrong shape.
     """
     path = Path(path)
+    if path.is_dir():
+        raise directory_given(path, "study file", "examples/studies/cory_vs_ppo.yaml")
     if not path.is_file():
         raise ConfigError(f"study file {str(path)!r} does not exist")
     try:
@@ -231,7 +292,10 @@ def study_from_dict(data: Mapping[str, Any], root: Path = Path(".")) -> Study:
     study = Study(name=name, base=_base(data.get("base"), root))
     study.overrides = _overrides(data.get("overrides", []), "overrides")
     variants = data.get("variants", {DEFAULT_VARIANT: []})
-    if not isinstance(variants, Mapping) or not variants:
+    if _empty(variants):
+        fix = "give one variant or more (name: [overrides]), or leave variants out for one run of the base config"
+        raise _no_runs("variants", variants, f"{fix} per seed")
+    if not isinstance(variants, Mapping):
         raise ConfigError(f"study variants must be a non-empty mapping of name: [overrides], got {variants!r}")
     study.variants = {}
     for variant, overrides in variants.items():
@@ -291,7 +355,22 @@ def _grid(grid: Any) -> dict[str, list[Any]]:
     return {key: list(values) for key, values in grid.items()}
 
 
+def _empty(value: Any) -> bool:
+    """Whether a study key is given empty: ``null``, ``{}`` or ``[]``."""
+    return value is None or (isinstance(value, Mapping | list) and not value)
+
+
+def _no_runs(key: str, value: Any, fix: str) -> ConfigError:
+    """The error for an empty ``variants`` or ``seeds``: the study would have no runs."""
+    shown = "null" if value is None else json.dumps(value)
+    return ConfigError(
+        f"study {key} is empty ({shown}): a study runs each variant once per seed, so it would have no runs; {fix}"
+    )
+
+
 def _seeds(seeds: Any) -> list[int]:
+    if _empty(seeds):
+        raise _no_runs("seeds", seeds, "give one seed or more, e.g. seeds: [0] (the default when seeds is left out)")
     valid = isinstance(seeds, list) and seeds and all(type(s) is int and s >= 0 for s in seeds)
     if not valid or len(set(seeds)) != len(seeds):
         raise ConfigError(f"study seeds must be a non-empty list of distinct integers >= 0, got {seeds!r}")

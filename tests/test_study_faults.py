@@ -1,0 +1,153 @@
+"""Faults of a local study's processes: a worker killed by a signal fails only its run, which is tried once more from
+its checkpoint while the other runs go on; a study parent killed with SIGKILL leaves no worker behind."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from marllm.studies.execute import Action, RunOutcome, run_one
+
+# The workers import this module for killed_attempts: the test helpers, slow to import, are imported in the tests.
+
+on_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc and the parent-death signal")
+
+
+@pytest.fixture
+def base_file(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
+    from .test_study_run import write_base
+
+    return write_base(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file)
+
+
+def killed_attempts(
+    config_data: dict[str, Any], run_dir: str, action: Action, *, deaths: Mapping[str, int], count_dir: str
+) -> RunOutcome:
+    """``run_one``, except that the first ``deaths[name]`` attempts at a run SIGKILL their own worker process: the
+    first one after training one iteration (so that its checkpoint is there for the retry), later ones at once. Each
+    attempt appends its action to ``count_dir/<name>``."""
+    name = Path(run_dir).name
+    log = Path(count_dir) / name
+    with log.open("a") as file:
+        file.write(action + "\n")
+    attempt = len(log.read_text().splitlines())
+    if attempt <= deaths.get(name, 0):
+        if attempt == 1:
+            run_one({**config_data, "iterations": 1}, run_dir, action)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return run_one(config_data, run_dir, action)
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (a zombie that nobody has reaped yet counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+@on_linux
+def test_a_killed_worker_fails_only_its_run_which_is_retried_once_from_its_checkpoint(
+    tmp_path, base_file, monkeypatch, capsys
+):
+    import marllm.studies.report as report
+    from marllm.cli import main
+    from marllm.studies import execute
+
+    from .test_study_run import write_study
+
+    monkeypatch.setattr(report, "build_study_report", lambda path: path / "report" / "report.md")
+    study_file = write_study(tmp_path, {"name": "faults", "base": "../configs/base.yaml", "seeds": [0, 1, 2]})
+    counts = tmp_path / "attempts"
+    counts.mkdir()
+    kills = functools.partial(killed_attempts, deaths={"base__seed1": 1, "base__seed2": 2}, count_dir=str(counts))
+    monkeypatch.setattr(execute, "LocalExecutor", functools.partial(execute.LocalExecutor, run_function=kills))
+    out = tmp_path / "study"
+    assert main(["study", str(study_file), "--workers", "2", "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    runs = out / "runs"
+    info = {name: json.loads((runs / name / "run.json").read_text()) for name in ("base__seed0", "base__seed1")}
+
+    # the healthy run went on, undisturbed
+    assert (counts / "base__seed0").read_text().split() == ["start"]
+    assert info["base__seed0"]["status"] == "finished" and "resumed_from" not in info["base__seed0"]
+    # killed once: tried again, resuming from the checkpoint its first attempt wrote
+    assert (counts / "base__seed1").read_text().split() == ["start", "resume"]
+    assert info["base__seed1"]["status"] == "finished" and info["base__seed1"]["completed_iterations"] == 2
+    assert info["base__seed1"]["resumed_from"] == [1] and not (runs / "base__seed1" / "error.txt").exists()
+    assert "run base__seed1: its worker process died (killed by SIGKILL" in captured.err
+    # killed in both attempts: recorded failed, saying how its worker died
+    assert (counts / "base__seed2").read_text().split() == ["start", "resume"]
+    error = (runs / "base__seed2" / "error.txt").read_text().strip()
+    assert error.startswith("worker process died in each of 2 attempts, the last killed by SIGKILL"), error
+    assert json.loads((runs / "base__seed2" / "run.json").read_text())["status"] == "failed"
+    assert f"marllm: run base__seed2 failed: {error}" in captured.err
+    assert "study faults: 2 of 3 runs finished, 1 failed" in captured.out
+
+
+@on_linux
+def test_workers_die_with_a_study_killed_by_sigkill_and_checkpoint_first(tmp_path, base_file):
+    from .test_durable_runs import SUBPROCESS_ENV
+    from .test_study_resume import descendants
+    from .test_study_run import write_study
+    from .test_train import ROOT
+
+    study_file = write_study(
+        tmp_path, {"name": "long", "base": "../configs/base.yaml", "overrides": ["iterations=200"], "seeds": [0]}
+    )
+    out = tmp_path / "study"
+    command = [sys.executable, "-m", "marllm.cli", "study", str(study_file), "--workers", "1", "--out", str(out)]
+    with (tmp_path / "stderr.txt").open("w") as stderr:
+        process = subprocess.Popen(command, cwd=ROOT, env=SUBPROCESS_ENV, stderr=stderr, text=True)
+    metrics = out / "runs" / "base__seed0" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    try:
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()
+            time.sleep(0.05)
+        workers = descendants(process.pid)
+        assert workers  # the run's worker, and multiprocessing's resource tracker
+    finally:
+        process.kill()  # SIGKILL: the study can tell its workers nothing
+        process.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while not all(gone(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in workers if not gone(pid)]
+    for pid in left:  # clean up before failing
+        os.kill(pid, signal.SIGKILL)
+    assert not left, (tmp_path / "stderr.txt").read_text()[-3000:]
+    # the worker got SIGTERM: its run wrote a checkpoint and stopped, resumable, as a scheduler's SIGTERM leaves it
+    info = json.loads((metrics.parent / "run.json").read_text())
+    assert info["status"] == "interrupted" and 1 <= info["checkpoint_iteration"] < 200, info
+
+
+@on_linux
+def test_a_worker_whose_parent_is_already_gone_ends_itself():
+    """The race ``die_with_parent`` closes: a parent that died before the request leaves no signal to come, so the
+    worker sends it to itself; with its parent alive the request is just set."""
+    from .test_train import ROOT
+
+    code = "import os, sys; from marllm.studies.processes import die_with_parent; print(die_with_parent({}))"
+    alive = subprocess.run([sys.executable, "-c", code.format("os.getppid()")], cwd=ROOT, capture_output=True)
+    assert alive.returncode == 0 and alive.stdout.strip() == b"True", alive.stderr
+    gone_parent = subprocess.run([sys.executable, "-c", code.format(2**22 + 1)], cwd=ROOT, capture_output=True)
+    assert gone_parent.returncode == -signal.SIGTERM and not gone_parent.stdout, gone_parent.stderr
+
+
+def test_how_a_worker_ended_is_said_plainly():
+    from marllm.studies.processes import exit_description
+
+    assert exit_description(-signal.SIGKILL).startswith("killed by SIGKILL (as the out-of-memory killer")
+    assert exit_description(-signal.SIGSEGV) == "killed by SIGSEGV"
+    assert exit_description(3) == "exited with status 3 without a result"
