@@ -9,7 +9,6 @@ import pytest
 
 from marllm.assets.offline.arithmetic_problems import generate_problems
 from marllm.rewards.math import ExactMatchReward
-from marllm.tasks import gsm8k
 from marllm.tasks.gsm8k import (
     GSM8K_FEW_SHOT,
     OBSERVER_TEMPLATE,
@@ -122,7 +121,7 @@ def test_hub_source_goes_through_load_dataset(monkeypatch):
         calls.append((args, kwargs))
         return datasets.Dataset.from_dict({"question": ["What is 6 * 7?"], "answer": ["6 * 7 = 42\n#### 42"]})
 
-    monkeypatch.setattr(gsm8k.datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)  # gsm8k imports it where it loads
     dataset = load_gsm8k("openai/gsm8k", split="test", config="socratic")
     assert calls == [(("openai/gsm8k", "socratic"), {"split": "test"})]
     assert dataset["ground_truth"] == ["42"]

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
@@ -206,11 +205,15 @@ class LearnerCheckpoint:
     def _policy_tensors(self) -> dict[str, torch.Tensor]:
         """The trained weights: the whole model's, or this learner's adapter's alone (under peft's names)."""
         if self.adapter is not None:
+            from peft import get_peft_model_state_dict  # only a LoRA learner (which loaded peft) gets here
+
             return get_peft_model_state_dict(self.model, adapter_name=self.adapter, save_embedding_layers=False)
         return {name: parameter.detach() for name, parameter in self.model.named_parameters()}
 
     def _set_policy(self, tensors: Mapping[str, torch.Tensor]) -> None:
         if self.adapter is not None:
+            from peft import set_peft_model_state_dict
+
             result = set_peft_model_state_dict(self.model, dict(tensors), adapter_name=self.adapter)
             if result.unexpected_keys:
                 raise CheckpointError(f"the adapter weights {result.unexpected_keys[:5]} are not in the model")

@@ -15,6 +15,7 @@ from marllm.cli.train import train_command
 from marllm.config.loading import ConfigError
 from marllm.run.interrupts import TrainingInterrupted
 from marllm.run.run_dir import DirectoryInUseError, WrongDirectoryError
+from marllm.utils.threads import wait_briefly_when_idle
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -254,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     directory another process owns (a run's, a study's, the main job's) or of the wrong kind (not a run's, not a
     study's, a study's given as a run's) one ``marllm: error: …`` line saying so and status 2, a failure to load or
     run (a missing file, an unreachable hub, a bad dataset …) one ``marllm: error: …`` line and status 1."""
+    wait_briefly_when_idle()  # before any command imports torch
     args = _parse(argv)
     try:
         return args.handler(args)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import PreTrainedModel
 
 from marllm.models.lora_settings import LoraSettings
+
+if TYPE_CHECKING:  # peft is imported where adapters are made: a run without LoRA never loads it
+    from peft import PeftModel
 
 
 def adaptable_module_names(model: torch.nn.Module) -> list[str]:
@@ -23,6 +26,8 @@ def adaptable_module_names(model: torch.nn.Module) -> list[str]:
 
 def attach_adapters(base: PreTrainedModel, adapter_names: list[str], settings: LoraSettings) -> PeftModel:
     """One LoRA adapter per name on ``base``; the base weights are frozen and shared."""
+    from peft import LoraConfig, get_peft_model
+
     if settings.target_modules is not None:
         available = adaptable_module_names(base)
         missing = [m for m in settings.target_modules if m not in available]
@@ -73,5 +78,7 @@ def load_adapter_checkpoint(base: PreTrainedModel, directory: str | Path) -> Pef
     candidates = [directory] + [d for d in directory.iterdir() if d.is_dir()] if directory.is_dir() else []
     for candidate in candidates:
         if (candidate / "adapter_config.json").is_file():
+            from peft import PeftModel
+
             return PeftModel.from_pretrained(base, candidate)
     raise FileNotFoundError(f"no adapter_config.json in {str(directory)!r} or its sub-directories")

@@ -8,10 +8,13 @@ one task definition, reward and pass@k serve both.
 
 from __future__ import annotations
 
-import datasets
+from typing import TYPE_CHECKING
 
 from marllm.assets.offline.arithmetic_problems import generate_problems
 from marllm.tasks.gsm8k import prepare_math_dataset
+
+if TYPE_CHECKING:
+    import datasets
 
 __all__ = ["arithmetic_dataset"]
 
@@ -26,4 +29,6 @@ def arithmetic_dataset(n: int, seed: int) -> datasets.Dataset:
     if not problems:
         raise ValueError("arithmetic_dataset needs n >= 1 problems, got 0")
     rows = {key: [problem[key] for problem in problems] for key in ("question", "answer")}
+    import datasets
+
     return prepare_math_dataset(datasets.Dataset.from_dict(rows), source=f"arithmetic(n={n}, seed={seed})")

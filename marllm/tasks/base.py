@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-import datasets
-from datasets.exceptions import DatasetGenerationError
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from marllm.envs.text_env import RewardFn
 from marllm.tasks.local_files import RowNames, check_local_file, text_problem
 from marllm.utils.data_formats import DATA_FORMATS, suffix_list
+
+if TYPE_CHECKING:
+    import datasets
 
 
 @dataclass
@@ -92,6 +92,8 @@ def load_text_dataset(
     if path is not None:
         dataset, rows = load_local_file(path, text_columns)
     else:
+        import datasets
+
         dataset = datasets.load_dataset(source, split=split)
     if text_columns:
         name = name or source
@@ -121,6 +123,9 @@ def load_local_file(path: Path, columns: Sequence[str] = ()) -> tuple[datasets.D
 
 def read_local_file(path: Path) -> datasets.Dataset:
     """A checked local file as a dataset; one ``datasets`` cannot parse raises ``ValueError`` naming it."""
+    import datasets
+    from datasets.exceptions import DatasetGenerationError
+
     kind = DATA_FORMATS[path.suffix].builder
     try:
         return datasets.load_dataset(kind, data_files=str(path), split="train")

@@ -12,8 +12,7 @@ response).
 from __future__ import annotations
 
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from marllm.rewards.math import parse_gsm8k_answer
 from marllm.tasks.base import load_local_file, require_texts
@@ -34,6 +33,9 @@ GSM8K_FEW_SHOT = (
     "Answer: The gardener plants 4 * 7 = 28 tulips. After the rabbits, 28 - 5 = 23 tulips are left. "
     "After picking, 23 - 9 = 14 tulips are still growing. The answer is 14.\n\n"
 )
+
+if TYPE_CHECKING:
+    import datasets
 """One worked example shown before every question (written for marllm, not taken from GSM8K)."""
 
 PIONEER_TEMPLATE = GSM8K_FEW_SHOT + "Question: {query}\nAnswer:"
@@ -62,6 +64,8 @@ def prepare_math_dataset(
             a non-empty string, or has an answer that does not end in ``#### <number>``; the message names
             ``source`` and the offending column or row (index, or line of a local file).
     """
+    import datasets
+
     if not isinstance(dataset, datasets.Dataset):
         raise TypeError(f"{source}: expected a datasets.Dataset, got {type(dataset).__name__}")
     missing = [column for column in _REQUIRED_COLUMNS if column not in dataset.column_names]
@@ -129,6 +133,8 @@ def load_gsm8k(source: str = "openai/gsm8k", split: str = "train", config: str =
     """
     local = _resolve_local(source, split)
     if local is None:
+        import datasets
+
         dataset = datasets.load_dataset(source, config, split=split)
         return prepare_math_dataset(dataset, source=f"{source} ({config}, {split})")
     dataset, rows = load_local_file(local, _REQUIRED_COLUMNS)

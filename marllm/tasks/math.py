@@ -8,9 +8,8 @@ ground truth, else 0 (so pass@k applies).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import datasets
 from transformers import PreTrainedTokenizerBase
 
 from marllm.assets.references import check_dataset_reference
@@ -19,6 +18,9 @@ from marllm.tasks.arithmetic import arithmetic_dataset
 from marllm.tasks.base import TaskParts
 from marllm.tasks.gsm8k import OBSERVER_TEMPLATE, PIONEER_TEMPLATE, load_gsm8k
 from marllm.utils.data_formats import JSON_SUFFIXES, suffix_list
+
+if TYPE_CHECKING:
+    import datasets
 
 
 @dataclass

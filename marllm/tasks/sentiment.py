@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-import datasets
 import numpy as np
 
 from marllm.assets import offline_assets, resolve_dataset
@@ -24,6 +23,7 @@ from marllm.tasks.base import TaskParts, load_text_dataset, local_file
 from marllm.utils.data_formats import suffix_list
 
 if TYPE_CHECKING:
+    import datasets
     from transformers import PreTrainedTokenizerBase
 
     from marllm.rewards.sentiment import TextScoreReward

@@ -11,9 +11,7 @@ checked when the config is read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-import datasets
+from typing import TYPE_CHECKING, Any, Literal
 
 from marllm.assets.references import check_dataset_reference
 from marllm.envs.reward_context import check_reward, rewards_by_role
@@ -21,6 +19,9 @@ from marllm.tasks.base import TaskParts, load_text_dataset, local_file
 from marllm.utils.data_formats import suffix_list
 from marllm.utils.errors import ConfigError
 from marllm.utils.imports import load_reference
+
+if TYPE_CHECKING:
+    import datasets
 
 QUERY = "query"
 
