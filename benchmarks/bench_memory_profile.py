@@ -238,9 +238,22 @@ def measure(kind: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
     generation = GenerationConfig(
         min_new_tokens=args.min_new_tokens, max_new_tokens=args.max_new_tokens, logprobs_from=args.logprobs_from
     )
+
+    def build() -> dict[str, PPOLearner]:
+        return make_learners(model_dir, learner_ids(args.agents), ppo, generation, seed=SEED, device="cpu")[0]
+
+    return run_phases(kind, build, env, args.iterations, SEED, args.top)
+
+
+def run_phases(
+    kind: str, build: Callable[[], dict[str, PPOLearner]], env: Any, iterations: int, seed: int, top: int
+) -> dict[str, Any]:
+    """Build the learners (a phase of its own), instrument them and run ``iterations`` iterations of ``env``,
+    recording phases; ``kind`` ``tensors`` also profiles tensor allocations (the ``top`` largest per phase).
+    Returns ``{"rows": …, "shapes": …}`` as :func:`format_table` reads them."""
     phases = Phases(profile_tensors=kind == "tensors")
     phases.enter("build learners")
-    learners, _ = make_learners(model_dir, learner_ids(args.agents), ppo, generation, seed=SEED, device="cpu")
+    learners = build()
     shapes: list[str] = []
     for learner in learners.values():
         instrument(learner, phases, shapes)
@@ -248,14 +261,14 @@ def measure(kind: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
     if kind == "tensors":
         profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
         profiler.start()
-    for iteration in range(args.iterations):
+    for iteration in range(iterations):
         phases.enter(f"iteration {iteration + 1} start")
-        run_iteration(env, learners, seed=SEED if iteration == 0 else None)
+        run_iteration(env, learners, seed=seed if iteration == 0 else None)
     phases.enter(None)
     rows = phases.rows
     if profiler is not None:
         profiler.stop()
-        figures = tensor_figures(profiler, args.top)
+        figures = tensor_figures(profiler, top)
         for index, row in enumerate(rows):
             row.update(figures.get(f"phase::{index}", {}))
     return {"rows": rows, "shapes": shapes}

@@ -26,12 +26,11 @@ from typing import Any
 
 import torch
 from _models import run_child
-from bench_memory_profile import Phases, format_table, instrument, tensor_figures
+from bench_memory_profile import format_table, run_phases
 from transformers.utils import logging as hf_logging
 
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.envs import env as text_env
-from marllm.loop import run_iteration
 from marllm.run.learners import make_learners
 from marllm.wrappers import RolePermutation, SharedReward
 
@@ -70,26 +69,15 @@ def measure(kind: str, workload: str, args: argparse.Namespace) -> dict[str, Any
         init_kl_coef=0.3,
     )
     generation = GenerationConfig(min_new_tokens=4, max_new_tokens=16, top_k=0, top_p=1.0, repetition_penalty=1.1)
-    phases = Phases(profile_tensors=kind == "tensors")
-    phases.enter("build learners")
-    learners, _ = make_learners(str(Path(workload) / "model"), env.possible_agents, ppo, generation, seed=0)
-    shapes: list[str] = []
-    for learner in learners.values():
-        instrument(learner, phases, shapes)
-    profiler = None
-    if kind == "tensors":
-        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-        profiler.start()
-    for iteration in range(args.iterations):
-        phases.enter(f"iteration {iteration + 1} start")
-        run_iteration(env, learners, seed=0 if iteration == 0 else None)
-    phases.enter(None)
-    if profiler is not None:
-        profiler.stop()
-        figures = tensor_figures(profiler, 4)
-        for index, row in enumerate(phases.rows):
-            row.update(figures.get(f"phase::{index}", {}))
-    return {"rows": phases.rows, "shapes": shapes}
+    model_dir = str(Path(workload) / "model")
+    return run_phases(
+        kind,
+        lambda: make_learners(model_dir, env.possible_agents, ppo, generation, seed=0)[0],
+        env,
+        args.iterations,
+        0,
+        4,
+    )
 
 
 def median_iteration_seconds(rows: list[dict[str, Any]]) -> float:

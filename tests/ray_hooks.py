@@ -3,19 +3,36 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import signal
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from marllm.studies.execute import Action, RunOutcome, run_one
 
 
+def exit_at_once() -> None:
+    """End this process without cleanup, as a crashed worker does."""
+    os._exit(1)
+
+
+def sigkill_self() -> None:
+    """SIGKILL this process, as the out-of-memory killer does."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def dying_attempts(
-    config_data: dict[str, Any], run_dir: str, action: Action, *, deaths: Mapping[str, int], count_dir: str
+    config_data: dict[str, Any],
+    run_dir: str,
+    action: Action,
+    *,
+    deaths: Mapping[str, int],
+    count_dir: str,
+    die: Callable[[], None] = exit_at_once,
 ) -> RunOutcome:
-    """``run_one``, except that the first ``deaths[name]`` attempts at a run kill their worker process: the first one
-    after training one iteration (so that its checkpoint is there for the retry), later ones at once. Each attempt
-    appends its action to ``count_dir/<name>``."""
+    """``run_one``, except that the first ``deaths[name]`` attempts at a run end their worker process with ``die``:
+    the first one after training one iteration (so that its checkpoint is there for the retry), later ones at once.
+    Each attempt appends its action to ``count_dir/<name>``."""
     name = Path(run_dir).name
     log = Path(count_dir) / name
     with log.open("a") as file:
@@ -24,5 +41,5 @@ def dying_attempts(
     if attempt <= deaths.get(name, 0):
         if attempt == 1:
             run_one({**config_data, "iterations": 1}, run_dir, action)
-        os._exit(1)
+        die()
     return run_one(config_data, run_dir, action)

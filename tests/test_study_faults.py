@@ -10,15 +10,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from marllm.studies.execute import Action, RunOutcome, run_one
-
-# The workers import this module for killed_attempts: the test helpers, slow to import, are imported in the tests.
+from .ray_hooks import dying_attempts, sigkill_self
 
 on_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc and the parent-death signal")
 
@@ -28,24 +24,6 @@ def base_file(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
     from .test_study_run import write_base
 
     return write_base(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file)
-
-
-def killed_attempts(
-    config_data: dict[str, Any], run_dir: str, action: Action, *, deaths: Mapping[str, int], count_dir: str
-) -> RunOutcome:
-    """``run_one``, except that the first ``deaths[name]`` attempts at a run SIGKILL their own worker process: the
-    first one after training one iteration (so that its checkpoint is there for the retry), later ones at once. Each
-    attempt appends its action to ``count_dir/<name>``."""
-    name = Path(run_dir).name
-    log = Path(count_dir) / name
-    with log.open("a") as file:
-        file.write(action + "\n")
-    attempt = len(log.read_text().splitlines())
-    if attempt <= deaths.get(name, 0):
-        if attempt == 1:
-            run_one({**config_data, "iterations": 1}, run_dir, action)
-        os.kill(os.getpid(), signal.SIGKILL)
-    return run_one(config_data, run_dir, action)
 
 
 def gone(pid: int) -> bool:
@@ -70,7 +48,8 @@ def test_a_killed_worker_fails_only_its_run_which_is_retried_once_from_its_check
     study_file = write_study(tmp_path, {"name": "faults", "base": "../configs/base.yaml", "seeds": [0, 1, 2]})
     counts = tmp_path / "attempts"
     counts.mkdir()
-    kills = functools.partial(killed_attempts, deaths={"base__seed1": 1, "base__seed2": 2}, count_dir=str(counts))
+    deaths = {"base__seed1": 1, "base__seed2": 2}
+    kills = functools.partial(dying_attempts, deaths=deaths, count_dir=str(counts), die=sigkill_self)
     monkeypatch.setattr(execute, "LocalExecutor", functools.partial(execute.LocalExecutor, run_function=kills))
     out = tmp_path / "study"
     assert main(["study", str(study_file), "--workers", "2", "--out", str(out)]) == 1

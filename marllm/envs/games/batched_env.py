@@ -50,8 +50,9 @@ from marllm.envs.games.parsers import Parser, get_parser, list_moves
 from marllm.envs.games.prompts import GameTemplate, check_game_templates
 from marllm.envs.games.records import GameRecord, Turn
 from marllm.envs.games.spaces import Rows
-from marllm.envs.games.views import GameView, Move, describe, view_for
+from marllm.envs.games.views import GameView, Move, view_for
 from marllm.envs.info_keys import BATCH_REWARDS, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
+from marllm.envs.text_inputs import describe_action
 from marllm.utils.errors import CheckpointError
 from marllm.utils.generators import restore_generator
 
@@ -253,7 +254,7 @@ class BatchedGameEnv(AECEnv):
         if not self.action_spaces[seat].contains(action) or len(action) != len(games):
             raise ValueError(
                 f"the action of seat {seat!r} must be a sequence of {len(games)} answer strings, one per game it "
-                f"moves in ({list(games)}), got {describe(action)}"
+                f"moves in ({list(games)}), got {describe_action(action)}"
             )
         self._cumulative_rewards[seat] = 0.0
         illegal = [

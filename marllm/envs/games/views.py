@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 from pettingzoo import AECEnv
@@ -147,12 +147,3 @@ def view_for(game: AECEnv) -> GameView:
 
         return OpenSpielView()
     return GameView()
-
-
-def describe(value: Any) -> str:
-    """A short description of a value for error messages."""
-    if isinstance(value, str):
-        return "a single str"
-    if isinstance(value, Sequence):
-        return f"a {type(value).__name__} of {len(value)} items"
-    return repr(type(value).__name__)
