@@ -1,4 +1,4 @@
-"""``marllm eval`` of a game config: each model against each fixed opponent, in each seat."""
+"""``marllm eval`` of a game config: each model against each fixed opponent, in each seat; or a rated round-robin."""
 
 from __future__ import annotations
 
@@ -11,16 +11,19 @@ from marllm.config.loading import ConfigError
 
 
 def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
-    """Print the win/draw/loss/illegal-move table of :func:`~marllm.evaluation.games.evaluate_game` (and write it as
-    JSON to ``--out``)."""
+    """Print the win/draw/loss/illegal-move table of :func:`~marllm.evaluation.games.evaluate_game`, or with
+    ``--round-robin`` the ratings of :func:`~marllm.evaluation.round_robin.round_robin` (and write it as JSON to
+    ``--out``)."""
     if config.game is None:
-        raise ConfigError("--games and --opponent evaluate a game: the config has no game section")
+        raise ConfigError("--games, --opponent and --round-robin evaluate a game: the config has no game section")
     if args.cross_play or args.pass_k is not None or args.samples is not None or args.limit is not None:
         raise ConfigError(
             "--cross-play, --pass-k, --samples and --limit evaluate a text task; a game config takes --games and "
             "--opponent"
         )
     config.check_references()
+    if args.round_robin:
+        return _round_robin(config, args)
     from marllm.evaluation.games import check_opponents, evaluate_game
 
     if args.opponent:
@@ -36,7 +39,30 @@ def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
         "payoff with a 95% t interval"
     )
     print(result.to_markdown())
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result.to_dict(), indent=2))
+    _write(args.out, result.to_dict())
     return 0
+
+
+def _round_robin(config: TrainConfig, args: argparse.Namespace) -> int:
+    from marllm.evaluation.round_robin import round_robin
+
+    checkpoints = args.checkpoint or ["base"]
+    try:
+        result = round_robin(
+            config, checkpoints, args.opponent or [], args.games or 100, args.batch_size, config.seed
+        )
+    except ValueError as error:
+        raise ConfigError(f"--round-robin: {error}") from None
+    print(
+        f"{config.game.name}: a round-robin, {args.games or 100} games per pair and seat; Bradley-Terry ratings on the "
+        f"Elo scale relative to {result.players[0]}, with 95% bootstrap intervals over games"
+    )
+    print(result.to_markdown())
+    _write(args.out, result.to_dict())
+    return 0
+
+
+def _write(out: str | None, results: dict) -> None:
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(results, indent=2))

@@ -18,7 +18,7 @@ per-game analysis would give.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,10 +253,40 @@ def evaluate_game(
     return result
 
 
+PlayerSource = Callable[[int], FixedPlayer]
+"""Gives the player of a batch of games from that batch's seed: a fresh seeded fixed opponent, or a model's player."""
+
+
+def player_source(game: GameConfig, name: str, player: ModelPlayer | None = None) -> PlayerSource:
+    """The player named ``name``: ``player`` (a model, the same object for every batch) or a fixed opponent."""
+    if player is not None:
+        return lambda seed: player
+    return lambda seed: make_eval_opponent(game, name, seed)
+
+
 def _play(
     config: TrainConfig, player: ModelPlayer, opponent: str, seat: str, games: int, batch_size: int, seed: int
 ) -> GameEvalRow:
     """``games`` games of ``player`` in ``seat`` against ``opponent`` in the others."""
+    game = config.game
+    assert game is not None
+    other = player_source(game, opponent, player if opponent == SELF else None)
+    return play_matches(config, player.name, lambda s: player, opponent, other, seat, games, batch_size, seed)[0]
+
+
+def play_matches(
+    config: TrainConfig,
+    name: str,
+    source: PlayerSource,
+    opponent: str,
+    opponent_source: PlayerSource,
+    seat: str,
+    games: int,
+    batch_size: int,
+    seed: int,
+) -> tuple[GameEvalRow, np.ndarray]:
+    """``games`` games of player ``name`` in ``seat`` against ``opponent`` in the others: the row of rates and each
+    game's outcome for ``name`` (1 win, 0 draw, −1 loss)."""
     game = config.game
     assert game is not None
     torch.manual_seed(seed)
@@ -275,7 +305,7 @@ def _play(
             illegal_penalty=game.illegal_penalty,
             seed=seed + start,
         )
-        other = player if opponent == SELF else make_eval_opponent(game, opponent, seed + start)
+        player, other = source(seed + start), opponent_source(seed + start)
         players = {s: (player if s == seat else other) for s in environment.possible_agents}
         episode = play_episode(environment, players, seed=seed + start)
         payoffs.append(np.asarray(episode.final_infos[seat][PAYOFFS], dtype=np.float64))
@@ -294,8 +324,8 @@ def _play(
             fixed.update()  # drop the rewards it was credited (fixed players keep them for a metric)
         environment.close()
     outcome = np.concatenate(outcomes)
-    return GameEvalRow(
-        model=player.name,
+    row = GameEvalRow(
+        model=name,
         opponent=opponent,
         seat=seat,
         games=len(outcome),
@@ -306,6 +336,7 @@ def _play(
         payoff=estimate(np.concatenate(payoffs)).as_dict(),
         cooperation=wilson(cooperative, legal) if has_cooperation else None,
     )
+    return row, outcome
 
 
 def _seat_answers(environment: BatchedGameEnv, seat: str) -> list[tuple[list[Any], list[bool]]]:
