@@ -40,6 +40,9 @@ CASES: dict[str, dict[str, Any]] = {
         "critic_free": {"kl_in": "loss", "loss_aggregation": "seq-mean-token-mean"},
     },
     "reinforce_pp": {"ppo": {**PPO, "loss_reduction": "step_token_mean"}, "algorithm": "reinforce_pp"},
+    # Two turns of different prompt and response lengths, merged into one update: one process holds each turn
+    # whole, one after the other; a rank holds its half of each.
+    "ppo_two_turns": {"ppo": {**PPO, "score_transform": "normalize"}, "turns": 2},
 }
 
 
@@ -63,8 +66,11 @@ def build_learner(case: str, tokenizer: Any, data_parallel: Any = None, sharded:
     )
 
 
-def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
-    """The ``rank``-th of ``world_size`` equal slices of a rewarded rollout (the rank's dialogues of the batch)."""
+def rank_slice(rollout: Rollout | list[Rollout], rank: int, world_size: int) -> Rollout | list[Rollout]:
+    """The ``rank``-th of ``world_size`` equal slices of a rewarded rollout (the rank's dialogues of the batch), or
+    of each of a list of them."""
+    if isinstance(rollout, list):
+        return [rank_slice(turn, rank, world_size) for turn in rollout]  # type: ignore[misc]
     size = len(rollout.responses) // world_size
     rows = slice(rank * size, (rank + 1) * size)
     part = copy.copy(rollout)
@@ -75,11 +81,12 @@ def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
     return part
 
 
-def state_after_update(learner: PPOLearner, rollout: Rollout) -> dict[str, Any]:
-    """One update on ``rollout``; the gradient handed to each of its optimiser steps, and the learner's trained
-    parameters (whole), metrics, η, score statistics and checkpoint tensors after it. Sharded, a collective."""
+def state_after_update(learner: PPOLearner, rollouts: Rollout | list[Rollout]) -> dict[str, Any]:
+    """One update on ``rollouts`` (a rollout, or one per turn); the gradient handed to each of its optimiser steps,
+    and the learner's trained parameters (whole), metrics, η, score statistics and checkpoint tensors after it.
+    Sharded, a collective."""
     gradients = step_gradients(learner)
-    learner.rollouts = [rollout]
+    learner.rollouts = list(rollouts) if isinstance(rollouts, list) else [rollouts]
     metrics = learner.update()
     return {
         "gradients": gradients,

@@ -42,17 +42,24 @@ def torchrun(*arguments: str, timeout: int = 300) -> subprocess.CompletedProcess
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=ENV)
 
 
+TURN_PROMPTS = (
+    ("this movie was", "the story is", "i hated the", "what a"),
+    ("the actors in this movie were", "i think the story", "a film that", "what a long and slow"),
+)
+
+
 def rewarded_rollout(case: str, tokenizer) -> object:
-    """A global batch of BATCH responses (groups of 2 prompts) from the case's learner, with rewards."""
+    """A global batch of BATCH responses (groups of 2 prompts) from the case's learner, with rewards; for a case
+    of several turns, a list of one such rollout per turn (each turn's prompts of other lengths)."""
     learner = build_learner(case, tokenizer)
-    prompts = [p for p in ("this movie was", "the story is", "i hated the", "what a") for _ in range(2)]
-    torch.manual_seed(1)
-    learner.act({"prompt": prompts})
+    turns = CASES[case].get("turns", 1)
     target = tokenizer.encode(" good")[0]
-    ids = [tokenizer.encode(r) for r in learner.rollouts[0].responses]
-    rewards = [sum(t == target for t in row) / max(len(row), 1) + 0.1 * i for i, row in enumerate(ids)]
-    learner.finish(rewards)
-    return learner.rollouts[0]
+    torch.manual_seed(1)
+    for turn in range(turns):
+        learner.act({"prompt": [p for p in TURN_PROMPTS[turn] for _ in range(2)]})
+        ids = [tokenizer.encode(r) for r in learner.rollouts[turn].responses]
+        learner.finish([sum(t == target for t in row) / max(len(row), 1) + 0.1 * i for i, row in enumerate(ids)])
+    return learner.rollouts[0] if turns == 1 else list(learner.rollouts)
 
 
 @pytest.fixture(scope="module")

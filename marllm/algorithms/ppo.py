@@ -41,7 +41,7 @@ from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.ppo_steps import NonFiniteLossError, PPOSteps
 from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_scores
 from marllm.algorithms.registry import AlgorithmOptions, register_learner
-from marllm.algorithms.rollout import Rollout, RolloutCollector
+from marllm.algorithms.rollout import Rollout, RolloutCollector, merge_rollouts
 from marllm.models.activations import recompute_activations_in_backward
 from marllm.models.generation import check_chat_template, logprob_logits
 from marllm.models.lora import adapter_parameters
@@ -143,7 +143,8 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
 
     # ----------------------------------------------------------------------------------------------- learning
     def update(self) -> dict[str, float]:
-        """Run PPO on every rewarded rollout, then forget them. Returns this learner's metrics (unprefixed).
+        """Run PPO on every rewarded rollout, merged into one batch (:func:`merge_rollouts`), then forget them.
+        Returns this learner's metrics (unprefixed): batch means over all of its responses of the iteration.
 
         With ``ppo.on_nonfinite: skip`` a non-finite loss or gradient norm abandons the rest of the update (see
         :class:`PPOConfig`): the metrics then hold ``nonfinite_skipped = 1`` and :attr:`last_nonfinite` says why.
@@ -154,16 +155,13 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         if unfinished:
             raise RuntimeError(f"learner {self.name!r}: rollout(s) {unfinished} never got their reward (finish())")
         self.last_nonfinite: str | None = None
-        stats: dict[str, list[float]] = defaultdict(list)
-        for rollout in self.rollouts:
-            self.config.check_batch_size(len(rollout.responses) * self._world_size)
-            for key, value in self._update_with(rollout).as_dict().items():
-                stats[key].append(value)
-            if self.last_nonfinite is not None:
-                break
+        # A learner's turns of the iteration are one update: each epoch shuffles all of its samples, and whitening,
+        # the score statistics and the KL controller take one step per iteration, however many turns it played.
+        rollout = merge_rollouts(self.rollouts, self.tokenizer.pad_token_id)
+        self.config.check_batch_size(len(rollout.responses) * self._world_size)
+        metrics = self._update_with(rollout).as_dict()
         self.rollouts = []
         self.num_updates += 1
-        metrics = {key: float(np.mean(values)) for key, values in stats.items()}
         return metrics if self.data_parallel is None else self.data_parallel.mean_metrics(metrics)
 
     @property
@@ -228,14 +226,17 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         Updates the running score statistics (``ppo.score_transform``), as each batch's scores are part of them.
         """
         kl_coef = float(self.kl_controller.value)
-        scores = self._transform_scores(rollout.received_rewards)
+        dp = self.data_parallel
+        global_rows = None if dp is None else dp.global_rows(rollout.segment_sizes)
+        scores = self._transform_scores(rollout.received_rewards, global_rows)
         score_tensor = torch.as_tensor(scores, dtype=torch.float32, device=self.device)
         columns = self._advantages(rollout.tensors, score_tensor, kl_coef)
-        return UpdateBatch(Batch(rollout.tensors, **columns), scores, kl_coef, rollout.prompt_length)
+        return UpdateBatch(Batch(rollout.tensors, **columns), scores, kl_coef, rollout.prompt_length, global_rows)
 
-    def _transform_scores(self, scores: np.ndarray) -> np.ndarray:
+    def _transform_scores(self, scores: np.ndarray, global_rows: np.ndarray | None = None) -> np.ndarray:
         # The statistics take the global batch, in one process's order, so that every rank keeps the same.
-        batch = scores if self.data_parallel is None else self.data_parallel.gather(scores)
+        dp = self.data_parallel
+        batch = scores if dp is None else dp.gather_rows(scores, global_rows)
         cfg = self.config
         return transform_scores(scores, batch, self.score_statistics, cfg.score_transform, cfg.score_clip)
 

@@ -31,7 +31,8 @@ class _MiniBatch(NamedTuple):
 
     epoch: int
     indices: np.ndarray  # (m,) its samples' indices in the global batch
-    rows: np.ndarray  # this rank's samples among them, as rows of its local batch
+    mine: np.ndarray  # this rank's samples among them (global indices)
+    rows: np.ndarray  # the same samples as rows of this rank's local batch
     weight: float  # its loss's share of the step's accumulated gradient
 
 
@@ -58,10 +59,10 @@ class PPOSteps:
         """
         dp = self.data_parallel
         masses = self._sample_masses(data.batch.mask).float().cpu()  # what each sample weighs in a loss normaliser
+        rows = np.arange(len(data)) if data.global_rows is None else data.global_rows  # this rank's global rows
         if dp is not None:
-            masses = dp.gather(masses)
-        offset = 0 if dp is None else dp.rank * len(data)  # this rank's slice of the global batch
-        for step in self._step_plan(masses, offset, len(data)):
+            masses = dp.gather_rows(masses, rows)
+        for step in self._step_plan(masses, rows):
             self.optimizer.zero_grad(set_to_none=True)
             applied = 0
             failure: str | None = None
@@ -83,11 +84,14 @@ class PPOSteps:
                     dp.sum_gradients_(self._trained_parameters())
                 self._optimizer_step(step[0].epoch)
 
-    def _step_plan(self, masses: torch.Tensor, offset: int, local_size: int) -> Iterator[list[_MiniBatch]]:
+    def _step_plan(self, masses: torch.Tensor, global_rows: np.ndarray) -> Iterator[list[_MiniBatch]]:
         """The optimiser steps of an update, each as its mini-batches: ``ppo_epochs`` shuffled passes over the
-        (global) batch of ``len(masses)`` samples, of which this rank holds ``[offset, offset + local_size)``."""
+        (global) batch of ``len(masses)`` samples, of which this rank holds ``global_rows`` (its local rows' global
+        indices, in local order)."""
         cfg = self.config
         batch_size = len(masses)
+        local_of = np.full(batch_size, -1)
+        local_of[global_rows] = np.arange(len(global_rows))
         for epoch in range(cfg.ppo_epochs):
             b_inds = self._rng.permutation(batch_size)
             for start in range(0, batch_size, cfg.backward_batch_size):
@@ -95,9 +99,9 @@ class PPOSteps:
                 step = []
                 for mb_start in range(0, len(step_inds), cfg.mini_batch_size):
                     mb_inds = step_inds[mb_start : mb_start + cfg.mini_batch_size]
-                    mine = mb_inds[(mb_inds >= offset) & (mb_inds < offset + local_size)]
+                    mine = mb_inds[local_of[mb_inds] >= 0]
                     weight = self._minibatch_weight(masses[mb_inds], masses[step_inds])
-                    step.append(_MiniBatch(epoch, mb_inds, mine - offset, weight))
+                    step.append(_MiniBatch(epoch, mb_inds, mine, local_of[mine], weight))
                 yield step
 
     def _accumulate(
@@ -139,8 +143,7 @@ class PPOSteps:
                 return True, failure
         weight = minibatch.weight
         if dp is not None:  # this rank's share of the mini-batch's loss normaliser (0 for a stand-in)
-            global_rows = minibatch.rows + (dp.rank * len(data))
-            weight *= float(masses[global_rows].sum()) / (float(masses[minibatch.indices].sum()) or 1.0)
+            weight *= float(masses[minibatch.mine].sum()) / (float(masses[minibatch.indices].sum()) or 1.0)
         (loss * weight).backward()
         return True, failure
 

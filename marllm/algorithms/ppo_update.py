@@ -36,7 +36,8 @@ def transform_scores(
 
 @dataclass(frozen=True)
 class UpdateBatch:
-    """Everything the epochs of an update need from one rollout, computed before them without gradients.
+    """Everything the epochs of an update need from a rollout (a learner's turns of an iteration, merged), computed
+    before them without gradients.
 
     Built by :meth:`~marllm.algorithms.ppo.PPOLearner._preprocess`; the rollout itself is left as it was.
 
@@ -47,12 +48,15 @@ class UpdateBatch:
         scores: the transformed scores (B,), float64: the rewards after the running-statistics transform and clip.
         kl_coef: η of this update's KL penalty (the controller's value when the update began).
         prompt_length: P, the prompt columns of ``input_ids`` before the response.
+        global_rows: data-parallel, each row's index in the global batch one process would hold
+            (:meth:`~marllm.parallel.distributed.DataParallel.global_rows`); None in one process.
     """
 
     batch: Batch
     scores: np.ndarray
     kl_coef: float
     prompt_length: int
+    global_rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         """The number of responses."""
@@ -61,7 +65,8 @@ class UpdateBatch:
 
 @dataclass(frozen=True)
 class UpdateStats:
-    """A learner's statistics of its update on one rollout; :meth:`as_dict` gives the metrics ``update()`` reports.
+    """A learner's statistics of its update on an iteration's rollouts, merged; :meth:`as_dict` gives the metrics
+    ``update()`` reports.
 
     Attributes:
         task_reward: the agent's own task reward, batch mean.

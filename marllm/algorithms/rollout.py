@@ -46,10 +46,73 @@ class Rollout:
     received_rewards: np.ndarray | None = None
     task_rewards: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    segments: tuple[int, ...] = ()
+    """The sizes of the rollouts this one merges, in order (:func:`merge_rollouts`); empty for a rollout of one turn."""
 
     @property
     def finished(self) -> bool:
         return self.received_rewards is not None
+
+    @property
+    def segment_sizes(self) -> tuple[int, ...]:
+        """The rows of each turn it holds: :attr:`segments`, or all its rows as one."""
+        return self.segments or (len(self.responses),)
+
+
+_SEQUENCE_COLUMNS = ("input_ids", "attention_mask")  # (B, P+L): the prompt, left-padded, then the response
+
+
+def merge_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
+    """One rewarded rollout holding the rows of ``rollouts`` (a learner's turns of an iteration), in order.
+
+    Prompts are left-padded and responses right-padded to the longest of them: ``input_ids`` with ``pad_token_id``
+    and ``attention_mask`` with 0 on both sides, ``response`` with ``pad_token_id`` and every other (B, L) column
+    (``mask``, log-probs, values, KL) with 0, so that the padding is masked wherever the update reads it. Positions
+    come from the attention mask (:func:`~marllm.models.policy.position_ids_for`) and the repetition penalty skips
+    left padding, so a row's log-probs are its own again up to float rounding in the longer attention. One rollout
+    is returned as it is.
+
+    Raises:
+        ValueError: no rollout, one without its rewards, or rollouts whose tensors hold different columns.
+    """
+    if not rollouts:
+        raise ValueError("merge_rollouts needs at least one rollout")
+    unfinished = [i for i, r in enumerate(rollouts) if not r.finished]
+    if unfinished:
+        raise ValueError(f"rollout(s) {unfinished} have no rewards yet (finish())")
+    if len(rollouts) == 1:
+        return rollouts[0]
+    columns = set(rollouts[0].tensors.keys())
+    for rollout in rollouts[1:]:
+        if set(rollout.tensors.keys()) != columns:
+            raise ValueError(f"rollouts hold different columns: {sorted(columns)} and {sorted(rollout.tensors.keys())}")
+    prompt_length = max(r.prompt_length for r in rollouts)
+    response_length = max(r.tensors.response.shape[1] for r in rollouts)
+    merged: dict[str, list[torch.Tensor]] = defaultdict(list)
+    for rollout in rollouts:
+        left = prompt_length - rollout.prompt_length
+        right = response_length - rollout.tensors.response.shape[1]
+        for key in columns:
+            tensor = rollout.tensors[key]
+            pad = pad_token_id if key in ("input_ids", "response") else 0
+            widths = (left, right) if key in _SEQUENCE_COLUMNS else (0, right)
+            merged[key].append(torch.nn.functional.pad(tensor, widths, value=pad))
+    timings: dict[str, float] = defaultdict(float)
+    for rollout in rollouts:
+        for key, seconds in rollout.timings.items():
+            timings[key] += seconds
+    roles = {r.role for r in rollouts}
+    return Rollout(
+        prompts=tuple(p for r in rollouts for p in r.prompts),
+        responses=tuple(text for r in rollouts for text in r.responses),
+        prompt_length=prompt_length,
+        tensors=Batch(**{key: torch.cat(parts, 0) for key, parts in merged.items()}),
+        role=roles.pop() if len(roles) == 1 else None,
+        received_rewards=np.concatenate([r.received_rewards for r in rollouts]),
+        task_rewards=np.concatenate([r.task_rewards for r in rollouts]),
+        timings=dict(timings),
+        segments=tuple(size for r in rollouts for size in r.segment_sizes),
+    )
 
 
 class RolloutCollector:

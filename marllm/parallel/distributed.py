@@ -18,7 +18,7 @@ CleanRL's multi-GPU PPO does) is both simpler and fewer collectives.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -145,6 +145,25 @@ class DataParallel:
         joined = torch.cat(parts).to(tensor.device)
         return joined.numpy() if isinstance(values, np.ndarray) else joined
 
+    def global_rows(self, segments: Sequence[int]) -> np.ndarray:
+        """Where each of this rank's rows sits in the global batch one process would hold, for a batch made of
+        segments (a learner's turns of an iteration, merged): this rank's slice of each segment, in order.
+
+        One process holds the segments one after another, each in rank order; see :func:`segment_rows`. Every rank
+        must hold the same number of segments.
+        """
+        sizes = self.gather(np.asarray(segments, dtype=np.int64)).reshape(self.world_size, len(segments))
+        return segment_rows(sizes, self.rank)
+
+    def gather_rows(self, values: np.ndarray | torch.Tensor, rows: np.ndarray) -> np.ndarray | torch.Tensor:
+        """Every rank's ``values`` (one per local row) in global order: value ``i`` of a rank goes to its
+        ``rows[i]`` (:meth:`global_rows`). Returns the type it was given."""
+        gathered = self.gather(values)
+        everywhere = self.gather(np.asarray(rows, dtype=np.int64))
+        ordered = gathered.copy() if isinstance(gathered, np.ndarray) else gathered.clone()
+        ordered[everywhere] = gathered
+        return ordered
+
     def mean_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
         """Each metric's mean over the ranks that report it (on equal slices, a batch mean's global value)."""
         everyone: list[dict[str, float] | None] = [None] * self.world_size
@@ -185,3 +204,16 @@ class DataParallel:
             if count > 0:
                 parameter.grad = summed[offset : offset + size].view_as(parameter).to(parameter.dtype)
             offset += size
+
+
+def segment_rows(sizes: np.ndarray, rank: int) -> np.ndarray:
+    """The global index of each of ``rank``'s rows, from every rank's segment sizes ``sizes`` (R, S).
+
+    Rank r holds rows ``sizes[r, 0]`` of segment 0, then ``sizes[r, 1]`` of segment 1, and so on. One process would
+    hold segment 0 whole (rank 0's rows, then rank 1's, …), then segment 1 whole, …: the global batch. With one
+    segment this is ``rank``'s contiguous slice.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    segment_starts = np.concatenate([[0], np.cumsum(sizes.sum(axis=0))[:-1]])  # (S,)
+    rank_starts = segment_starts + sizes[:rank].sum(axis=0)  # (S,) where this rank's slice of each begins
+    return np.concatenate([start + np.arange(size) for start, size in zip(rank_starts, sizes[rank], strict=True)])
