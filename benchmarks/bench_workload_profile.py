@@ -9,7 +9,7 @@ the settings ``../shared/bench/marllm_workload.py`` times. The phases are those 
 set size at start, peak (``VmHWM``, reset at every phase boundary) and end, in MiB.
 
     .venv/bin/python benchmarks/bench_workload_profile.py runs/bench-workload [--iterations 6] [--threads 0]
-        [--mini-batch-size N --accumulation K] [--tensors]
+        [--mini-batch-size N --accumulation K] [--micro-batch-size M] [--tensors]
 
 ``--tensors`` reruns the iterations under the torch profiler and adds each phase's peak of live tensor bytes and
 its largest allocations (slow; a separate process). Memory figures do not depend on the thread count; seconds do.
@@ -63,6 +63,7 @@ def measure(kind: str, workload: str, args: argparse.Namespace) -> dict[str, Any
         learning_rate=1.41e-5,
         mini_batch_size=args.mini_batch_size or args.batch_size,
         gradient_accumulation_steps=args.accumulation,
+        micro_batch_size=args.micro_batch_size,
         ppo_epochs=4,
         kl_penalty="full",
         score_transform="normalize",
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--mini-batch-size", type=int, default=None, help="ppo.mini_batch_size (default: the batch)")
     parser.add_argument("--accumulation", type=int, default=1, help="ppo.gradient_accumulation_steps")
+    parser.add_argument("--micro-batch-size", type=int, default=None, help="ppo.micro_batch_size (default: none)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's choice)")
     parser.add_argument("--tensors", action="store_true", help="also profile tensor allocations (slow)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -104,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.child is not None:
         print(json.dumps(measure(args.child, args.workload, args)))
         return
-    options = {name: getattr(args, name) for name in ("iterations", "batch_size", "mini_batch_size", "accumulation")}
+    names = ("iterations", "batch_size", "mini_batch_size", "accumulation", "micro_batch_size")
+    options = {name: getattr(args, name) for name in names}
     options["threads"] = args.threads
     started = time.perf_counter()
     rss = run_child(__file__, [args.workload, "--child", "rss"], options)

@@ -43,6 +43,9 @@ CASES: dict[str, dict[str, Any]] = {
     # Two turns of different prompt and response lengths, merged into one update: one process holds each turn
     # whole, one after the other; a rank holds its half of each.
     "ppo_two_turns": {"ppo": {**PPO, "score_transform": "normalize"}, "turns": 2},
+    # Mini-batches of 4 in passes of 1 row on each rank, skipping the mini-batches whose mean ratio runs over 1.02.
+    "ppo_micro_batches": {"ppo": {**PPO, "mini_batch_size": 4, "gradient_accumulation_steps": 1,
+                                  "micro_batch_size": 1, "ratio_threshold": 1.02}},
 }
 
 

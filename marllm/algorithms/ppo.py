@@ -112,6 +112,11 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         self.reference = reference
         self.adapter = adapter
         self.config = config or PPOConfig()
+        if self.sharded and self.config.micro_batch_size is not None:
+            raise ValueError(
+                f"learner {name!r}: ppo.micro_batch_size splits a mini-batch into passes of its own; a sharded model "
+                "(model.fsdp) needs every rank in every pass: leave micro_batch_size unset"
+            )
         self.generation = generation or GenerationConfig()
         check_chat_template(self.tokenizer, self.generation.chat_template, f"learner {name!r}")
         self.device = next(model.parameters()).device

@@ -18,7 +18,7 @@ class PPOConfig:
 
     Attributes:
         learning_rate: Adam step size. Larger moves the policy (and the KL) faster per batch.
-        mini_batch_size: samples per forward/backward pass.
+        mini_batch_size: samples per loss (and per forward/backward pass, unless ``micro_batch_size`` splits it).
         gradient_accumulation_steps: mini-batches whose gradients are summed before one optimiser step, so one step
             covers ``mini_batch_size × gradient_accumulation_steps`` samples (the paper's GSM8K run: 2 × 16 = 32).
         loss_reduction: how the per-token losses (policy and value alike) of one optimiser step are averaged.
@@ -47,6 +47,12 @@ class PPOConfig:
             to float rounding (every score so far equal, e.g. every 0/1 answer right) the score is not divided.
         score_clip: clip the transformed score to ±score_clip (None: no clip).
         forward_batch_size: rows per forward pass when scoring a rollout (None: the whole batch at once).
+        micro_batch_size: rows per forward/backward pass of a mini-batch (None: the whole mini-batch at once). The
+            mini-batch's rows are sorted by length and cut into micro-batches, each without the padding its rows do
+            not need; each pass's loss is weighted by its share of the mini-batch's tokens (or responses), so the
+            gradient is the whole mini-batch's up to the order of float sums, with the activations of
+            ``micro_batch_size`` rows alive instead of ``mini_batch_size``, and fewer padded tokens computed. Not
+            with ``model.fsdp``.
         adam_eps: Adam's ε.
         ratio_threshold: skip a mini-batch (no gradient from it) whose mean probability ratio π/π_old over its
             response tokens exceeds this, as TRL does (its default, 10, is kept: the paper's code ran on TRL). The
@@ -81,6 +87,7 @@ class PPOConfig:
     score_transform: Literal["none", "scale", "normalize"] = "normalize"
     score_clip: float | None = None
     forward_batch_size: int | None = None
+    micro_batch_size: int | None = None
     adam_eps: float = 1e-8
     ratio_threshold: float | None = 10.0
     loss_reduction: Literal["minibatch_token_mean", "step_token_mean"] = "minibatch_token_mean"
@@ -109,7 +116,7 @@ class PPOConfig:
             )
         if self.kl_control == "adaptive":
             positive("ppo", self, "target_kl", "kl_horizon")
-        for name in ("max_grad_norm", "score_clip", "forward_batch_size"):
+        for name in ("max_grad_norm", "score_clip", "forward_batch_size", "micro_batch_size"):
             if getattr(self, name) is not None:
                 positive("ppo", self, name)
 

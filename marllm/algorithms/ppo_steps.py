@@ -8,11 +8,13 @@ mini-batch's forward and backward through the learner's ``_loss``.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
+from tianshou.data import Batch
 
 from marllm.algorithms.ppo_update import UpdateBatch
 from marllm.parallel.sharding import full_tensor
@@ -114,6 +116,8 @@ class PPOSteps:
         """
         cfg, dp = self.config, self.data_parallel
         b, prompt_length = data.batch, data.prompt_length
+        if cfg.micro_batch_size is not None and len(minibatch.rows) > cfg.micro_batch_size:
+            return self._accumulate_micro_batches(minibatch, data, masses, losses)
         parts: dict[str, float] = {}
         if len(minibatch.rows):
             mb = b[minibatch.rows]
@@ -147,6 +151,68 @@ class PPOSteps:
         (loss * weight).backward()
         return True, failure
 
+    def _accumulate_micro_batches(
+        self, minibatch: _MiniBatch, data: UpdateBatch, masses: torch.Tensor, losses: dict[str, list[float]]
+    ) -> tuple[bool, str | None]:
+        """:meth:`_accumulate` in passes of ``ppo.micro_batch_size`` rows: the same loss and gradient, up to the
+        order of float sums, with one micro-batch's activations alive at a time.
+
+        The mini-batch's rows are sorted by length and cut into micro-batches, each trimmed of the padding columns
+        none of its rows needs (:func:`trim_padding`); each micro-batch's loss (a mean over its own tokens or
+        responses) is weighted by its share of the mini-batch's :meth:`_sample_masses`, so that the sum is the
+        mini-batch's loss. The ratio threshold needs the whole mini-batch's ratio: the micro-batches' gradients are
+        accumulated first and taken back if the mini-batch is skipped. Not for sharded models (refused when the
+        learner is built).
+        """
+        cfg, dp = self.config, self.data_parallel
+        b = data.batch
+        lengths = b.attention_mask[torch.as_tensor(minibatch.rows)].sum(1).cpu().numpy()
+        order = np.argsort(lengths, kind="stable")
+        rows, mine = minibatch.rows[order], minibatch.mine[order]
+        total = float(masses[minibatch.indices].sum()) or 1.0
+        before = self._gradients_before()
+        combined: dict[str, float] = defaultdict(float)
+        tokens = float(b.mask[torch.as_tensor(rows)].sum()) or 1.0
+        for start in range(0, len(rows), cfg.micro_batch_size):
+            micro, prompt_length = trim_padding(b[rows[start : start + cfg.micro_batch_size]], data.prompt_length)
+            loss, parts = self._loss(micro, prompt_length)
+            if not torch.isfinite(loss):
+                return True, (
+                    f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.num_updates}, epoch "
+                    f"{minibatch.epoch}; the optimiser step was not applied"
+                )
+            share = float(masses[mine[start : start + cfg.micro_batch_size]].sum()) / total
+            token_share = float(micro.mask.sum()) / tokens
+            for key, value in parts.items():  # the objective's parts are means by its masses, _loss's by tokens
+                combined[key] += value * (token_share if key in _TOKEN_MEANS else share)
+            (loss * (minibatch.weight * share)).backward()
+        parts = dict(combined)
+        ratio = parts.get("ratio", 0.0)
+        if dp is not None and cfg.ratio_threshold is not None:
+            ratio = dp.weighted_mean(ratio, tokens)
+        skipped = cfg.ratio_threshold is not None and ratio > cfg.ratio_threshold
+        parts["skipped_minibatch_fraction"] = float(skipped)
+        for key, value in parts.items():
+            losses[key].append(value)
+        if skipped:
+            self._restore_gradients(before)
+            return False, None
+        return True, None
+
+    def _gradients_before(self) -> list[torch.Tensor | None] | None:
+        """The step's gradients so far (None: none yet, the step's first mini-batch), to put back after a skip."""
+        grads = [p.grad for p in self._trained_parameters()]
+        if all(grad is None for grad in grads):
+            return None
+        return [None if grad is None else grad.detach().clone() for grad in grads]
+
+    def _restore_gradients(self, before: list[torch.Tensor | None] | None) -> None:
+        if before is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        for parameter, grad in zip(self._trained_parameters(), before, strict=True):
+            parameter.grad = grad
+
     def _sample_masses(self, mask: torch.Tensor) -> torch.Tensor:
         """Each response's weight in a mini-batch loss's normaliser, (B, L) -> (B,): its tokens (token means)."""
         return mask.sum(1)
@@ -177,3 +243,34 @@ class PPOSteps:
                 "the optimiser step was not applied"
             )
         self.optimizer.step()
+
+
+_SEQUENCE_COLUMNS = ("input_ids", "attention_mask")  # (B, P+L); every other 2-d column is (B, L)
+_TOKEN_MEANS = ("ratio", "entropy")  # the loss parts PPOLearner._loss averages over tokens whatever the aggregation
+
+
+def trim_padding(mb: Any, prompt_length: int) -> tuple[Any, int]:
+    """A mini-batch without the padding columns none of its rows needs, and its prompt length.
+
+    The prompt columns left of every row's first real token and the response columns right of every row's last
+    response token (``mask``) are dropped; positions come from the attention mask, so each row's log-probs stay its
+    own (up to float rounding in the shorter attention).
+    """
+    attention = mb.attention_mask
+    real = attention[:, :prompt_length].any(dim=0)
+    lead = int(real.float().argmax()) if bool(real.any()) else prompt_length - 1
+    lead = min(lead, prompt_length - 1)  # keep one prompt column: the logits at P − 1 predict the first response token
+    response_length = mb.response.shape[1]
+    used = mb.mask.any(dim=0)
+    keep = int(torch.nonzero(used).max()) + 1 if bool(used.any()) else 1
+    if lead == 0 and keep == response_length:
+        return mb, prompt_length
+    columns = {}
+    for key, tensor in mb.items():
+        if key in _SEQUENCE_COLUMNS:
+            columns[key] = tensor[:, lead : prompt_length + keep]
+        elif isinstance(tensor, torch.Tensor) and tensor.dim() == 2 and tensor.shape[1] == response_length:
+            columns[key] = tensor[:, :keep]
+        else:
+            columns[key] = tensor
+    return Batch(**columns), prompt_length - lead

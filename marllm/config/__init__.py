@@ -209,6 +209,11 @@ class TrainConfig:
                     "process: start it with marllm train --nproc N (N >= 2), or set model.fsdp: false"
                 )
             return
+        if self.model.fsdp and self.ppo.micro_batch_size is not None:
+            raise ConfigError(
+                "ppo.micro_batch_size splits a mini-batch into passes of its own, and model.fsdp needs every rank in "
+                "every pass: leave ppo.micro_batch_size unset with model.fsdp"
+            )
         try:
             check_shard((0, world_size), self.env.batch_size, self.env.group_size)
         except ValueError as error:
