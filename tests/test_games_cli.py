@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,10 @@ def test_an_offline_game_example_trains_for_an_iteration(tmp_path, example, over
             for seat in seats[learner]:
                 assert f"{learner}/game/{seat}/{key}" in metrics
         assert (run_dir / "checkpoints" / learner / "policy").is_dir()
+        # A social dilemma's learners report how often their legal answers cooperate (NaN: none was legal).
+        cooperation = metrics.get(f"{learner}/game/cooperation_rate")
+        assert (cooperation is not None) == (example == "ipd_offline")
+        assert cooperation is None or math.isnan(cooperation) or 0 <= cooperation <= 1
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == learners  # no fixed opponent exported
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "finished" and info["learners"] == learners

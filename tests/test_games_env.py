@@ -483,3 +483,26 @@ def test_a_seat_that_never_moved_has_no_illegal_move_rate():
     zeros = np.zeros(4)
     metrics = seat_metrics(zeros - 1, zeros + 1, zeros, zeros, zeros + 1, zeros.astype(bool))
     assert math.isnan(metrics["illegal_move_rate"]) and metrics["moves_per_game"] == 0.0
+
+
+@needs_openspiel
+def test_cooperation_rate_counts_the_legal_answers_that_cooperate():
+    """Two games of the 2-round dilemma: player_0 answers Cooperate, Defect, then an illegal answer (a random move
+    is played for it) and Cooperate; player_1 always Defects. Its rate is over its legal answers only."""
+    environment = BatchedGameEnv(
+        openspiel_factory("repeated_game(stage_game=matrix_pd(),num_repetitions=2)"), 2, illegal="random", seed=0
+    )
+    environment.reset(seed=0)
+    answers = {"player_0": [("Cooperate", "Defect"), ("no idea", "Cooperate")], "player_1": [("Defect", "Defect")] * 2}
+    while not all(environment.terminations.values()):
+        seat = environment.agent_selection
+        environment.step(answers[seat].pop(0))
+    first, second = environment.final_metrics["player_0"], environment.final_metrics["player_1"]
+    assert environment.cooperation_counts("player_0") == (2, 3)
+    assert first["cooperation_rate"] == pytest.approx(2 / 3) and first["legal_answers"] == 3
+    assert first["illegal_move_rate"] == pytest.approx(1 / 4)
+    assert second["cooperation_rate"] == 0.0 and second["legal_answers"] == 4
+    tic_tac_toe = BatchedGameEnv(lambda: tictactoe_v3.env(), 1)
+    play(tic_tac_toe)
+    assert tic_tac_toe.cooperation_counts("player_1") is None  # no cooperative move: no rate
+    assert "cooperation_rate" not in tic_tac_toe.final_metrics["player_1"]

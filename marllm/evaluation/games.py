@@ -312,14 +312,10 @@ def play_matches(
         outcomes.append(np.asarray(episode.final_infos[seat][OUTCOMES]))
         answers += sum(record.answers[seat] for record in environment.records)
         illegal += sum(record.illegal[seat] for record in environment.records)
-        for b, (moves, flags) in enumerate(_seat_answers(environment, seat)):
-            target = environment.view.cooperative_move(environment.games[b], seat)
-            if target is None:
-                continue
+        counts = environment.cooperation_counts(seat)
+        if counts is not None:
             has_cooperation = True
-            chosen = [move.action for move, was_illegal in zip(moves, flags, strict=False) if not was_illegal]
-            legal += len(chosen)
-            cooperative += sum(action == target for action in chosen)
+            cooperative, legal = cooperative + counts[0], legal + counts[1]
         for fixed in {id(p): p for p in players.values()}.values():
             fixed.update()  # drop the rewards it was credited (fixed players keep them for a metric)
         environment.close()
@@ -337,15 +333,3 @@ def play_matches(
         cooperation=wilson(cooperative, legal) if has_cooperation else None,
     )
     return row, outcome
-
-
-def _seat_answers(environment: BatchedGameEnv, seat: str) -> list[tuple[list[Any], list[bool]]]:
-    """Per game, the seat's moves applied and whether each of its answers was illegal, in order (a forfeiting answer
-    is the last and has no move; with ``illegal="random"`` an illegal answer's move is the random one)."""
-    flags: list[list[bool]] = [[] for _ in environment.records]
-    for turn in environment.turns:
-        if turn.seat == seat:
-            for game, was_illegal in zip(turn.games, turn.illegal, strict=True):
-                flags[int(game)].append(bool(was_illegal))
-    moves = [[move for move in record.moves if move.seat == seat] for record in environment.records]
-    return list(zip(moves, flags, strict=True))

@@ -340,8 +340,37 @@ class BatchedGameEnv(AECEnv):
                 keys.OUTCOMES: result[:, i],
                 keys.METRICS: seat_metrics(payoffs[:, i], result[:, i], answers, illegal, lengths, forfeited == i),
             }
+            cooperation = self.cooperation_counts(seat)
+            if cooperation is not None:  # a social dilemma: the share of the seat's legal answers that cooperate
+                cooperative, legal = cooperation
+                metrics = self.infos[seat][keys.METRICS]
+                metrics["cooperation_rate"] = cooperative / legal if legal else float("nan")
+                metrics["legal_answers"] = float(legal)
             self.final_metrics[seat] = dict(self.infos[seat][keys.METRICS])
         self.terminations = dict.fromkeys(self.agents, True)
+
+    def cooperation_counts(self, seat: str) -> tuple[int, int] | None:
+        """(cooperative, legal): how many of the seat's legal answers in this batch's games chose the cooperative
+        move, of how many legal answers; None where the game's view names no cooperative move
+        (:meth:`~marllm.envs.games.GameView.cooperative_move`). With ``illegal="random"`` the random move played for
+        an illegal answer is not counted; a forfeiting answer is illegal."""
+        cooperative = legal = 0
+        named = False
+        illegal_flags: list[list[bool]] = [[] for _ in self.records]
+        for turn in self.turns:
+            if turn.seat == seat:
+                for game, was_illegal in zip(turn.games, turn.illegal, strict=True):
+                    illegal_flags[int(game)].append(bool(was_illegal))
+        for b, (record, flags) in enumerate(zip(self.records, illegal_flags, strict=True)):
+            target = self.view.cooperative_move(self.games[b], seat)
+            if target is None:
+                continue
+            named = True
+            moves = [move for move in record.moves if move.seat == seat]
+            chosen = [move.action for move, was_illegal in zip(moves, flags, strict=False) if not was_illegal]
+            legal += len(chosen)
+            cooperative += sum(action == target for action in chosen)
+        return (cooperative, legal) if named else None
 
     def render(self) -> str | None:
         if self.render_mode is None or not self.records:
