@@ -91,6 +91,7 @@ def test_a_game_config_names_its_learners_and_shares_rewards_over_its_seats():
         ({"templates": {"player_1": "{state}"}}, {}, r"game.templates: .*missing \['player_2'\]"),
         ({"name": "rps_v2", "options": {"rounds": 3}}, {}, r"game.options: rps_v2 does not take \{'rounds': 3\}"),
         ({}, {"ppo": {"mini_batch_size": 4}}, r"= 4 must be 1 for this game: the games of a batch of tictactoe_v3 end"),
+        ({}, {"ppo": {"mini_batch_size": 4}}, r"set ppo.last_minibatch: merge \(the rows left over join the last"),
         (
             {},
             {"env": {"batch_size": 8}},
@@ -131,6 +132,11 @@ def test_a_game_section_needs_its_name_and_seats():
 def test_bad_openspiel_settings_are_refused(game, sections, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict(game_config(game, **sections))
+
+
+def test_merged_last_mini_batches_take_any_mini_batch_size():
+    config = config_from_dict(game_config({}, ppo={"mini_batch_size": 4, "last_minibatch": "merge"}))
+    assert config.ppo.last_minibatch == "merge" and config.ppo.mini_batch_size == 4
 
 
 @needs_openspiel

@@ -27,6 +27,11 @@ class PPOConfig:
             a long mini-batch (for GSM8K's 2 × 16, up to 25× between a short and a long mini-batch).
             ``"step_token_mean"``: every response token of the step weighs the same, as if the step were one
             mini-batch (each mini-batch's token sum over the step's token count).
+        last_minibatch: a batch that ``mini_batch_size × gradient_accumulation_steps`` does not divide: ``"whole"``
+            refuses it (every optimiser step whole, as TRL and CleanRL require); ``"merge"`` lets each epoch's last
+            optimiser step take the samples left over, and a step's last mini-batch the rows left over in it (as
+            tianshou's ``Batch.split(..., merge_last=True)``), so that no step or mini-batch is smaller than asked; a
+            batch smaller than one step is one step. For batches whose size varies (a game's moves).
         ppo_epochs: passes over each batch; more reuses data more but drifts further from the rollout policy.
         gamma: discount over response tokens (1: the sequence reward reaches the first token undiscounted).
         lam: GAE λ; lower trades variance for value-function bias.
@@ -71,6 +76,7 @@ class PPOConfig:
     learning_rate: float = 1.41e-5
     mini_batch_size: int = 256
     gradient_accumulation_steps: int = 1
+    last_minibatch: Literal["whole", "merge"] = "whole"
     ppo_epochs: int = 4
     gamma: float = 1.0
     lam: float = 0.95
@@ -105,6 +111,7 @@ class PPOConfig:
         choice("ppo", self, "score_transform", ("none", "scale", "normalize"))
         choice("ppo", self, "loss_reduction", ("minibatch_token_mean", "step_token_mean"))
         choice("ppo", self, "on_nonfinite", ("raise", "skip"))
+        choice("ppo", self, "last_minibatch", ("whole", "merge"))
         if isinstance(self.max_consecutive_skips, bool) or not (
             isinstance(self.max_consecutive_skips, int) and self.max_consecutive_skips >= 0
         ):
@@ -126,9 +133,19 @@ class PPOConfig:
         return self.mini_batch_size * self.gradient_accumulation_steps
 
     def check_batch_size(self, batch_size: int) -> None:
-        """A batch must split into whole optimiser steps."""
-        if batch_size % self.backward_batch_size:
+        """A batch must split into whole optimiser steps (unless ``last_minibatch`` is ``"merge"``)."""
+        if self.last_minibatch == "whole" and batch_size % self.backward_batch_size:
             raise ValueError(
                 f"batch size {batch_size} is not divisible by ppo.mini_batch_size × ppo.gradient_accumulation_steps"
-                f" = {self.mini_batch_size} × {self.gradient_accumulation_steps} = {self.backward_batch_size}"
+                f" = {self.mini_batch_size} × {self.gradient_accumulation_steps} = {self.backward_batch_size} (or set"
+                " ppo.last_minibatch: merge, which merges the samples left over into the last step)"
             )
+
+
+def split_points(count: int, size: int, merge_last: bool) -> list[slice]:
+    """``count`` items in consecutive slices of ``size``: the last one shorter, or with ``merge_last`` the items
+    left over merged into the one before (no slice shorter than ``size`` unless ``count`` is)."""
+    starts = list(range(0, count, size))
+    if merge_last and len(starts) > 1 and count - starts[-1] < size:
+        starts.pop()
+    return [slice(start, end) for start, end in zip(starts, [*starts[1:], count], strict=True)]

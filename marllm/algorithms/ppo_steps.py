@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tianshou.data import Batch
 
+from marllm.algorithms.ppo_config import split_points
 from marllm.algorithms.ppo_update import UpdateBatch
 from marllm.parallel.sharding import full_tensor
 
@@ -96,11 +97,12 @@ class PPOSteps:
         local_of[global_rows] = np.arange(len(global_rows))
         for epoch in range(cfg.ppo_epochs):
             b_inds = self._rng.permutation(batch_size)
-            for start in range(0, batch_size, cfg.backward_batch_size):
-                step_inds = b_inds[start : start + cfg.backward_batch_size]
+            merge = cfg.last_minibatch == "merge"
+            for step_slice in split_points(batch_size, cfg.backward_batch_size, merge):
+                step_inds = b_inds[step_slice]
                 step = []
-                for mb_start in range(0, len(step_inds), cfg.mini_batch_size):
-                    mb_inds = step_inds[mb_start : mb_start + cfg.mini_batch_size]
+                for mb_slice in split_points(len(step_inds), cfg.mini_batch_size, merge):
+                    mb_inds = step_inds[mb_slice]
                     mine = mb_inds[local_of[mb_inds] >= 0]
                     weight = self._minibatch_weight(masses[mb_inds], masses[step_inds])
                     step.append(_MiniBatch(epoch, mb_inds, mine, local_of[mine], weight))

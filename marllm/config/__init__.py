@@ -130,17 +130,20 @@ class TrainConfig:
         self._check_game_batches()
 
     def _check_game_batches(self) -> None:
-        """PPO splits each move's rows into whole mini-batches; how many games a move covers depends on the game."""
+        """PPO splits a learner's moves of an iteration into whole mini-batches unless ``ppo.last_minibatch`` is
+        ``merge``; how many moves an iteration holds depends on the game."""
         assert self.game is not None
         game, ppo = self.game, self.ppo
         step = ppo.backward_batch_size
         lockstep = game.info.lockstep and game.illegal == "random"
-        if step == 1 or (lockstep and game.batch_size % step == 0):
+        if step == 1 or ppo.last_minibatch == "merge" or (lockstep and game.batch_size % step == 0):
             return
         sizes = f"ppo.mini_batch_size × ppo.gradient_accumulation_steps = {ppo.mini_batch_size} × " \
                 f"{ppo.gradient_accumulation_steps} = {step}"  # fmt: skip
         if lockstep:
-            raise ValueError(f"game.batch_size {game.batch_size} is not divisible by {sizes}")
+            raise ValueError(
+                f"game.batch_size {game.batch_size} is not divisible by {sizes} (or set ppo.last_minibatch: merge)"
+            )
         why = (
             "an illegal answer ends its game early (game.illegal: forfeit)"
             if game.info.lockstep
@@ -149,8 +152,8 @@ class TrainConfig:
         also = " (or game.illegal: random, with which every move covers every game)" if game.info.lockstep else ""
         raise ValueError(
             f"{sizes} must be 1 for this game: {why}, so a seat's move covers a varying number of games, and PPO "
-            f"splits every move's rows into whole mini-batches; set ppo.mini_batch_size: 1 and "
-            f"ppo.gradient_accumulation_steps: 1{also}"
+            f"splits a learner's moves into whole mini-batches; set ppo.last_minibatch: merge (the rows left over join "
+            f"the last mini-batch), or ppo.mini_batch_size: 1 and ppo.gradient_accumulation_steps: 1{also}"
         )
 
     def _check_learner_keys(self, key: str, mapping: Mapping[str, Any]) -> None:
