@@ -99,12 +99,15 @@ def run_child(script: str | Path, what: list[str], options: dict[str, Any]) -> d
     Linux carries ``ru_maxrss`` over from parent to child, across exec: a child's peak reads at least the parent's.
     So a memory benchmark's parent never holds a model (even the one written to disk is built in a child) and stays
     at the bare import footprint, which every child reaches on its own anyway. Options whose value is None are left
-    out.
+    out; ``True`` passes the flag alone (a switch), ``False`` leaves it out.
     """
     command = [sys.executable, str(script), *what]
     for name, value in options.items():
-        if value is not None:
-            command += [f"--{name.replace('_', '-')}", str(value)]
+        flag = f"--{name.replace('_', '-')}"
+        if value is True:  # a switch (store_true): the flag alone
+            command.append(flag)
+        elif value is not None and value is not False:
+            command += [flag, str(value)]
     completed = subprocess.run(command, capture_output=True, text=True)
     if completed.returncode != 0:
         raise RuntimeError(f"{' '.join(what)} failed (exit {completed.returncode}):\n{completed.stderr[-3000:]}")

@@ -9,7 +9,7 @@ the settings ``../shared/bench/marllm_workload.py`` times. The phases are those 
 set size at start, peak (``VmHWM``, reset at every phase boundary) and end, in MiB.
 
     .venv/bin/python benchmarks/bench_workload_profile.py runs/bench-workload [--iterations 6] [--threads 0]
-        [--mini-batch-size N --accumulation K] [--micro-batch-size M] [--tensors]
+        [--mini-batch-size N --accumulation K] [--micro-batch-size M] [--fused-kernels] [--tensors]
 
 ``--tensors`` reruns the iterations under the torch profiler and adds each phase's peak of live tensor bytes and
 its largest allocations (slow; a separate process). Memory figures do not depend on the thread count; seconds do.
@@ -64,6 +64,7 @@ def measure(kind: str, workload: str, args: argparse.Namespace) -> dict[str, Any
         mini_batch_size=args.mini_batch_size or args.batch_size,
         gradient_accumulation_steps=args.accumulation,
         micro_batch_size=args.micro_batch_size,
+        fused_kernels=args.fused_kernels,
         ppo_epochs=4,
         kl_penalty="full",
         score_transform="normalize",
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mini-batch-size", type=int, default=None, help="ppo.mini_batch_size (default: the batch)")
     parser.add_argument("--accumulation", type=int, default=1, help="ppo.gradient_accumulation_steps")
     parser.add_argument("--micro-batch-size", type=int, default=None, help="ppo.micro_batch_size (default: none)")
+    parser.add_argument("--fused-kernels", action="store_true", help="ppo.fused_kernels: true")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's choice)")
     parser.add_argument("--tensors", action="store_true", help="also profile tensor allocations (slow)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     names = ("iterations", "batch_size", "mini_batch_size", "accumulation", "micro_batch_size")
     options = {name: getattr(args, name) for name in names}
+    options["fused_kernels"] = True if args.fused_kernels else None  # a flag: passed on only when set
     options["threads"] = args.threads
     started = time.perf_counter()
     rss = run_child(__file__, [args.workload, "--child", "rss"], options)

@@ -13,7 +13,12 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from marllm.models.activations import RecomputedActivation, recompute_activations_in_backward
+from marllm.models.activations import (
+    FusedTanhGELU,
+    RecomputedActivation,
+    fuse_tanh_gelus,
+    recompute_activations_in_backward,
+)
 from marllm.utils.threads import SPIN_COUNT, wait_briefly_when_idle
 
 
@@ -65,6 +70,32 @@ def test_recomputed_activations_give_bit_identical_losses_and_gradients_and_keep
 def test_fused_activations_are_left_alone():
     model = _gpt2("gelu")
     assert recompute_activations_in_backward(model) == 0
+
+
+def test_fused_tanh_gelus_compute_gelu_new_rounded_differently_and_a_learner_fuses_policy_and_reference(tokenizer):
+    plain = _gpt2()
+    fused = copy.deepcopy(plain)
+    recompute_activations_in_backward(fused)  # a wrapped gelu_new is replaced too
+    assert fuse_tanh_gelus(fused) == 2 and fuse_tanh_gelus(fused) == 0
+    assert all(isinstance(block.mlp.act, FusedTanhGELU) for block in fused.transformer.h)
+    assert recompute_activations_in_backward(fused) == 0  # one fused kernel: nothing to recompute
+    ids = torch.randint(0, 97, (4, 24), generator=torch.Generator().manual_seed(1))
+    loss, grads = _loss_and_grads(plain, ids)
+    fused_loss, fused_grads = _loss_and_grads(fused, ids)
+    # The same function, rounded in another order: equal to float32's last bits, not bit for bit.
+    torch.testing.assert_close(fused_loss, loss, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads, fused_grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+    assert fuse_tanh_gelus(_gpt2("relu")) == 0
+    from tests.test_ppo_learner import make_learner
+
+    learner = make_learner(tokenizer, fused_kernels=True)
+    for network in (learner.model, learner.reference):
+        assert all(isinstance(block.mlp.act, FusedTanhGELU) for block in network.transformer.h)
+    assert learner.optimizer.defaults["fused"] is True
+    default = make_learner(tokenizer)
+    assert not isinstance(default.model.transformer.h[0].mlp.act, FusedTanhGELU)  # off by default
+    assert not default.optimizer.defaults["fused"]
 
 
 def test_a_text_run_without_lora_loads_neither_peft_nor_datasets():

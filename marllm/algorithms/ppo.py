@@ -42,7 +42,7 @@ from marllm.algorithms.ppo_steps import NonFiniteLossError, PPOSteps
 from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_scores
 from marllm.algorithms.registry import AlgorithmOptions, register_learner
 from marllm.algorithms.rollout import Rollout, RolloutCollector, merge_rollouts
-from marllm.models.activations import recompute_activations_in_backward
+from marllm.models.activations import fuse_tanh_gelus, recompute_activations_in_backward
 from marllm.models.generation import check_chat_template, logprob_logits
 from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
@@ -98,6 +98,10 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
     ):
         self.name = name
         self.model = model
+        if config is not None and config.fused_kernels:
+            for network in (model, reference):
+                if network is not None:
+                    fuse_tanh_gelus(network)
         recompute_activations_in_backward(model)  # bit-identical, with a fraction of the activations' memory
         self.tokenizer = ready_for_generation(tokenizer, f"learner {name}")
         self.sharded = is_sharded(model)
@@ -135,6 +139,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
             trainable + (list(self.value_head.parameters()) if self.value_head is not None else []),
             lr=self.config.learning_rate,
             eps=self.config.adam_eps,
+            fused=True if self.config.fused_kernels and not self.sharded else None,
         )
         self.kl_controller = kl_controller if kl_controller is not None else kl_controller_from(self.config)
         self.data_parallel = data_parallel

@@ -58,6 +58,12 @@ class PPOConfig:
             gradient is the whole mini-batch's up to the order of float sums, with the activations of
             ``micro_batch_size`` rows alive instead of ``mini_batch_size``, and fewer padded tokens computed. Not
             with ``model.fsdp``.
+        fused_kernels: compute with torch's fused kernels where they change only the rounding: GPT-2's
+            ``gelu_new`` (and transformers' other composite tanh-approximated GELUs) as ``F.gelu(x,
+            approximate="tanh")`` in the policy and its reference, one pass instead of eight
+            (:func:`~marllm.models.activations.fuse_tanh_gelus`), and Adam as ``fused=True``, one kernel per
+            parameter instead of six (not for a sharded model). The same functions, rounded differently in the last
+            float bits. Off by default, so that runs stay bit-identical to earlier ones.
         adam_eps: Adam's ε.
         ratio_threshold: skip a mini-batch (no gradient from it) whose mean probability ratio π/π_old over its
             response tokens exceeds this, as TRL does (its default, 10, is kept: the paper's code ran on TRL). The
@@ -94,6 +100,7 @@ class PPOConfig:
     score_clip: float | None = None
     forward_batch_size: int | None = None
     micro_batch_size: int | None = None
+    fused_kernels: bool = False
     adam_eps: float = 1e-8
     ratio_threshold: float | None = 10.0
     loss_reduction: Literal["minibatch_token_mean", "step_token_mean"] = "minibatch_token_mean"

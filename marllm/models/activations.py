@@ -13,10 +13,46 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["COMPOSITE_ACTIVATIONS", "RecomputedActivation", "recompute_activations_in_backward"]
+__all__ = [
+    "COMPOSITE_ACTIVATIONS",
+    "TANH_GELUS",
+    "FusedTanhGELU",
+    "RecomputedActivation",
+    "fuse_tanh_gelus",
+    "recompute_activations_in_backward",
+]
 
 # transformers' activations written as several tensor ops (the fused ones, nn.GELU, nn.SiLU, keep one tensor).
 COMPOSITE_ACTIVATIONS = ("NewGELUActivation", "FastGELUActivation", "QuickGELUActivation", "AccurateGELUActivation")
+
+
+# transformers' composite forms of the tanh approximation of GELU, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+TANH_GELUS = ("NewGELUActivation", "FastGELUActivation")
+
+
+class FusedTanhGELU(nn.Module):
+    """The tanh approximation of GELU in torch's one fused kernel (``F.gelu(x, approximate="tanh")``): the function
+    ``gelu_new`` computes, rounded differently (the float32 results differ in the last bits), in one pass over the
+    tensor instead of eight, keeping only its input for the backward."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.gelu(hidden, approximate="tanh")
+
+
+def fuse_tanh_gelus(model: nn.Module) -> int:
+    """Replace every composite tanh-approximated GELU of ``model`` (:data:`TANH_GELUS`, also inside a
+    :class:`RecomputedActivation`) by :class:`FusedTanhGELU`, in place; return how many were replaced. Not
+    bit-identical: a switch (``ppo.fused_kernels``)."""
+    replaced = 0
+    for parent in list(model.modules()):
+        if isinstance(parent, RecomputedActivation):  # replaced whole, from its own parent
+            continue
+        for name, child in list(parent.named_children()):
+            inner = child.inner if isinstance(child, RecomputedActivation) else child
+            if type(inner).__name__ in TANH_GELUS:
+                setattr(parent, name, FusedTanhGELU())
+                replaced += 1
+    return replaced
 
 
 class RecomputedActivation(nn.Module):
