@@ -56,8 +56,9 @@ class PPOConfig:
             mini-batch's rows are sorted by length and cut into micro-batches, each without the padding its rows do
             not need; each pass's loss is weighted by its share of the mini-batch's tokens (or responses), so the
             gradient is the whole mini-batch's up to the order of float sums, with the activations of
-            ``micro_batch_size`` rows alive instead of ``mini_batch_size``, and fewer padded tokens computed. Not
-            with ``model.fsdp``.
+            ``micro_batch_size`` rows alive instead of ``mini_batch_size``, and fewer padded tokens computed (also
+            when a mini-batch is no larger than a pass: a learner's merged turns or game moves are padded to its
+            longest, and each pass drops what its rows do not need). Not with ``model.fsdp``.
         fused_kernels: compute with torch's fused kernels where they change only the rounding: GPT-2's
             ``gelu_new`` (and transformers' other composite tanh-approximated GELUs) as ``F.gelu(x,
             approximate="tanh")`` in the policy and its reference, one pass instead of eight

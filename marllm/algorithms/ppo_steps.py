@@ -118,7 +118,7 @@ class PPOSteps:
         """
         cfg, dp = self.config, self.data_parallel
         b, prompt_length = data.batch, data.prompt_length
-        if cfg.micro_batch_size is not None and len(minibatch.rows) > cfg.micro_batch_size:
+        if cfg.micro_batch_size is not None and len(minibatch.rows):  # passes trimmed of padding, however many
             return self._accumulate_micro_batches(minibatch, data, masses, losses)
         parts: dict[str, float] = {}
         if len(minibatch.rows):
