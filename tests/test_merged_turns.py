@@ -133,7 +133,8 @@ def test_segment_rows_put_each_ranks_slice_of_each_turn_where_one_process_holds_
 
 
 def test_split_points_merge_what_is_left_over_into_the_last_slice():
-    from marllm.algorithms.ppo_config import PPOConfig, split_points
+    from marllm.algorithms.ppo_config import PPOConfig
+    from marllm.algorithms.ppo_steps import split_points
 
     assert split_points(11, 4, merge_last=False) == [slice(0, 4), slice(4, 8), slice(8, 11)]
     assert split_points(11, 4, merge_last=True) == [slice(0, 4), slice(4, 11)]

@@ -148,12 +148,3 @@ class PPOConfig:
                 f" = {self.mini_batch_size} × {self.gradient_accumulation_steps} = {self.backward_batch_size} (or set"
                 " ppo.last_minibatch: merge, which merges the samples left over into the last step)"
             )
-
-
-def split_points(count: int, size: int, merge_last: bool) -> list[slice]:
-    """``count`` items in consecutive slices of ``size``: the last one shorter, or with ``merge_last`` the items
-    left over merged into the one before (no slice shorter than ``size`` unless ``count`` is)."""
-    starts = list(range(0, count, size))
-    if merge_last and len(starts) > 1 and count - starts[-1] < size:
-        starts.pop()
-    return [slice(start, end) for start, end in zip(starts, [*starts[1:], count], strict=True)]

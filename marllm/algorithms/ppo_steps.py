@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from tianshou.data import Batch
 
-from marllm.algorithms.ppo_config import split_points
 from marllm.algorithms.ppo_update import UpdateBatch
+from marllm.algorithms.rollout import SEQUENCE_COLUMNS
 from marllm.parallel.sharding import full_tensor
 
 if TYPE_CHECKING:
@@ -141,10 +141,7 @@ class PPOSteps:
             return True, None
         failure = None
         if parts and not torch.isfinite(loss):
-            failure = (
-                f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.num_updates}, "
-                f"epoch {minibatch.epoch}; the optimiser step was not applied"
-            )
+            failure = self._nonfinite_loss(parts, minibatch.epoch)
             if dp is None or not self.sharded:  # sharded, the backward runs all the same (FSDP's reduce-scatter)
                 return True, failure
         weight = minibatch.weight
@@ -179,10 +176,7 @@ class PPOSteps:
             micro, prompt_length = trim_padding(b[rows[start : start + cfg.micro_batch_size]], data.prompt_length)
             loss, parts = self._loss(micro, prompt_length)
             if not torch.isfinite(loss):
-                return True, (
-                    f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.num_updates}, epoch "
-                    f"{minibatch.epoch}; the optimiser step was not applied"
-                )
+                return True, self._nonfinite_loss(parts, minibatch.epoch)
             share = float(masses[mine[start : start + cfg.micro_batch_size]].sum()) / total
             token_share = float(micro.mask.sum()) / tokens
             for key, value in parts.items():  # the objective's parts are means by its masses, _loss's by tokens
@@ -200,6 +194,12 @@ class PPOSteps:
             self._restore_gradients(before)
             return False, None
         return True, None
+
+    def _nonfinite_loss(self, parts: dict[str, float], epoch: int) -> str:
+        return (
+            f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.num_updates}, epoch {epoch}; the "
+            "optimiser step was not applied"
+        )
 
     def _gradients_before(self) -> list[torch.Tensor | None] | None:
         """The step's gradients so far (None: none yet, the step's first mini-batch), to put back after a skip."""
@@ -247,7 +247,15 @@ class PPOSteps:
         self.optimizer.step()
 
 
-_SEQUENCE_COLUMNS = ("input_ids", "attention_mask")  # (B, P+L); every other 2-d column is (B, L)
+def split_points(count: int, size: int, merge_last: bool) -> list[slice]:
+    """``count`` items in consecutive slices of ``size``: the last one shorter, or with ``merge_last`` the items
+    left over merged into the one before (no slice shorter than ``size`` unless ``count`` is)."""
+    starts = list(range(0, count, size))
+    if merge_last and len(starts) > 1 and count - starts[-1] < size:
+        starts.pop()
+    return [slice(start, end) for start, end in zip(starts, [*starts[1:], count], strict=True)]
+
+
 _TOKEN_MEANS = ("ratio", "entropy")  # the loss parts PPOLearner._loss averages over tokens whatever the aggregation
 
 
@@ -269,7 +277,7 @@ def trim_padding(mb: Any, prompt_length: int) -> tuple[Any, int]:
         return mb, prompt_length
     columns = {}
     for key, tensor in mb.items():
-        if key in _SEQUENCE_COLUMNS:
+        if key in SEQUENCE_COLUMNS:
             columns[key] = tensor[:, lead : prompt_length + keep]
         elif isinstance(tensor, torch.Tensor) and tensor.dim() == 2 and tensor.shape[1] == response_length:
             columns[key] = tensor[:, :keep]

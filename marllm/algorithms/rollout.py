@@ -59,7 +59,8 @@ class Rollout:
         return self.segments or (len(self.responses),)
 
 
-_SEQUENCE_COLUMNS = ("input_ids", "attention_mask")  # (B, P+L): the prompt, left-padded, then the response
+SEQUENCE_COLUMNS = ("input_ids", "attention_mask")
+"""A rollout's (B, P+L) columns: the prompt, left-padded, then the response; every other 2-d column is (B, L)."""
 
 
 def merge_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
@@ -82,9 +83,9 @@ def merge_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         raise ValueError(f"rollout(s) {unfinished} have no rewards yet (finish())")
     if len(rollouts) == 1:
         return rollouts[0]
-    columns = set(rollouts[0].tensors.keys())
+    columns = list(rollouts[0].tensors.keys())
     for rollout in rollouts[1:]:
-        if set(rollout.tensors.keys()) != columns:
+        if set(rollout.tensors.keys()) != set(columns):
             raise ValueError(f"rollouts hold different columns: {sorted(columns)} and {sorted(rollout.tensors.keys())}")
     prompt_length = max(r.prompt_length for r in rollouts)
     response_length = max(r.tensors.response.shape[1] for r in rollouts)
@@ -95,7 +96,7 @@ def merge_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         for key in columns:
             tensor = rollout.tensors[key]
             pad = pad_token_id if key in ("input_ids", "response") else 0
-            widths = (left, right) if key in _SEQUENCE_COLUMNS else (0, right)
+            widths = (left, right) if key in SEQUENCE_COLUMNS else (0, right)
             merged[key].append(torch.nn.functional.pad(tensor, widths, value=pad))
     timings: dict[str, float] = defaultdict(float)
     for rollout in rollouts:
