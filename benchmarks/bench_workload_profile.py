@@ -9,7 +9,8 @@ the settings ``../shared/bench/marllm_workload.py`` times. The phases are those 
 set size at start, peak (``VmHWM``, reset at every phase boundary) and end, in MiB.
 
     .venv/bin/python benchmarks/bench_workload_profile.py runs/bench-workload [--iterations 6] [--threads 0]
-        [--mini-batch-size N --accumulation K] [--micro-batch-size M] [--fused-kernels] [--tensors]
+        [--mini-batch-size N --accumulation K] [--micro-batch-size M] [--fused-kernels] [--rollout-from-generate]
+        [--tensors]
 
 ``--tensors`` reruns the iterations under the torch profiler and adds each phase's peak of live tensor bytes and
 its largest allocations (slow; a separate process). Memory figures do not depend on the thread count; seconds do.
@@ -65,6 +66,7 @@ def measure(kind: str, workload: str, args: argparse.Namespace) -> dict[str, Any
         gradient_accumulation_steps=args.accumulation,
         micro_batch_size=args.micro_batch_size,
         fused_kernels=args.fused_kernels,
+        rollout_from_generate=args.rollout_from_generate,
         ppo_epochs=4,
         kl_penalty="full",
         score_transform="normalize",
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--accumulation", type=int, default=1, help="ppo.gradient_accumulation_steps")
     parser.add_argument("--micro-batch-size", type=int, default=None, help="ppo.micro_batch_size (default: none)")
     parser.add_argument("--fused-kernels", action="store_true", help="ppo.fused_kernels: true")
+    parser.add_argument("--rollout-from-generate", action="store_true", help="ppo.rollout_from_generate: true")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's choice)")
     parser.add_argument("--tensors", action="store_true", help="also profile tensor allocations (slow)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -110,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     names = ("iterations", "batch_size", "mini_batch_size", "accumulation", "micro_batch_size")
     options = {name: getattr(args, name) for name in names}
-    options["fused_kernels"] = True if args.fused_kernels else None  # a flag: passed on only when set
+    for switch in ("fused_kernels", "rollout_from_generate"):  # flags: passed on only when set
+        options[switch] = True if getattr(args, switch) else None
     options["threads"] = args.threads
     started = time.perf_counter()
     rss = run_child(__file__, [args.workload, "--child", "rss"], options)

@@ -121,6 +121,11 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
                 f"learner {name!r}: ppo.micro_batch_size splits a mini-batch into passes of its own; a sharded model "
                 "(model.fsdp) needs every rank in every pass: leave micro_batch_size unset"
             )
+        if self.sharded and self.config.rollout_from_generate:
+            raise ValueError(
+                f"learner {name!r}: ppo.rollout_from_generate takes one logit per sampled token from generate, and a "
+                "sharded generate keeps stepping ranks that are done: leave rollout_from_generate off"
+            )
         self.generation = generation or GenerationConfig()
         check_chat_template(self.tokenizer, self.generation.chat_template, f"learner {name!r}")
         self.device = next(model.parameters()).device

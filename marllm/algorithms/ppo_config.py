@@ -65,6 +65,13 @@ class PPOConfig:
             (:func:`~marllm.models.activations.fuse_tanh_gelus`), and Adam as ``fused=True``, one kernel per
             parameter instead of six (not for a sharded model). The same functions, rounded differently in the last
             float bits. Off by default, so that runs stay bit-identical to earlier ones.
+        rollout_from_generate: take the rollout's log-probs and values (π_old and V_old) from ``generate``'s own
+            forwards, which computed every response token's logits and last hidden state while sampling it, instead of
+            a second forward of the policy over prompt and response. The same numbers up to float rounding (the KV
+            cache splits the sums differently: within ~1e-6 on the logits of a float32 GPT-2), for one policy forward
+            fewer per rollout; the batch's logits are then alive at once, whatever ``forward_batch_size``. Off by
+            default, so that runs stay bit-identical to earlier ones. Not with ``model.fsdp`` (a sharded ``generate``
+            keeps stepping ranks that are done).
         adam_eps: Adam's ε.
         ratio_threshold: skip a mini-batch (no gradient from it) whose mean probability ratio π/π_old over its
             response tokens exceeds this, as TRL does (its default, 10, is kept: the paper's code ran on TRL). The
@@ -102,6 +109,7 @@ class PPOConfig:
     forward_batch_size: int | None = None
     micro_batch_size: int | None = None
     fused_kernels: bool = False
+    rollout_from_generate: bool = False
     adam_eps: float = 1e-8
     ratio_threshold: float | None = 10.0
     loss_reduction: Literal["minibatch_token_mean", "step_token_mean"] = "minibatch_token_mean"

@@ -162,17 +162,21 @@ class RolloutCollector:
             with self.model.disable_adapter():
                 yield self.model
 
-    def _generate(self, prompts: tuple[str, ...], max_new_tokens: int | None = None) -> GeneratedBatch:
+    def _generate(
+        self, prompts: tuple[str, ...], max_new_tokens: int | None = None, capture: bool = False
+    ) -> GeneratedBatch:
         budget = max_new_tokens or self.sample_length()
         self.activate()
+        owner = f"learner {self.name!r}"
         return generate_responses(
-            self.model, self.tokenizer, prompts, budget, self.generation, self.context_length, f"learner {self.name!r}"
+            self.model, self.tokenizer, prompts, budget, self.generation, self.context_length, owner, capture
         )
 
     @torch.no_grad()
     def _rollout(self, prompts: tuple[str, ...], role: str | None) -> Rollout:
         started = time.perf_counter()
-        generated_batch = self._generate(prompts)
+        from_generate = self.config.rollout_from_generate
+        generated_batch = self._generate(prompts, capture=from_generate)
         prompt_ids, prompt_mask = generated_batch.prompt_ids, generated_batch.prompt_mask
         response, mask = generated_batch.response, generated_batch.mask
         generated = time.perf_counter()
@@ -183,7 +187,12 @@ class RolloutCollector:
         settings = (prompt_length, self.generation, self.tokenizer.eos_token_id)
         for rows in self._chunks(len(prompts)):
             ids, attention = input_ids[rows], attention_mask[rows]
-            logits, values = response_forward(self.model, ids, attention, prompt_length, self.value_head)
+            if from_generate:  # generate's own forwards, instead of a second one over prompt and response
+                logits, values = generated_batch.logits[rows], None
+                if self.value_head is not None:
+                    values = self.value_head(generated_batch.hidden[rows])
+            else:
+                logits, values = response_forward(self.model, ids, attention, prompt_length, self.value_head)
             # Tempered or processed in place: at most the policy's and the reference's (b, L, V) logits are alive.
             logits = logprob_logits(logits, ids, attention, *settings, inplace=True)
             with self.reference_model() as reference:

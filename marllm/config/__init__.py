@@ -217,6 +217,11 @@ class TrainConfig:
                 "ppo.micro_batch_size splits a mini-batch into passes of its own, and model.fsdp needs every rank in "
                 "every pass: leave ppo.micro_batch_size unset with model.fsdp"
             )
+        if self.model.fsdp and self.ppo.rollout_from_generate:
+            raise ConfigError(
+                "ppo.rollout_from_generate takes one logit per sampled token from generate, and a sharded generate "
+                "keeps stepping ranks that are done: set ppo.rollout_from_generate: false with model.fsdp"
+            )
         try:
             check_shard((0, world_size), self.env.batch_size, self.env.group_size)
         except ValueError as error:

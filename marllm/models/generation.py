@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from transformers import (
     BatchEncoding,
     LogitsProcessorList,
@@ -68,7 +70,10 @@ class GeneratedBatch:
     """Responses to a batch of prompts, as text and as the token ids that produced them.
 
     ``prompt_ids``/``prompt_mask`` are (B, P), left-padded; ``response``/``mask`` are (B, L), with ``mask`` 1 up to
-    and including the first EOS.
+    and including the first EOS. ``logits`` (B, L, V) and ``hidden`` (B, L, H) are there only when asked for
+    (:func:`generate_responses` with ``capture``): the raw logits each response token was sampled from (before any
+    processor) and the last hidden states they were projected from, as ``generate``'s own KV-cached forwards computed
+    them.
     """
 
     texts: tuple[str, ...]
@@ -76,6 +81,8 @@ class GeneratedBatch:
     prompt_mask: torch.Tensor
     response: torch.Tensor
     mask: torch.Tensor
+    logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
 
 def check_chat_template(tokenizer: PreTrainedTokenizerBase, chat_template: bool, owner: str = "generation") -> None:
@@ -334,6 +341,26 @@ def check_model_sampling_defaults(model: PreTrainedModel, owner: str = "generati
         )
 
 
+@contextlib.contextmanager
+def _last_hidden_states(model: PreTrainedModel, owner: str) -> Iterator[list[torch.Tensor]]:
+    """While open, each forward of ``model`` appends the final hidden state (B, H) of its last position: the input of
+    the model's output embeddings (the LM head)."""
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{owner}: the model has no output embeddings (LM head) to take the hidden states from")
+    steps: list[torch.Tensor] = []
+
+    def keep_last_position(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        # Generation projects only the last position (logits_to_keep=1); a model without it projects them all.
+        steps.append(inputs[0][:, -1].detach().contiguous())
+
+    handle = head.register_forward_pre_hook(keep_last_position)
+    try:
+        yield steps
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
 def generate_responses(
     model: PreTrainedModel,
@@ -343,10 +370,14 @@ def generate_responses(
     generation: GenerationConfig,
     context: int | None = None,
     owner: str = "generation",
+    capture: bool = False,
 ) -> GeneratedBatch:
     """Sample one response of at most ``budget`` tokens per prompt, all prompts in one ``generate`` call.
 
     Sampling goes through :func:`sampling_processors` and nothing else: ``generate``'s own processors are all left off.
+    With ``capture``, the batch also holds the logits and last hidden states of ``generate``'s forwards at every
+    response position (``GeneratedBatch.logits``/``hidden``): a full forward over prompt and response computes the same
+    numbers up to float rounding (the KV cache splits the sums differently), so they can stand in for it.
     """
     device = next(model.parameters()).device
     encoded = encode_prompts(tokenizer, prompts, generation.chat_template, owner)
@@ -357,7 +388,8 @@ def generate_responses(
     eos = tokenizer.eos_token_id
     # A sharded model is gathered once for the call, not at each token's forward; generate keeps every rank
     # stepping until all are done (synced_gpus, on by itself for a model FSDP manages).
-    with whole_for_generation(model):
+    captured = _last_hidden_states(model, owner) if capture else contextlib.nullcontext([])
+    with whole_for_generation(model), captured as hidden_steps:
         output = model.generate(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
@@ -371,8 +403,22 @@ def generate_responses(
             repetition_penalty=1.0,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=eos,
+            output_logits=capture,
+            return_dict_in_generate=capture,
         )
-    response = output[:, prompt_ids.shape[1] :]  # (B, L), L <= budget
+    sequences = output.sequences if capture else output
+    response = sequences[:, prompt_ids.shape[1] :]  # (B, L), L <= budget
+    logits = hidden = None
+    if capture:
+        if not (len(output.logits) == len(hidden_steps) == response.shape[1]):
+            raise RuntimeError(
+                f"{owner}: generate returned {len(output.logits)} logits and ran {len(hidden_steps)} forwards for "
+                f"{response.shape[1]} response tokens; they cannot be matched to the tokens "
+                "(ppo.rollout_from_generate needs one forward per sampled token)"
+            )
+        logits = torch.stack(output.logits, 1)  # generate's float32 copies of each step's raw logits
+        hidden = torch.stack(hidden_steps, 1)
+        del output, hidden_steps[:]
     if generation.stop_at_eos and eos is not None:
         is_eos = (response == eos).long()
         # Keep tokens up to and including the first EOS; what generate appends after it is padding.
@@ -383,4 +429,4 @@ def generate_responses(
     texts = tokenizer.batch_decode(
         [row[:n].tolist() for row, n in zip(response, lengths, strict=True)], skip_special_tokens=True
     )
-    return GeneratedBatch(tuple(texts), prompt_ids, prompt_mask, response, mask)
+    return GeneratedBatch(tuple(texts), prompt_ids, prompt_mask, response, mask, logits, hidden)
