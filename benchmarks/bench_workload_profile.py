@@ -10,7 +10,7 @@ set size at start, peak (``VmHWM``, reset at every phase boundary) and end, in M
 
     .venv/bin/python benchmarks/bench_workload_profile.py runs/bench-workload [--iterations 6] [--threads 0]
         [--mini-batch-size N --accumulation K] [--micro-batch-size M] [--fused-kernels] [--rollout-from-generate]
-        [--tensors]
+        [--autocast-dtype bfloat16] [--tensors]
 
 ``--tensors`` reruns the iterations under the torch profiler and adds each phase's peak of live tensor bytes and
 its largest allocations (slow; a separate process). Memory figures do not depend on the thread count; seconds do.
@@ -67,6 +67,7 @@ def measure(kind: str, workload: str, args: argparse.Namespace) -> dict[str, Any
         micro_batch_size=args.micro_batch_size,
         fused_kernels=args.fused_kernels,
         rollout_from_generate=args.rollout_from_generate,
+        autocast_dtype=args.autocast_dtype,
         ppo_epochs=4,
         kl_penalty="full",
         score_transform="normalize",
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--micro-batch-size", type=int, default=None, help="ppo.micro_batch_size (default: none)")
     parser.add_argument("--fused-kernels", action="store_true", help="ppo.fused_kernels: true")
     parser.add_argument("--rollout-from-generate", action="store_true", help="ppo.rollout_from_generate: true")
+    parser.add_argument("--autocast-dtype", choices=["bfloat16"], default=None, help="ppo.autocast_dtype")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's choice)")
     parser.add_argument("--tensors", action="store_true", help="also profile tensor allocations (slow)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child is not None:
         print(json.dumps(measure(args.child, args.workload, args)))
         return
-    names = ("iterations", "batch_size", "mini_batch_size", "accumulation", "micro_batch_size")
+    names = ("iterations", "batch_size", "mini_batch_size", "accumulation", "micro_batch_size", "autocast_dtype")
     options = {name: getattr(args, name) for name in names}
     for switch in ("fused_kernels", "rollout_from_generate"):  # flags: passed on only when set
         options[switch] = True if getattr(args, switch) else None

@@ -43,6 +43,7 @@ from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_sco
 from marllm.algorithms.registry import AlgorithmOptions, register_learner
 from marllm.algorithms.rollout import Rollout, RolloutCollector, merge_rollouts
 from marllm.models.activations import fuse_tanh_gelus, recompute_activations_in_backward
+from marllm.models.devices import autocast_for
 from marllm.models.generation import check_chat_template, logprob_logits
 from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
@@ -120,6 +121,11 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
             raise ValueError(
                 f"learner {name!r}: ppo.micro_batch_size splits a mini-batch into passes of its own; a sharded model "
                 "(model.fsdp) needs every rank in every pass: leave micro_batch_size unset"
+            )
+        if self.sharded and self.config.autocast_dtype is not None:
+            raise ValueError(
+                f"learner {name!r}: ppo.autocast_dtype is mixed precision for whole models; a sharded model computes "
+                "in model.fsdp_compute_dtype: leave autocast_dtype unset"
             )
         if self.sharded and self.config.rollout_from_generate:
             raise ValueError(
@@ -281,7 +287,10 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         }
 
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
-        logits, values = response_forward(self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head)
+        with autocast_for(self.model, self.config.autocast_dtype):  # the forward only: the backward follows its dtypes
+            logits, values = response_forward(
+                self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head
+            )
         # The LM head's backward does not read its output: the gradient can take the logits' place.
         sequences = (mb.input_ids, mb.attention_mask, prompt_length)
         logits = logprob_logits(logits, *sequences, self.generation, self.tokenizer.eos_token_id, overwrite_logits=True)

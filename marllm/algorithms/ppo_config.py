@@ -72,6 +72,14 @@ class PPOConfig:
             fewer per rollout; the batch's logits are then alive at once, whatever ``forward_batch_size``. Off by
             default, so that runs stay bit-identical to earlier ones. Not with ``model.fsdp`` (a sharded ``generate``
             keeps stepping ranks that are done).
+        autocast_dtype: ``"bfloat16"`` computes the policy's and the reference's forwards (generation, rollout and
+            update; the backward follows the forward's dtypes) under ``torch.autocast`` in bfloat16: matrix products
+            in bfloat16 with float32 accumulation, while the weights, gradients and Adam's state stay in
+            ``model.dtype``, and log-probs, KL and losses are computed in float32 from the bfloat16 logits. Mixed
+            precision, not a rounding detail: the logits carry bfloat16's ~3 significant digits, and the first PPO
+            ratio of an update is 1 only up to that noise. Faster where the hardware multiplies bfloat16 faster
+            (GPUs, and CPUs with AVX-512 BF16 or AMX). None (default): everything in ``model.dtype``. Not with
+            ``model.fsdp``, whose ``model.fsdp_compute_dtype`` does this for sharded models.
         adam_eps: Adam's ε.
         ratio_threshold: skip a mini-batch (no gradient from it) whose mean probability ratio π/π_old over its
             response tokens exceeds this, as TRL does (its default, 10, is kept: the paper's code ran on TRL). The
@@ -110,6 +118,7 @@ class PPOConfig:
     micro_batch_size: int | None = None
     fused_kernels: bool = False
     rollout_from_generate: bool = False
+    autocast_dtype: Literal["bfloat16"] | None = None
     adam_eps: float = 1e-8
     ratio_threshold: float | None = 10.0
     loss_reduction: Literal["minibatch_token_mean", "step_token_mean"] = "minibatch_token_mean"
@@ -128,6 +137,11 @@ class PPOConfig:
         choice("ppo", self, "loss_reduction", ("minibatch_token_mean", "step_token_mean"))
         choice("ppo", self, "on_nonfinite", ("raise", "skip"))
         choice("ppo", self, "last_minibatch", ("whole", "merge"))
+        if self.autocast_dtype is not None and self.autocast_dtype != "bfloat16":
+            raise ValueError(
+                f"ppo.autocast_dtype must be 'bfloat16' or null, got {self.autocast_dtype!r} (float16 would need loss "
+                "scaling, which marllm does not do)"
+            )
         if isinstance(self.max_consecutive_skips, bool) or not (
             isinstance(self.max_consecutive_skips, int) and self.max_consecutive_skips >= 0
         ):

@@ -15,6 +15,7 @@ import torch
 from tianshou.data import Batch
 
 from marllm.algorithms.core import floor_logprobs, logprobs_and_full_kl, sampled_kl
+from marllm.models.devices import autocast_for
 from marllm.models.generation import (
     GeneratedBatch,
     generate_responses,
@@ -168,9 +169,10 @@ class RolloutCollector:
         budget = max_new_tokens or self.sample_length()
         self.activate()
         owner = f"learner {self.name!r}"
-        return generate_responses(
-            self.model, self.tokenizer, prompts, budget, self.generation, self.context_length, owner, capture
-        )
+        with autocast_for(self.model, self.config.autocast_dtype):
+            return generate_responses(
+                self.model, self.tokenizer, prompts, budget, self.generation, self.context_length, owner, capture
+            )
 
     @torch.no_grad()
     def _rollout(self, prompts: tuple[str, ...], role: str | None) -> Rollout:
@@ -187,18 +189,20 @@ class RolloutCollector:
         settings = (prompt_length, self.generation, self.tokenizer.eos_token_id)
         for rows in self._chunks(len(prompts)):
             ids, attention = input_ids[rows], attention_mask[rows]
-            if from_generate:  # generate's own forwards, instead of a second one over prompt and response
-                logits, values = generated_batch.logits[rows], None
-                if self.value_head is not None:
-                    values = self.value_head(generated_batch.hidden[rows])
-            else:
-                logits, values = response_forward(self.model, ids, attention, prompt_length, self.value_head)
+            with autocast_for(self.model, self.config.autocast_dtype):
+                if from_generate:  # generate's own forwards, instead of a second one over prompt and response
+                    logits, values = generated_batch.logits[rows], None
+                    if self.value_head is not None:
+                        values = self.value_head(generated_batch.hidden[rows])
+                else:
+                    logits, values = response_forward(self.model, ids, attention, prompt_length, self.value_head)
             # Tempered or processed in place: at most the policy's and the reference's (b, L, V) logits are alive.
             logits = logprob_logits(logits, ids, attention, *settings, inplace=True)
             with self.reference_model() as reference:
                 # The reference may live on another device than the policy (agents.reference_device).
                 on = next(reference.parameters()).device
-                ref_logits, _ = response_forward(reference, ids.to(on), attention.to(on), prompt_length)
+                with autocast_for(reference, self.config.autocast_dtype):
+                    ref_logits, _ = response_forward(reference, ids.to(on), attention.to(on), prompt_length)
                 ref_logits = ref_logits.to(logits.device)
             ref_logits = reference_logprob_logits(ref_logits, logits, ids, attention, *settings, inplace=True)
             logprobs, ref_logprobs, kl_full = logprobs_and_full_kl(logits, ref_logits, response[rows])

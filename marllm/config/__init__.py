@@ -217,6 +217,11 @@ class TrainConfig:
                 "ppo.micro_batch_size splits a mini-batch into passes of its own, and model.fsdp needs every rank in "
                 "every pass: leave ppo.micro_batch_size unset with model.fsdp"
             )
+        if self.model.fsdp and self.ppo.autocast_dtype is not None:
+            raise ConfigError(
+                "ppo.autocast_dtype is mixed precision for whole models; sharded models compute in "
+                "model.fsdp_compute_dtype: set that instead of ppo.autocast_dtype with model.fsdp"
+            )
         if self.model.fsdp and self.ppo.rollout_from_generate:
             raise ConfigError(
                 "ppo.rollout_from_generate takes one logit per sampled token from generate, and a sharded generate "

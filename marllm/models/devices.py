@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import TYPE_CHECKING
 
@@ -82,3 +83,14 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     import torch
 
     return getattr(torch, dtype)
+
+
+def autocast_for(model: torch.nn.Module, dtype: str | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` on ``model``'s device in ``dtype`` (a :data:`DTYPE_NAMES` name), or a context that changes
+    nothing for None: matrix products in ``dtype``, the weights (and so gradients and optimiser state) as they are."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    import torch
+
+    device_type = next(model.parameters()).device.type
+    return torch.autocast(device_type=device_type, dtype=resolve_dtype(dtype))
