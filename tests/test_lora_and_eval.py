@@ -78,6 +78,23 @@ def test_lora_learners_share_one_base_and_train_only_their_adapter(tmp_path, lon
     )
 
 
+def test_lora_learners_on_one_base_take_their_rollout_from_generate(long_context_lm_dir, gsm8k_dir):
+    lora = {"r": 2, "alpha": 4, "target_modules": ["c_attn"]}
+    ppo = {"mini_batch_size": 2, "ppo_epochs": 1, "learning_rate": 1e-3, "score_transform": "none"}
+    config = math_config(long_context_lm_dir, gsm8k_dir, model__lora=lora, ppo={**ppo, "rollout_from_generate": True})
+    setup = build(config)
+    llm1 = setup.learners["llm1"]
+    adapters_before = {n: p.clone() for n, p in llm1.model.named_parameters() if "lora_" in n}
+    from marllm.loop import run_iteration
+
+    metrics, _ = run_iteration(setup.env, setup.learners, seed=0)
+    # Each adapter starts as the base: generate's logits under the adapter and the base's full forward with the
+    # adapters off differ by rounding only, so the first KL is 0 up to it.
+    assert metrics["llm1/kl"] == pytest.approx(0.0, abs=1e-5) and metrics["llm2/kl"] == pytest.approx(0.0, abs=1e-5)
+    changed = {n for n, p in llm1.model.named_parameters() if "lora_" in n and not torch.equal(p, adapters_before[n])}
+    assert any(".llm1." in n for n in changed) and any(".llm2." in n for n in changed)
+
+
 def test_lora_run_checkpoints_adapters_that_evaluate_alone(tmp_path, long_context_lm_dir, gsm8k_dir):
     config = math_config(long_context_lm_dir, gsm8k_dir, model__lora={"r": 2, "alpha": 4, "target_modules": ["c_attn"]})
     result = train(config, tmp_path / "run")
