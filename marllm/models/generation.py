@@ -403,8 +403,8 @@ def generate_responses(
             repetition_penalty=1.0,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=eos,
-            output_logits=capture,
-            return_dict_in_generate=capture,
+            # Only when asked: the plain call returns the sequences alone, as it always did.
+            **({"output_logits": True, "return_dict_in_generate": True} if capture else {}),
         )
     sequences = output.sequences if capture else output
     response = sequences[:, prompt_ids.shape[1] :]  # (B, L), L <= budget
