@@ -131,3 +131,17 @@ def test_rollout_from_generate_is_off_by_default_and_refused_with_fsdp():
     with pytest.raises(ConfigError, match="ppo.rollout_from_generate takes one logit per sampled token"):
         config = load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["ppo.rollout_from_generate=true"])
         config.check_data_parallel(8)
+
+
+def test_every_whole_model_setting_is_named_when_refused_with_fsdp():
+    assert PPOConfig().whole_model_settings() == []
+    every = PPOConfig(micro_batch_size=4, autocast_dtype="bfloat16", rollout_from_generate=True)
+    reasons = every.whole_model_settings()
+    assert [reason.split(" ", 1)[0] for reason in reasons] == [
+        "ppo.micro_batch_size",
+        "ppo.autocast_dtype",
+        "ppo.rollout_from_generate",
+    ]
+    overrides = ["ppo.rollout_from_generate=true", "ppo.micro_batch_size=2"]
+    with pytest.raises(ConfigError, match="ppo.micro_batch_size splits.*; ppo.rollout_from_generate takes"):
+        load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", overrides).check_data_parallel(8)

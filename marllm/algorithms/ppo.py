@@ -117,20 +117,10 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         self.reference = reference
         self.adapter = adapter
         self.config = config or PPOConfig()
-        if self.sharded and self.config.micro_batch_size is not None:
+        whole_model_only = self.config.whole_model_settings() if self.sharded else []
+        if whole_model_only:
             raise ValueError(
-                f"learner {name!r}: ppo.micro_batch_size splits a mini-batch into passes of its own; a sharded model "
-                "(model.fsdp) needs every rank in every pass: leave micro_batch_size unset"
-            )
-        if self.sharded and self.config.autocast_dtype is not None:
-            raise ValueError(
-                f"learner {name!r}: ppo.autocast_dtype is mixed precision for whole models; a sharded model computes "
-                "in model.fsdp_compute_dtype: leave autocast_dtype unset"
-            )
-        if self.sharded and self.config.rollout_from_generate:
-            raise ValueError(
-                f"learner {name!r}: ppo.rollout_from_generate takes one logit per sampled token from generate, and a "
-                "sharded generate keeps stepping ranks that are done: leave rollout_from_generate off"
+                f"learner {name!r}: {'; '.join(whole_model_only)}: leave these at their defaults for a sharded model"
             )
         self.generation = generation or GenerationConfig()
         check_chat_template(self.tokenizer, self.generation.chat_template, f"learner {name!r}")

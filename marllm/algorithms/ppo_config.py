@@ -157,6 +157,26 @@ class PPOConfig:
             if getattr(self, name) is not None:
                 positive("ppo", self, name)
 
+    def whole_model_settings(self) -> list[str]:
+        """The settings made here that a sharded model (``model.fsdp``) cannot take, each with why."""
+        reasons = []
+        if self.micro_batch_size is not None:
+            reasons.append(
+                "ppo.micro_batch_size splits a mini-batch into passes of its own, and model.fsdp needs every rank in "
+                "every pass"
+            )
+        if self.autocast_dtype is not None:
+            reasons.append(
+                "ppo.autocast_dtype is mixed precision for whole models; sharded models compute in "
+                "model.fsdp_compute_dtype instead"
+            )
+        if self.rollout_from_generate:
+            reasons.append(
+                "ppo.rollout_from_generate takes one logit per sampled token from generate, and a sharded generate "
+                "keeps stepping ranks that are done"
+            )
+        return reasons
+
     @property
     def backward_batch_size(self) -> int:
         """Samples per optimiser step."""

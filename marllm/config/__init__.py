@@ -212,21 +212,9 @@ class TrainConfig:
                     "process: start it with marllm train --nproc N (N >= 2), or set model.fsdp: false"
                 )
             return
-        if self.model.fsdp and self.ppo.micro_batch_size is not None:
-            raise ConfigError(
-                "ppo.micro_batch_size splits a mini-batch into passes of its own, and model.fsdp needs every rank in "
-                "every pass: leave ppo.micro_batch_size unset with model.fsdp"
-            )
-        if self.model.fsdp and self.ppo.autocast_dtype is not None:
-            raise ConfigError(
-                "ppo.autocast_dtype is mixed precision for whole models; sharded models compute in "
-                "model.fsdp_compute_dtype: set that instead of ppo.autocast_dtype with model.fsdp"
-            )
-        if self.model.fsdp and self.ppo.rollout_from_generate:
-            raise ConfigError(
-                "ppo.rollout_from_generate takes one logit per sampled token from generate, and a sharded generate "
-                "keeps stepping ranks that are done: set ppo.rollout_from_generate: false with model.fsdp"
-            )
+        whole_model_only = self.ppo.whole_model_settings() if self.model.fsdp else []
+        if whole_model_only:
+            raise ConfigError(f"{'; '.join(whole_model_only)}: leave these at their defaults with model.fsdp")
         try:
             check_shard((0, world_size), self.env.batch_size, self.env.group_size)
         except ValueError as error:
