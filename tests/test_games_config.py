@@ -18,9 +18,8 @@ from marllm.config.game import parse_seat
 from marllm.envs.games import BatchedGameEnv
 from marllm.loop import run_iteration
 from marllm.players import OpponentPool, RandomMover, TicTacToeMinimax
-from marllm.players.self_play import SharedSeat
-from marllm.run.games import WithBaselines, build_game_env, game_metrics, seat_players, seat_slots
-from marllm.wrappers import RolePermutation, SharedReward
+from marllm.run.games import build_game_env, game_metrics, seat_players, seat_slots
+from marllm.wrappers import RoleBaselines, RolePermutation, SharedReward
 from tests.test_games_training import RecordingLearner, tiny_learner, word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,22 +218,24 @@ def test_self_play_seats_one_learner_and_reports_each_seat():
     assert merged["llm/game/player_1/win_rate"] == pytest.approx(merged["llm/game/player_2/loss_rate"])
 
 
-def test_role_baselines_wrap_the_learner_and_survive_its_checkpoint_state():
-    config = config_from_dict(game_config({"seats": ["llm", "llm"], "role_baselines": 0.5}))
+@pytest.mark.parametrize("seats", [["llm", "llm"], ["llm", "random"]])
+def test_role_baselines_wrap_the_env_over_the_learners_slots(seats):
+    """Self-play and a learner in one seat against a fixed opponent alike: one baseline per (learner, seat) it
+    played; the learner itself is not wrapped, and the baselines are the env's state (what a checkpoint saves)."""
+    config = config_from_dict(game_config({"seats": seats, "role_baselines": 0.5}))
+    env = build_game_env(config)
+    assert isinstance(env, RoleBaselines) and isinstance(env.env, RolePermutation)
     learner = RecordingLearner("llm")
-    learners = {"llm": learner}
-    players, _ = seat_players(config, learners)
-    assert all(isinstance(p, SharedSeat) for p in players.values())
-    wrapped = learners["llm"]
-    assert isinstance(wrapped, WithBaselines) and wrapped.name == "llm"
-    run_iteration(build_game_env(config), players, seed=0)
-    values = dict(wrapped.baselines.values)
-    assert {role for _, role in values} == {"player_1", "player_2"}
-    _, meta = wrapped.state_dict()
-    fresh = {"llm": RecordingLearner("llm")}
-    seat_players(config, fresh)
-    fresh["llm"].load_state_dict({}, meta)
-    assert fresh["llm"].baselines.values == values
+    players, _ = seat_players(config, {"llm": learner})
+    assert players["llm"] is learner
+    run_iteration(env, players, seed=0)
+    played = {"player_1", "player_2"} if seats[1] == "llm" else {"player_1"}
+    assert {player for player, _ in env.values} == {"llm"} and {role for _, role in env.values} == played
+    metrics = game_metrics(env, seat_slots(config.game.parsed_seats()), {"llm": "llm"}, {})
+    assert "llm/game/player_1/win_rate" in metrics
+    fresh = build_game_env(config)
+    fresh.load_state_dict(*env.state_dict())
+    assert fresh.values == env.values
 
 
 def test_fixed_opponents_of_a_config():

@@ -15,11 +15,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
-from marllm.algorithms.role_baselines import RoleBaselines, role_conditioned_advantages
 from marllm.envs.games import BatchedGameEnv
 from marllm.loop import run_iteration
 from marllm.players import RandomMover, share_learner
-from marllm.wrappers import RolePermutation, SharedReward, cooperation_matrix
+from marllm.wrappers import RoleBaselines, RolePermutation, SharedReward, cooperation_matrix
+from marllm.wrappers.role_baselines import step_baselines
 from tests.conftest import make_tiny_gpt2
 from tests.test_games_env import CountdownGame
 
@@ -163,34 +163,73 @@ def test_self_play_with_larger_mini_batches_merges_the_moves_left_over_into_the_
 # --- SPIRAL's role-conditioned advantage estimation ---------------------------------------------------------------
 
 
-def test_role_conditioned_advantages_on_hand_computed_tensors():
-    returns = torch.tensor([1.0, -1.0, 1.0, 0.0])
-    keys = [("ttt", "x"), ("ttt", "o"), ("ttt", "x"), ("kuhn", "x")]
-    advantages, baselines = role_conditioned_advantages(returns, keys, {("ttt", "x"): 0.5}, decay=0.9)
-    torch.testing.assert_close(advantages, torch.tensor([0.5, -1.0, 0.5, 0.0]))
-    assert baselines == pytest.approx({("ttt", "x"): 0.55, ("ttt", "o"): -0.1, ("kuhn", "x"): 0.0})
-
-    tracker = RoleBaselines(decay=0.5)
-    torch.testing.assert_close(tracker.advantages(torch.tensor([2.0, 4.0]), ["a", "a"]), torch.tensor([2.0, 4.0]))
-    assert tracker.values == {"a": 1.5}  # 0.5 · 0 + 0.5 · mean(2, 4)
-    torch.testing.assert_close(tracker.advantages(torch.tensor([1.5, 0.0]), ["a", "b"]), torch.tensor([0.0, 0.0]))
-    assert tracker.values == {"a": 1.5, "b": 0.0}
-    with pytest.raises(ValueError, match=r"decay must be in \[0, 1\)"):
-        role_conditioned_advantages(returns, keys, {}, decay=1.0)
-    with pytest.raises(ValueError, match="got 4 returns but 3 keys"):
-        role_conditioned_advantages(returns, keys[:3], {})
+def test_step_baselines_takes_one_ema_step_per_key_with_the_mean_return():
+    returns = {("llm", "x"): [1.0, 1.0, -1.0], ("llm", "o"): [-1.0], ("llm", "z"): []}
+    updated = step_baselines(returns, {("llm", "x"): 0.5, ("llm", "q"): 2.0}, decay=0.9)
+    assert updated == pytest.approx({("llm", "x"): 0.9 * 0.5 + 0.1 / 3, ("llm", "o"): -0.1, ("llm", "q"): 2.0})
+    with pytest.raises(ValueError, match=r"decay must be a number in \[0, 1\)"):
+        step_baselines(returns, {}, decay=1.0)
 
 
-def test_shared_seats_subtract_role_baselines_before_the_learner_sees_rewards():
-    environment = BatchedGameEnv(lambda: rps_v2.env(max_cycles=1), batch_size=4)
-    learner = RecordingLearner("shared", pick=lambda names, game: names[game % 3])
-    baselines = RoleBaselines(decay=0.5)
-    baselines.values = {("rps", "player_0"): 0.25}
-    run_iteration(environment, share_learner(learner, environment.possible_agents, baselines, game="rps"), seed=0)
-    payoffs = np.array([r.payoffs["player_0"] for r in environment.records])  # both play the same: all draws
-    np.testing.assert_array_equal(learner.rewards[0], payoffs - 0.25)
-    np.testing.assert_array_equal(learner.rewards[1], -payoffs)
-    assert baselines.values[("rps", "player_0")] == pytest.approx(0.5 * 0.25 + 0.5 * payoffs.mean())
+def _later_moves(moves, seat):
+    """Per move of ``seat`` in one game's record, how many moves of the seat follow it."""
+    own = [m for m in moves if m.seat == seat]
+    return list(range(len(own) - 1, -1, -1))
+
+
+def test_role_baselines_subtract_before_discounting_and_step_once_per_game_and_role():
+    """3 games of different lengths, one learner in both seats, γ = 0.5 and an illegal-answer penalty: every move of
+    a game in one role sees the same baseline, trained on γ^k (payoff − b) − penalty; each (learner, role) baseline
+    takes one EMA step with the mean of its games' payoffs."""
+
+    def pick(names, game):  # game 0 adds 1, game 1 adds 2, game 2 answers nonsense (a random legal move, penalised)
+        return {0: names[0], 1: names[-1]}.get(game, "nonsense")
+
+    inner = BatchedGameEnv(lambda: CountdownGame(target=5), 3, illegal="random", discount=0.5, illegal_penalty=0.25)
+    environment = RoleBaselines(inner, decay=0.9, players={"p0": "llm", "p1": "llm"})
+    before = {("llm", "p0"): 0.5, ("llm", "p1"): -0.2}
+    environment.values = dict(before)
+    learner = RecordingLearner("llm", pick=pick)
+    run_iteration(environment, {"p0": learner, "p1": learner}, seed=1)
+
+    records, turns = inner.records, inner.turns
+    assert len({len(r.moves) for r in records}) > 1, "the games should differ in length"
+    later = {seat: [_later_moves(r.moves, seat) for r in records] for seat in ("p0", "p1")}
+    seen = {seat: [0] * len(records) for seat in ("p0", "p1")}
+    assert len(learner.rewards) == len(turns)
+    for turn, role, rewards in zip(turns, learner.roles, learner.rewards, strict=True):
+        assert role == turn.seat
+        expected = []
+        for game, illegal in zip(turn.games, turn.illegal, strict=True):
+            k = later[turn.seat][game][seen[turn.seat][game]]
+            seen[turn.seat][game] += 1
+            payoff = records[game].payoffs[turn.seat]
+            expected.append(0.5**k * (payoff - before[("llm", turn.seat)]) - 0.25 * illegal)
+        np.testing.assert_allclose(rewards, expected, rtol=0, atol=1e-12)
+    for seat in ("p0", "p1"):
+        payoffs = [r.payoffs[seat] for r in records]
+        assert environment.values[("llm", seat)] == pytest.approx(0.9 * before[("llm", seat)] + 0.1 * np.mean(payoffs))
+
+    tensors, meta = environment.state_dict()
+    fresh = RoleBaselines(BatchedGameEnv(lambda: CountdownGame(target=5), 3), players={"p0": "llm", "p1": "llm"})
+    fresh.load_state_dict(tensors, meta)
+    assert fresh.values == environment.values
+
+
+def test_role_baselines_leave_fixed_opponents_alone_and_pass_the_api_test():
+    environment = RoleBaselines(BatchedGameEnv(lambda: rps_v2.env(max_cycles=1), batch_size=4), 0.5, {"player_0": "llm"})
+    learner = RecordingLearner("llm", pick=lambda names, game: names[game % 3])
+    opponent = RecordingLearner("other", pick=lambda names, game: names[0])
+    run_iteration(environment, {"player_0": learner, "player_1": opponent}, seed=0)
+    payoffs = np.array([r.payoffs["player_0"] for r in environment.unwrapped.records])
+    np.testing.assert_array_equal(learner.rewards[0], payoffs)  # the baseline started at 0
+    np.testing.assert_array_equal(opponent.rewards[0], -payoffs)
+    assert environment.values == pytest.approx({("llm", "player_0"): 0.5 * payoffs.mean()})
+    baseline = environment.values[("llm", "player_0")]
+    run_iteration(environment, {"player_0": learner, "player_1": opponent}, seed=1)
+    payoffs = np.array([r.payoffs["player_0"] for r in environment.unwrapped.records])
+    np.testing.assert_allclose(learner.rewards[1], payoffs - baseline)
+    api_test(RoleBaselines(BatchedGameEnv(lambda: rps_v2.env(max_cycles=2), 3, illegal="random")), num_cycles=50)
 
 
 # --- SharedReward and RolePermutation, unchanged, over the game env ----------------------------------------------

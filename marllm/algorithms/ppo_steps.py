@@ -100,11 +100,12 @@ class PPOSteps:
             merge = cfg.last_minibatch == "merge"
             for step_slice in split_points(batch_size, cfg.backward_batch_size, merge):
                 step_inds = b_inds[step_slice]
+                mb_slices = split_points(len(step_inds), cfg.mini_batch_size, merge)
                 step = []
-                for mb_slice in split_points(len(step_inds), cfg.mini_batch_size, merge):
+                for mb_slice in mb_slices:
                     mb_inds = step_inds[mb_slice]
                     mine = mb_inds[local_of[mb_inds] >= 0]
-                    weight = self._minibatch_weight(masses[mb_inds], masses[step_inds])
+                    weight = self._minibatch_weight(masses[mb_inds], masses[step_inds], len(mb_slices))
                     step.append(_MiniBatch(epoch, mb_inds, mine, local_of[mine], weight))
                 yield step
 
@@ -219,14 +220,17 @@ class PPOSteps:
         """Each response's weight in a mini-batch loss's normaliser, (B, L) -> (B,): its tokens (token means)."""
         return mask.sum(1)
 
-    def _minibatch_weight(self, minibatch_masses: torch.Tensor, step_masses: torch.Tensor) -> float:
+    def _minibatch_weight(
+        self, minibatch_masses: torch.Tensor, step_masses: torch.Tensor, minibatches_in_step: int
+    ) -> float:
         """The weight of a mini-batch's loss in its optimiser step's accumulated gradient, from the
-        :meth:`_sample_masses` of the mini-batch's and the step's responses."""
+        :meth:`_sample_masses` of the mini-batch's and the step's responses and the number of mini-batches the step
+        really holds (``gradient_accumulation_steps``, or fewer or more where ``last_minibatch: merge`` merged)."""
         if self.config.loss_reduction == "step_token_mean":
             # The loss is a mean over this mini-batch; weighted by the mini-batch's share of the step's tokens (or,
             # for a mean over responses, of its responses), the accumulated loss is that mean over the whole step.
             return float(minibatch_masses.sum()) / max(float(step_masses.sum()), 1.0)
-        return 1.0 / self.config.gradient_accumulation_steps
+        return 1.0 / minibatches_in_step  # the mean over the step's mini-batches, however many it holds
 
     def _optimizer_step(self, epoch: int) -> None:
         parameters = self._trained_parameters()

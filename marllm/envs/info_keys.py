@@ -22,3 +22,7 @@ TURN_BATCH_REWARDS = "turn_batch_rewards"
 TURN_GAMES = "turn_games"
 """Per turn of the role, the indices of the dialogues its rows of ``turn_*`` cover, where a turn covers only some of
 the batch (a batched game: a seat moves only in the games where it is to move); absent: every turn covers all B."""
+
+TURN_DISCOUNTS = "turn_discounts"
+"""Per turn of the role, the discount γ^k its ``turn_batch_rewards`` row applied to each dialogue's return (k: the
+role's later turns in that dialogue); absent: no discount (1 everywhere)."""

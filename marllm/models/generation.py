@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import (
     BatchEncoding,
+    LogitsProcessor,
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
     PreTrainedModel,
@@ -371,6 +372,7 @@ def generate_responses(
     context: int | None = None,
     owner: str = "generation",
     capture: bool = False,
+    restriction: Callable[[int], LogitsProcessor] | None = None,
 ) -> GeneratedBatch:
     """Sample one response of at most ``budget`` tokens per prompt, all prompts in one ``generate`` call.
 
@@ -378,6 +380,8 @@ def generate_responses(
     With ``capture``, the batch also holds the logits and last hidden states of ``generate``'s forwards at every
     response position (``GeneratedBatch.logits``/``hidden``): a full forward over prompt and response computes the same
     numbers up to float rounding (the KV cache splits the sums differently), so they can stand in for it.
+    ``restriction(P)`` (P: the padded prompts' width) makes a processor applied before the sampling processors (the
+    legal moves' :class:`~marllm.models.move_tries.LegalMovesProcessor`).
     """
     device = next(model.parameters()).device
     encoded = encode_prompts(tokenizer, prompts, generation.chat_template, owner)
@@ -395,7 +399,10 @@ def generate_responses(
             attention_mask=prompt_mask,
             do_sample=True,
             max_new_tokens=budget,
-            logits_processor=sampling_processors(generation, prompt_mask, eos, budget),
+            logits_processor=LogitsProcessorList(
+                ([restriction(prompt_ids.shape[1])] if restriction is not None else [])
+                + list(sampling_processors(generation, prompt_mask, eos, budget))
+            ),
             # The neutral values, explicitly: left unset, generate would take them from the model's generation_config.
             temperature=1.0,
             top_k=0,

@@ -18,21 +18,14 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from marllm.algorithms.role_baselines import RoleBaselines
-
 
 class _Shared:
     """What the seats of one learner share: the order it acted in and the rewards each seat has received."""
 
-    def __init__(self, learner: Any, seats: Sequence[str], baselines: RoleBaselines | None, game: str):
+    def __init__(self, learner: Any, seats: Sequence[str]):
         self.learner = learner
         self.order: list[str] = []  # the seat of each act, oldest first
-        self.roles: list[str] = []  # the role it played in each act (the seat, unless the loop named another)
         self.rewards: dict[str, list[tuple[Any, Any]]] = {seat: [] for seat in seats}
-        self.baselines = baselines
-        self.game = game
         self.lock = threading.Lock()
 
     def update(self) -> dict[str, float]:
@@ -40,7 +33,7 @@ class _Shared:
             if not self.order:  # updated already this iteration (or it never moved)
                 return {}
             self._replay()
-            self.order, self.roles = [], []
+            self.order = []
             return self.learner.update()
 
     def _replay(self) -> None:
@@ -52,19 +45,10 @@ class _Shared:
                 f"{missing} times; every act needs its reward before update()"
             )
         queues = {seat: iter(rewards) for seat, rewards in self.rewards.items()}
-        for seat, role in zip(self.order, self.roles, strict=True):
+        for seat in self.order:
             rewards, task_rewards = next(queues[seat])
-            if self.baselines is not None:
-                returns = np.asarray(rewards, dtype=np.float64)
-                rewards = self._advantages(returns, role)
             self.learner.finish(rewards, task_rewards)
         self.rewards = {seat: [] for seat in self.rewards}
-
-    def _advantages(self, returns: np.ndarray, role: str) -> np.ndarray:
-        import torch
-
-        advantages = self.baselines.advantages(torch.from_numpy(returns), [(self.game, role)] * len(returns))
-        return advantages.numpy()
 
 
 class SharedSeat:
@@ -91,9 +75,8 @@ class SharedSeat:
         return self.learner.tokenizer
 
     def act(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:
-        """The learner's answers; the act is remembered as this seat's, in ``role`` (the seat if None)."""
+        """The learner's answers; the act is remembered as this seat's."""
         self._shared.order.append(self.seat)
-        self._shared.roles.append(self.seat if role is None else role)
         return self.learner.act(observation, role=role)
 
     def finish(self, rewards: Sequence[float], task_rewards: Sequence[float] | None = None) -> None:
@@ -121,22 +104,17 @@ class SharedSeat:
         self.learner.save(directory)
 
 
-def share_learner(
-    learner: Any, seats: Sequence[str], baselines: RoleBaselines | None = None, game: str = ""
-) -> dict[str, SharedSeat]:
+def share_learner(learner: Any, seats: Sequence[str]) -> dict[str, SharedSeat]:
     """One proxy per seat for ``learner``, to put in the loop's mapping (``{**share_learner(ppo, env.agents)}``).
 
     Args:
         learner: any Learner; it acts in every seat and is updated once per iteration.
         seats: the agent ids it plays (the env's seats, or the learner ids of a ``RolePermutation``).
-        baselines: SPIRAL's role-conditioned baselines: each reward becomes reward − baseline of (``game``, role)
-            before the learner sees it, the role being what the loop passes to ``act`` (the env's ``role`` info: the
-            seat, or under a ``RolePermutation`` the seat the agent plays now), else the seat. None: rewards as the
-            env gives them.
-        game: the game's key in ``baselines`` (several games may share one).
+
+    SPIRAL's role-conditioned baselines are the env's business: wrap it in :class:`~marllm.wrappers.RoleBaselines`.
     """
     seats = list(seats)
     if len(set(seats)) != len(seats) or not seats:
         raise ValueError(f"seats must be distinct agent ids, at least one, got {seats}")
-    shared = _Shared(learner, seats, baselines, game)
+    shared = _Shared(learner, seats)
     return {seat: SharedSeat(shared, seat) for seat in seats}

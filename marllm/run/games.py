@@ -6,7 +6,8 @@ The env is :class:`~marllm.envs.games.BatchedGameEnv` over the game, wrapped lik
 moves on to the next seat every ``agents.role_period`` iterations (never when it is null). A slot's id is its player's:
 the learner id, or ``random``, ``minimax``, ``mcts``, ``pool-<learner>``; a player named in several seats has its
 later slots numbered, ``llm#2``. One learner in several slots (self-play) is one learner, updated once per iteration
-on the moves of all of them; with ``game.role_baselines`` it sits behind :func:`~marllm.players.share_learner`.
+on the moves of all of them. With ``game.role_baselines`` the env is wrapped, outermost, by
+:class:`~marllm.wrappers.RoleBaselines`, one baseline per (learner, seat) for every learner's slots.
 
 After each iteration :func:`game_metrics` adds what the env measured of each learner's games:
 ``<learner>/game/<seat>/<metric>`` per seat it played and ``<learner>/game/<metric>`` over them (see
@@ -22,17 +23,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pettingzoo import AECEnv
+from pettingzoo.utils.wrappers import BaseWrapper
 
-from marllm.algorithms.role_baselines import RoleBaselines
 from marllm.config import TrainConfig
 from marllm.config.game import Seat
 from marllm.envs.games import BatchedGameEnv
 from marllm.envs.games.catalog import game_factory
 from marllm.parallel.distributed import reseed_sampling
-from marllm.players import OpponentPool, RandomMover, TicTacToeMinimax, share_learner
+from marllm.players import OpponentPool, RandomMover, TicTacToeMinimax
 from marllm.run.learners import learners_from_config
 from marllm.run.setup import Setup, wrap_for_agents
-from marllm.wrappers import RolePermutation
+from marllm.wrappers import RoleBaselines, RolePermutation
 
 OPPONENT_SEED_OFFSET = 10_000
 """A fixed opponent in seat i draws its moves from ``seed + OPPONENT_SEED_OFFSET + i``."""
@@ -50,7 +51,8 @@ def seat_slots(seats: Sequence[Seat]) -> list[str]:
 
 
 def build_game_env(config: TrainConfig) -> AECEnv:
-    """The batched game of ``config``, wrapped by SharedReward (if rewards are shared) and RolePermutation."""
+    """The batched game of ``config``, wrapped by SharedReward (if rewards are shared), RolePermutation and (with
+    ``game.role_baselines``) RoleBaselines over the learners' slots."""
     game = config.game
     if game is None:
         raise ValueError("build_game_env needs a config with a game section")
@@ -64,7 +66,17 @@ def build_game_env(config: TrainConfig) -> AECEnv:
         illegal_penalty=game.illegal_penalty,
         seed=config.seed,
     )
-    return wrap_for_agents(env, config, seat_slots(game.parsed_seats()))
+    env = wrap_for_agents(env, config, seat_slots(game.parsed_seats()))
+    if game.role_baselines is not None:
+        env = RoleBaselines(env, game.role_baselines, learner_slots(config))
+    return env
+
+
+def learner_slots(config: TrainConfig) -> dict[str, str]:
+    """slot -> learner id, for the slots of ``game.seats`` that a learner plays."""
+    assert config.game is not None
+    seats = config.game.parsed_seats()
+    return {slot: seat.learner for slot, seat in zip(seat_slots(seats), seats, strict=True) if seat.kind == "learner"}
 
 
 def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping[str, Any]) -> Any:
@@ -86,38 +98,9 @@ def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping
     raise ValueError(f"seat {seat.spec!r} is a learner, not a fixed opponent")
 
 
-class WithBaselines:
-    """A learner as a checkpoint sees it when it trains on role-conditioned advantages: its own state, plus the
-    running baselines (:class:`~marllm.algorithms.role_baselines.RoleBaselines`) its seats subtract, so that a resumed
-    run goes on with them. Everything else is the learner's."""
-
-    def __init__(self, learner: Any, baselines: RoleBaselines):
-        self.learner = learner
-        self.baselines = baselines
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "learner":  # not set yet (a copy being made): no recursion
-            raise AttributeError(name)
-        return getattr(self.learner, name)
-
-    def state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        tensors, meta = self.learner.state_dict()
-        values = [[*key, value] for key, value in self.baselines.values.items()]  # keys: (game, role)
-        return tensors, {**meta, "role_baselines": values}
-
-    def load_state_dict(self, tensors: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
-        own = dict(meta)
-        values = own.pop("role_baselines", [])
-        self.learner.load_state_dict(tensors, own)
-        self.baselines.values = {(game, role): float(value) for game, role, value in values}
-
-
 def seat_players(config: TrainConfig, learners: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(players by slot, fixed opponents by id)``: the loop's mapping (the learners' slots first, so that a
-    snapshot pool, updated after its learner, snapshots the updated weights) and the opponents, one per id.
-
-    With ``game.role_baselines``, each learner of ``learners`` is replaced by a :class:`WithBaselines` of itself (what
-    a checkpoint saves)."""
+    snapshot pool, updated after its learner, snapshots the updated weights) and the opponents, one per id."""
     game = config.game
     assert game is not None
     seats = game.parsed_seats()
@@ -133,12 +116,7 @@ def seat_players(config: TrainConfig, learners: dict[str, Any]) -> tuple[dict[st
             for slot, seat in zip(slots, seats, strict=True)
             if seat.kind == "learner" and seat.learner == learner_id
         ]
-        if game.role_baselines is not None:
-            baselines = RoleBaselines(game.role_baselines)
-            players.update(share_learner(learners[learner_id], own, baselines, game.name))
-            learners[learner_id] = WithBaselines(learners[learner_id], baselines)
-        else:
-            players.update(dict.fromkeys(own, learners[learner_id]))
+        players.update(dict.fromkeys(own, learners[learner_id]))
     for slot, seat in zip(slots, seats, strict=True):
         if seat.kind != "learner":
             players[slot] = opponents[seat.player_id]
@@ -164,7 +142,8 @@ def game_metrics(
             first slot did not move reports under a later one, which is moved to the learner's id here.
     """
     game_env = env.unwrapped
-    role_of = env.role_of if isinstance(env, RolePermutation) else {slot: slot for slot in slots}
+    permutation = next((part for part in _wrappers(env) if isinstance(part, RolePermutation)), None)
+    role_of = permutation.role_of if permutation is not None else {slot: slot for slot in slots}
     merged = dict(metrics)
     for slot, learner_id in owners.items():
         if slot == learner_id:
@@ -196,6 +175,14 @@ def game_metrics(
     return merged
 
 
+def _wrappers(env: AECEnv) -> list[AECEnv]:
+    """``env`` and every env it wraps, outermost first."""
+    chain = [env]
+    while isinstance(chain[-1], BaseWrapper):
+        chain.append(chain[-1].env)
+    return chain
+
+
 def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
     """The :class:`~marllm.run.setup.Setup` of a game config (``config.game``): the learners its seats name (and
     their reference), the fixed opponents, the wrapped env and the per-seat metrics."""
@@ -206,9 +193,7 @@ def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
     players, opponents = seat_players(config, learners)
     reseed_sampling(config.seed, None)
     slots = seat_slots(game.parsed_seats())
-    owners = {
-        slot: seat.learner for slot, seat in zip(slots, game.parsed_seats(), strict=True) if seat.kind == "learner"
-    }
+    owners = learner_slots(config)
     devices = {str(next(learner.model.parameters()).device) for learner in learners.values()}
     pools = any(isinstance(player, OpponentPool) for player in opponents.values())  # a snapshot waits for its learner
     concurrent = config.model.lora is None and len(devices) == len(learners) > 1 and not pools

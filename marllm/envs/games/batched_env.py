@@ -24,8 +24,8 @@ Info
     it also holds the per-game rewards under the keys of :mod:`marllm.envs.info_keys`: ``task_rewards`` and
     ``batch_rewards`` (B,) the seat's payoff per game; ``turn_task_rewards`` (the payoff) and ``turn_batch_rewards``
     (what the move is trained on: payoff · γ^(the seat's later moves in that game) − ``illegal_penalty`` if the answer
-    was illegal), one row per turn of the seat, each as long as that turn's observation; ``turn_games`` (which games
-    each turn's rows are), ``payoffs``, ``outcomes`` (+1 win, 0 draw, -1 loss) and ``metrics`` (payoff, win, draw and
+    was illegal), one row per turn of the seat, each as long as that turn's observation; ``turn_discounts`` (each
+    move's γ^k), ``turn_games`` (which games each turn's rows are), ``payoffs``, ``outcomes`` (+1 win, 0 draw, -1 loss) and ``metrics`` (payoff, win, draw and
     loss rates, illegal-move rate, moves per game, game length, forfeit rate).
 Reward
     Zero until the episode ends; then ``rewards[seat]`` is the seat's mean payoff over the batch.
@@ -45,13 +45,19 @@ from pettingzoo.utils import wrappers
 
 from marllm.envs.games import keys
 from marllm.envs.games.checks import check_credit, check_policy, check_seats, make_game
-from marllm.envs.games.credit import outcomes, seat_metrics, turn_rewards
-from marllm.envs.games.parsers import Parser, get_parser, list_moves
-from marllm.envs.games.prompts import GameTemplate, check_game_templates
+from marllm.envs.games.credit import outcomes, seat_metrics, turn_discounts, turn_rewards
+from marllm.envs.games.parsers import Parser, get_parser
+from marllm.envs.games.prompts import GameTemplate, check_game_templates, prompt_fields
 from marllm.envs.games.records import GameRecord, Turn
 from marllm.envs.games.spaces import Rows
 from marllm.envs.games.views import GameView, Move, view_for
-from marllm.envs.info_keys import BATCH_REWARDS, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
+from marllm.envs.info_keys import (
+    BATCH_REWARDS,
+    TASK_REWARDS,
+    TURN_BATCH_REWARDS,
+    TURN_DISCOUNTS,
+    TURN_TASK_REWARDS,
+)
 from marllm.envs.text_inputs import describe_action
 from marllm.utils.errors import CheckpointError
 from marllm.utils.generators import restore_generator
@@ -224,18 +230,9 @@ class BatchedGameEnv(AECEnv):
         }
 
     def _prompt(self, index: int, seat: str, legal: Sequence[tuple[int, str]]) -> str:
-        game, view, names = self.games[index], self.view, [name for _, name in legal]
+        record, names = self.records[index], [name for _, name in legal]
         try:
-            fields = {
-                "game": view.name(game),
-                "rules": view.rules(game),
-                "role": seat,
-                "player": view.player(game, seat),
-                "state": view.state(game, seat, self.records[index].moves),
-                "moves": list_moves(names),
-                "move_names": ", ".join(names),
-                "move_number": self.records[index].answers[seat] + 1,
-            }
+            fields = prompt_fields(self.view, self.games[index], seat, record.moves, names, record.answers[seat] + 1)
             prompt = self.templates[seat](fields)
         except Exception as error:
             raise ValueError(f"rendering the prompt of seat {seat!r} in game {index} failed: {error!r}") from error
@@ -335,6 +332,7 @@ class BatchedGameEnv(AECEnv):
                 BATCH_REWARDS: payoffs[:, i].copy(),
                 TURN_TASK_REWARDS: [payoffs[g, i] for g in games],
                 TURN_BATCH_REWARDS: trained,
+                TURN_DISCOUNTS: turn_discounts(games, self.discount),
                 keys.TURN_GAMES: games,
                 keys.PAYOFFS: payoffs[:, i].copy(),
                 keys.OUTCOMES: result[:, i],

@@ -35,6 +35,23 @@ def outcomes(payoffs: np.ndarray, forfeited_by: np.ndarray) -> np.ndarray:
     return result
 
 
+def turn_discounts(turn_games: Sequence[np.ndarray], discount: float = 1.0) -> list[np.ndarray]:
+    """One seat's discount for each of its moves, turn by turn: γ^k, k the seat's moves after it in that game.
+
+    Args:
+        turn_games: per turn of the seat, the indices of the games it moved in.
+        discount: γ.
+    """
+    size = 1 + max((int(np.max(games)) for games in turn_games if len(games)), default=-1)
+    later = np.zeros(size, dtype=np.int64)  # per game, moves of the seat after the one being credited
+    discounts: list[np.ndarray] = [np.empty(0)] * len(turn_games)
+    for t in range(len(turn_games) - 1, -1, -1):
+        games = np.asarray(turn_games[t], dtype=np.int64)
+        discounts[t] = discount ** later[games].astype(np.float64)
+        later[games] += 1
+    return discounts
+
+
 def turn_rewards(
     turn_games: Sequence[np.ndarray],
     turn_illegal: Sequence[np.ndarray],
@@ -52,14 +69,11 @@ def turn_rewards(
         illegal_penalty: subtracted from the reward of each illegal answer.
     """
     payoffs = np.asarray(payoffs, dtype=np.float64)
-    later = np.zeros(payoffs.shape, dtype=np.int64)  # (B,) moves of the seat after the one being credited
-    credited: list[np.ndarray] = [np.empty(0)] * len(turn_games)
-    for t in range(len(turn_games) - 1, -1, -1):
-        games = np.asarray(turn_games[t], dtype=np.int64)
-        rewards = payoffs[games] * discount ** later[games].astype(np.float64)
-        credited[t] = rewards - illegal_penalty * np.asarray(turn_illegal[t], dtype=np.float64)
-        later[games] += 1
-    return credited
+    return [
+        payoffs[np.asarray(games, dtype=np.int64)] * discounts
+        - illegal_penalty * np.asarray(illegal, dtype=np.float64)
+        for games, illegal, discounts in zip(turn_games, turn_illegal, turn_discounts(turn_games, discount), strict=True)
+    ]
 
 
 def seat_metrics(

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from marllm.envs.games.parsers import list_moves
 from marllm.envs.templates import PromptTemplate
+
+if TYPE_CHECKING:
+    from pettingzoo import AECEnv
+
+    from marllm.envs.games.views import GameView, Move
 
 GameTemplate = str | Callable[[Mapping[str, Any]], str]
 """A ``str.format`` template over :data:`FIELDS`, or a callable ``template(fields) -> prompt``."""
@@ -14,6 +20,23 @@ FIELDS = ("game", "rules", "role", "player", "state", "moves", "move_names", "mo
 """What a template may use: the game's name and rules, the seat's agent id (``role``) and name in the game
 (``player``: X, O, player 0), the view's ``state`` text, the legal ``moves`` as listed (numbered unless a move name
 is a number), the bare ``move_names`` (comma-separated) and the seat's ``move_number`` in this game (from 1)."""
+
+
+def prompt_fields(
+    view: GameView, game: AECEnv, seat: str, moves: Sequence[Move], names: Sequence[str], move_number: int
+) -> dict[str, Any]:
+    """The :data:`FIELDS` of the seat's prompt in ``game``: what the view shows of it after ``moves`` (the moves
+    applied so far), with the legal move ``names`` and the seat's ``move_number`` (its answers so far + 1)."""
+    return {
+        "game": view.name(game),
+        "rules": view.rules(game),
+        "role": seat,
+        "player": view.player(game, seat),
+        "state": view.state(game, seat, moves),
+        "moves": list_moves(names),
+        "move_names": ", ".join(names),
+        "move_number": move_number,
+    }
 
 
 def default_template(fields: Mapping[str, Any]) -> str:
