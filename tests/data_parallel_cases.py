@@ -46,6 +46,9 @@ CASES: dict[str, dict[str, Any]] = {
     # Mini-batches of 4 in passes of 1 row on each rank, skipping the mini-batches whose mean ratio runs over 1.02.
     "ppo_micro_batches": {"ppo": {**PPO, "mini_batch_size": 4, "gradient_accumulation_steps": 1,
                                   "micro_batch_size": 1, "ratio_threshold": 1.02}},
+    # The same in whole mini-batches: the loss metrics micro-batches report must be these.
+    "ppo_whole_batches": {"ppo": {**PPO, "mini_batch_size": 4, "gradient_accumulation_steps": 1,
+                                  "ratio_threshold": 1.02}},
 }
 
 
@@ -171,6 +174,22 @@ def sharded_agreement(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict
     return found
 
 
+def micro_batches_nonfinite(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict[str, Any]:
+    """The ``ppo_micro_batches`` case with ``on_nonfinite: skip`` where only rank 1's (whole) model is NaN: its first
+    pass fails while rank 0's passes run on; both ranks must skip the same step and go on in step."""
+    settings = {**CASES["ppo_micro_batches"]["ppo"], "on_nonfinite": "skip"}
+    learner = make_learner(tokenizer, 0, PPOLearner, {"data_parallel": data_parallel}, init_kl_coef=0.05,
+                           kl_control="adaptive", **settings)  # fmt: skip
+    if data_parallel.rank == 1:
+        with torch.no_grad():
+            learner.model.transformer.ln_f.weight.fill_(float("nan"))
+    before = [p.detach().clone() for p in learner._trained_parameters()]
+    found = state_after_update(learner, copy.copy(part))
+    found["before"] = before
+    found["last_nonfinite"] = learner.last_nonfinite
+    return found
+
+
 def main(rollouts_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     data_parallel = init_data_parallel("cpu")
@@ -183,6 +202,9 @@ def main(rollouts_file: str, out_dir: str) -> None:
         learner = build_learner(case, tokenizer, data_parallel)
         part = rank_slice(rollouts[case], *ranks)
         results[case] = state_after_update(learner, part)
+    results["micro/nonfinite"] = micro_batches_nonfinite(
+        tokenizer, data_parallel, rank_slice(rollouts["ppo_micro_batches"], *ranks)
+    )
     for case in SHARDED_CASES:
         learner = build_learner(case, tokenizer, data_parallel, sharded=True)
         part = rank_slice(rollouts[case], *ranks)

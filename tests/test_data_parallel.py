@@ -98,6 +98,35 @@ def test_two_ranks_update_as_one_process_does(one_and_two_ranks, case, tokenizer
         assert ranks[1][case]["metrics"][key] == ranks[0][case]["metrics"][key]
 
 
+LOSS_METRICS = ("loss/policy", "loss/value", "loss/total", "clipfrac", "value_clipfrac", "approx_kl", "ratio")
+
+
+def test_micro_batched_ranks_report_the_loss_metrics_of_whole_mini_batches(one_and_two_ranks):
+    """Passes of one row report what whole mini-batches report, on one process and on two ranks (each rank's means
+    of its own rows, averaged over the ranks), not that divided by the number of ranks."""
+    single, ranks = one_and_two_ranks
+    for key in LOSS_METRICS:
+        # A clip fraction counts tokens on either side of a bound: a rounding may move one of the ~200 across it.
+        tolerance = {"abs": 0.02} if key.endswith("clipfrac") else {"rel": 1e-4, "abs": 1e-6}
+        for states in (single, *ranks):
+            whole, micro = states["ppo_whole_batches"]["metrics"][key], states["ppo_micro_batches"]["metrics"][key]
+            assert micro == pytest.approx(whole, **tolerance), key
+    assert abs(single["ppo_micro_batches"]["metrics"]["loss/policy"]) > 1e-3  # a loss large enough to tell
+
+
+def test_a_nonfinite_pass_on_one_rank_skips_the_step_on_both(one_and_two_ranks):
+    """Rank 1's first pass is NaN while rank 0's are finite: both ranks report the skip (no hang: the torchrun of
+    the fixture has a timeout) and neither moved its weights."""
+    _, ranks = one_and_two_ranks
+    for rank in ranks:
+        found = rank["micro/nonfinite"]
+        assert found["metrics"]["nonfinite_skipped"] == 1.0
+        assert "non-finite PPO loss" in found["last_nonfinite"]
+        for before, after in zip(found["before"], found["parameters"], strict=True):
+            torch.testing.assert_close(after, before, rtol=0, atol=0, equal_nan=True)
+    assert "another rank" in ranks[0]["micro/nonfinite"]["last_nonfinite"]
+
+
 def assert_same_step_gradients(one, rank0, rank1):
     """Each optimiser step of the two ranks was handed one process's gradient: the same on both ranks, and one
     process's within 1e-4 of its largest component. Float sums in another order move it by ~1e-6 of that; a

@@ -163,30 +163,40 @@ class PPOSteps:
         mini-batch's loss. The ratio threshold needs the whole mini-batch's ratio: the micro-batches' gradients are
         accumulated first and taken back if the mini-batch is skipped. Not for sharded models (refused when the
         learner is built).
+
+        Data-parallel, the gradient takes each pass's share of the *global* mini-batch's mass (the ranks' gradients
+        are summed), while the recorded loss parts are this rank's means, as a whole mini-batch's are (the ranks'
+        metrics are averaged). A non-finite pass stops the passes but not the collectives every rank makes per
+        mini-batch, so that the ranks stay in step until they agree to fail.
         """
         cfg, dp = self.config, self.data_parallel
         b = data.batch
         lengths = b.attention_mask[torch.as_tensor(minibatch.rows)].sum(1).cpu().numpy()
         order = np.argsort(lengths, kind="stable")
         rows, mine = minibatch.rows[order], minibatch.mine[order]
-        total = float(masses[minibatch.indices].sum()) or 1.0
+        total = float(masses[minibatch.indices].sum()) or 1.0  # the global mini-batch's
+        own_total = float(masses[mine].sum()) or 1.0  # this rank's rows of it
         before = self._gradients_before()
         combined: dict[str, float] = defaultdict(float)
         tokens = float(b.mask[torch.as_tensor(rows)].sum()) or 1.0
+        failure: str | None = None
         for start in range(0, len(rows), cfg.micro_batch_size):
             micro, prompt_length = trim_padding(b[rows[start : start + cfg.micro_batch_size]], data.prompt_length)
             loss, parts = self._loss(micro, prompt_length)
             if not torch.isfinite(loss):
-                return True, self._nonfinite_loss(parts, minibatch.epoch)
-            share = float(masses[mine[start : start + cfg.micro_batch_size]].sum()) / total
+                failure = self._nonfinite_loss(parts, minibatch.epoch)
+                break
+            mass = float(masses[mine[start : start + cfg.micro_batch_size]].sum())
             token_share = float(micro.mask.sum()) / tokens
             for key, value in parts.items():  # the objective's parts are means by its masses, _loss's by tokens
-                combined[key] += value * (token_share if key in _TOKEN_MEANS else share)
-            (loss * (minibatch.weight * share)).backward()
+                combined[key] += value * (token_share if key in _TOKEN_MEANS else mass / own_total)
+            (loss * (minibatch.weight * (mass / total))).backward()
         parts = dict(combined)
         ratio = parts.get("ratio", 0.0)
         if dp is not None and cfg.ratio_threshold is not None:
-            ratio = dp.weighted_mean(ratio, tokens)
+            ratio = dp.weighted_mean(ratio, tokens if failure is None else 0.0)
+        if failure is not None:
+            return True, failure
         skipped = cfg.ratio_threshold is not None and ratio > cfg.ratio_threshold
         parts["skipped_minibatch_fraction"] = float(skipped)
         for key, value in parts.items():
@@ -267,8 +277,9 @@ def trim_padding(mb: Any, prompt_length: int) -> tuple[Any, int]:
     """A mini-batch without the padding columns none of its rows needs, and its prompt length.
 
     The prompt columns left of every row's first real token and the response columns right of every row's last
-    response token (``mask``) are dropped; positions come from the attention mask, so each row's log-probs stay its
-    own (up to float rounding in the shorter attention).
+    response token (``mask``) are dropped (of (B, L) columns and of (B, L, K) ones: constrained answers' ``allowed``);
+    positions come from the attention mask, so each row's log-probs stay its own (up to float rounding in the shorter
+    attention).
     """
     attention = mb.attention_mask
     real = attention[:, :prompt_length].any(dim=0)
@@ -283,7 +294,7 @@ def trim_padding(mb: Any, prompt_length: int) -> tuple[Any, int]:
     for key, tensor in mb.items():
         if key in SEQUENCE_COLUMNS:
             columns[key] = tensor[:, lead : prompt_length + keep]
-        elif isinstance(tensor, torch.Tensor) and tensor.dim() == 2 and tensor.shape[1] == response_length:
+        elif isinstance(tensor, torch.Tensor) and tensor.dim() in (2, 3) and tensor.shape[1] == response_length:
             columns[key] = tensor[:, :keep]
         else:
             columns[key] = tensor
