@@ -226,3 +226,33 @@ def test_the_kl_controller_is_fed_the_kl_the_penalty_uses(tokenizer, estimator):
             per_token = 0.5 * x.square() if estimator == "k2" else (x.exp() - x - 1).clamp(max=10.0)
             expected = per_token.sum(1).mean().item()
         assert learner.kl_controller.fed == [pytest.approx(expected, rel=1e-4)]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "critic_free", "warned"),
+    [("rloo", {}, "RLOO"), ("grpo", {"scale_by_std": False}, "Dr. GRPO"), ("grpo", {}, None)],
+)
+def test_a_running_score_rescale_under_rloo_or_dr_grpo_is_said(
+    tiny_lm_dir, tiny_classifier_dir, reviews_file, algorithm, critic_free, warned
+):
+    """ppo.score_transform: normalize (the default) divides RLOO's and Dr. GRPO's advantages by a drifting running
+    std; a config that asks for it is warned (GRPO's own division cancels the rescale: no warning)."""
+    import warnings
+
+    from marllm.config import config_from_dict
+
+    data = tiny_cory_data(tiny_lm_dir, tiny_classifier_dir, reviews_file, {"algorithm": algorithm}, {"group_size": 2})
+    data["critic_free"] = critic_free
+    data["ppo"]["score_transform"] = "normalize"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config_from_dict(data)
+    said = [str(w.message) for w in caught if "score_transform" in str(w.message)]
+    if warned is None:
+        assert not said
+    else:
+        assert len(said) == 2 and all(warned in message for message in said)  # one per learner
+        data["ppo"]["score_transform"] = "none"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            config_from_dict(data)

@@ -22,7 +22,7 @@ import torch
 from marllm.algorithms.core import clipped_policy_loss, masked_mean, masked_whiten, sampled_kl, token_rewards
 
 KLEstimator = Literal["k1", "k2", "k3"]
-K3_LOG_RATIO_BOUND = 20.0  # verl's clamp of log π_ref/π before the exponential
+LOG_RATIO_BOUND = 20.0  # verl's clamp of log π_ref/π before k3's exponential; k2's square too
 K3_BOUND = 10.0  # and of the k3 estimate
 LossAggregation = Literal["token-mean", "seq-mean-token-mean"]
 
@@ -141,15 +141,17 @@ def kl_penalty(
     Padded positions are set to x = 0 before any arithmetic, so garbage there (−inf, NaN) reaches neither the value
     nor the gradient. For k3, as verl does, x is clamped to ±20 and the estimate to at most 10: a log-prob floored
     by :func:`marllm.algorithms.core.floor_logprobs` would otherwise give exp(x) up to 1e37 and a gradient as large.
+    For k2 x is clamped to ±20 as well (an estimate of at most 200): a floored log-prob, which has no gradient, would
+    otherwise report thousands per token.
     """
     valid = mask.bool()
     if estimator == "k1":
         return torch.where(valid, sampled_kl(logprobs, ref_logprobs), 0.0)
     log_ratio = torch.where(valid, ref_logprobs - logprobs, 0.0)  # x = log π_ref/π, (B, L)
+    log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     if estimator == "k2":
         return 0.5 * log_ratio.square()
     if estimator == "k3":
-        log_ratio = log_ratio.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
         # expm1(x) − x: the same exp(x) − 1 − x without the cancellation of exp(x) − 1 near x = 0; the lower clamp
         # only removes a rounding residue below 0.
         return (torch.expm1(log_ratio) - log_ratio).clamp(min=0.0, max=K3_BOUND)

@@ -37,7 +37,10 @@ class CriticFreeConfig:
     Dr. GRPO (Liu et al., 2025) is two changes to GRPO, both needed: ``scale_by_std: false`` and no per-answer
     length normalisation, i.e. ``loss_aggregation: token-mean`` (every token of the mini-batch weighs the same; the
     paper divides by a constant token budget instead, which differs from the mini-batch's token count only by a
-    factor common to the whole mini-batch). ``seq-mean-token-mean`` brings the length normalisation back.
+    factor common to the whole mini-batch). That factor is common to a whole optimiser step only with one
+    mini-batch per step; with ``ppo.gradient_accumulation_steps`` > 1 set ``ppo.loss_reduction: step_token_mean`` so
+    that every token of the step weighs the same, as the constant normaliser makes it.
+    ``seq-mean-token-mean`` brings the length normalisation back.
 
     ``ppo.score_transform`` applies to these learners too, before the group baseline: for GRPO with
     ``scale_by_std`` a running rescale of the scores cancels out in the division (up to its ε); for RLOO and Dr.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -122,6 +123,7 @@ class TrainConfig:
                     f"agents.algorithm {name} (learner {learner!r}) compares the answers to one query, and a game's "
                     "moves come in no such groups: use ppo or reinforce_pp"
                 )
+        self.game.check_actions(self.learner_algorithms(), self.generation.stop_at_eos)
         if self.logging.pass_at_k is not None:
             raise ValueError(
                 "logging.pass_at_k measures answers to a task's problems; a game config has none (marllm eval "
@@ -171,6 +173,14 @@ class TrainConfig:
                 raise ValueError(
                     f"agents.algorithm {name} (learner {learner!r}) compares the responses to one query: set "
                     f"env.group_size >= 2, got {self.env.group_size}"
+                )
+            unscaled = name == "rloo" or (name == "grpo" and not self.critic_free.scale_by_std)
+            if unscaled and self.ppo.score_transform != "none":
+                warnings.warn(
+                    f"learner {learner!r}: {'Dr. GRPO' if name == 'grpo' else 'RLOO'} with ppo.score_transform: "
+                    f"{self.ppo.score_transform} rescales every advantage by a running std that drifts over training, "
+                    "which the method does not; set ppo.score_transform: none for the method as published",
+                    stacklevel=2,
                 )
 
     def _check_devices(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -25,10 +24,6 @@ from transformers import (
 from marllm.models.generation_config import GenerationConfig
 from marllm.parallel.sharding import whole_for_generation
 
-# transformers >= 5.23 can keep each row's left padding out of the repetition penalty (a per-row
-# prompt_ignore_length, as its generate then passes); 5.0–5.22 take one int for the whole batch only.
-_IGNORE_LENGTH = inspect.signature(RepetitionPenaltyLogitsProcessor).parameters.get("prompt_ignore_length")
-_REPETITION_IGNORES_PADDING = _IGNORE_LENGTH is not None and "Tensor" in str(_IGNORE_LENGTH.annotation)
 # Processors that remove tokens by their rank in the distribution they are applied to (see reference_processors).
 _TRUNCATING = (TopKLogitsWarper, TopPLogitsWarper)
 # The settings of a model's own generation_config that may differ from transformers' defaults: token ids, lengths,
@@ -150,11 +145,13 @@ def sampling_processors(
     """
     processors = LogitsProcessorList()
     if generation.repetition_penalty != 1.0:
-        extra = {}
-        if _REPETITION_IGNORES_PADDING:
-            # Index of each row's first real token: the left padding before it is ignored, as generate does.
-            extra["prompt_ignore_length"] = (prompt_mask != 0).int().argmax(dim=1)
-        processors.append(RepetitionPenaltyLogitsProcessor(float(generation.repetition_penalty), **extra))
+        # Index of each row's first real token: the left padding before it is ignored, as generate does (a per-row
+        # prompt_ignore_length needs transformers >= 5.23, pyproject's floor: with one length for the whole batch a
+        # re-padded row's penalty, and so its log-probs, would change).
+        first_real = (prompt_mask != 0).int().argmax(dim=1)
+        processors.append(
+            RepetitionPenaltyLogitsProcessor(float(generation.repetition_penalty), prompt_ignore_length=first_real)
+        )
     if not generation.stop_at_eos and eos_token_id is not None:
         # Without stop_at_eos every response runs to the budget: EOS is suppressed until then.
         processors.append(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -92,7 +94,8 @@ def context_length(model: PreTrainedModel) -> int | None:
 
 
 class ValueHead(nn.Module):
-    """V(s_t): a linear map of the policy's last hidden state to a scalar, one per position."""
+    """V(s_t): a linear map of the hidden state the LM head reads (the last layer's, for most models) to a scalar,
+    one per position."""
 
     def __init__(self, hidden_size: int):
         super().__init__()
@@ -102,7 +105,10 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.summary.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.summary(hidden.to(self.summary.weight.dtype)).squeeze(-1)
+        # In the head's own dtype even under mixed precision (ppo.autocast_dtype): values enter GAE and the value
+        # loss, which bfloat16's ~3 significant digits would round.
+        with torch.autocast(hidden.device.type, enabled=False):
+            return self.summary(hidden.to(self.summary.weight.dtype)).squeeze(-1)
 
 
 def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -122,6 +128,10 @@ def response_forward(
     ``input_ids`` is ``[left-padded prompt (P) | response (L)]``; the logits at positions P−1 … P+L−2 predict the L
     response tokens. Returns logits (B, L, V) and values (B, L) or None. Where the model takes ``logits_to_keep``
     only those L positions are projected onto the vocabulary, into a contiguous (B, L, V) tensor.
+
+    The value head reads the LM head's input at those positions, the hidden state the logits are computed from (and
+    what a rollout captured from ``generate``'s forwards reads): the last layer's output for most models, but not for
+    a model that scales it before its head (MiniCPM3's ``logits_scaling``).
     """
     response_length = input_ids.shape[1] - prompt_length
     keep = _logits_to_keep_kind(model)
@@ -133,19 +143,38 @@ def response_forward(
         extra["logits_to_keep"] = torch.arange(prompt_length - 1, input_ids.shape[1] - 1, device=input_ids.device)
     elif keep == "count":
         extra["logits_to_keep"] = response_length + 1
-    outputs = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_for(attention_mask),
-        output_hidden_states=value_head is not None,
-        use_cache=False,
-        **extra,
-    )
+    with _head_inputs(model, value_head is not None) as head_inputs:
+        outputs = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_for(attention_mask),
+            use_cache=False,
+            **extra,
+        )
     logits = outputs.logits if keep == "positions" else outputs.logits[:, -(response_length + 1) : -1]  # (B, L, V)
     values = None
     if value_head is not None:
-        values = value_head(outputs.hidden_states[-1][:, prompt_length - 1 : -1])  # (B, L)
+        [hidden] = head_inputs  # (B, L, H) with positions kept, else (B, L + 1, H) or (B, T, H)
+        values = value_head(hidden if keep == "positions" else hidden[:, -(response_length + 1) : -1])  # (B, L)
     return logits, values
+
+
+@contextlib.contextmanager
+def _head_inputs(model: PreTrainedModel, wanted: bool) -> Iterator[list[torch.Tensor]]:
+    """While open (and ``wanted``), each forward of ``model`` appends the input of its LM head (its output
+    embeddings), with its autograd history."""
+    inputs: list[torch.Tensor] = []
+    if not wanted:
+        yield inputs
+        return
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError("a value head needs a model with output embeddings (an LM head) to read the hidden states of")
+    handle = head.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+    try:
+        yield inputs
+    finally:
+        handle.remove()
 
 
 def _logits_to_keep_kind(model: PreTrainedModel) -> str | None:
