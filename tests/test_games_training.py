@@ -217,7 +217,8 @@ def test_role_baselines_subtract_before_discounting_and_step_once_per_game_and_r
 
 
 def test_role_baselines_leave_fixed_opponents_alone_and_pass_the_api_test():
-    environment = RoleBaselines(BatchedGameEnv(lambda: rps_v2.env(max_cycles=1), batch_size=4), 0.5, {"player_0": "llm"})
+    game = BatchedGameEnv(lambda: rps_v2.env(max_cycles=1), batch_size=4)
+    environment = RoleBaselines(game, 0.5, {"player_0": "llm"})
     learner = RecordingLearner("llm", pick=lambda names, game: names[game % 3])
     opponent = RecordingLearner("other", pick=lambda names, game: names[0])
     run_iteration(environment, {"player_0": learner, "player_1": opponent}, seed=0)

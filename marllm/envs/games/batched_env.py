@@ -25,8 +25,9 @@ Info
     ``batch_rewards`` (B,) the seat's payoff per game; ``turn_task_rewards`` (the payoff) and ``turn_batch_rewards``
     (what the move is trained on: payoff · γ^(the seat's later moves in that game) − ``illegal_penalty`` if the answer
     was illegal), one row per turn of the seat, each as long as that turn's observation; ``turn_discounts`` (each
-    move's γ^k), ``turn_games`` (which games each turn's rows are), ``payoffs``, ``outcomes`` (+1 win, 0 draw, -1 loss) and ``metrics`` (payoff, win, draw and
-    loss rates, illegal-move rate, moves per game, game length, forfeit rate).
+    move's γ^k), ``turn_games`` (which games each turn's rows are), ``payoffs``, ``outcomes`` (+1 win, 0 draw, -1
+    loss) and ``metrics`` (payoff, win, draw and loss rates, illegal-move rate, moves per game, game length, forfeit
+    rate).
 Reward
     Zero until the episode ends; then ``rewards[seat]`` is the seat's mean payoff over the batch.
 Termination

@@ -70,9 +70,10 @@ def turn_rewards(
     """
     payoffs = np.asarray(payoffs, dtype=np.float64)
     return [
-        payoffs[np.asarray(games, dtype=np.int64)] * discounts
-        - illegal_penalty * np.asarray(illegal, dtype=np.float64)
-        for games, illegal, discounts in zip(turn_games, turn_illegal, turn_discounts(turn_games, discount), strict=True)
+        payoffs[np.asarray(games, dtype=np.int64)] * discounts - illegal_penalty * np.asarray(illegal, dtype=np.float64)
+        for games, illegal, discounts in zip(
+            turn_games, turn_illegal, turn_discounts(turn_games, discount), strict=True
+        )
     ]
 
 
