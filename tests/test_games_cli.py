@@ -74,16 +74,19 @@ def test_an_offline_game_example_trains_for_an_iteration(tmp_path, example, over
 
 
 def test_a_resumed_game_run_with_a_snapshot_pool_goes_on_as_an_unbroken_one(tmp_path):
-    """The pool's snapshots, the game env's and the random player's generators are in the checkpoint."""
+    """The pool's snapshots, the game env's and the random player's generators and the role baselines are in the
+    checkpoint."""
     config = str(GAMES / "tictactoe_offline.yaml")
     overrides = ["game.batch_size=2", "logging.progress=false", "game.illegal=random", "game.pool_size=2"]
+    overrides.append("game.role_baselines=0.5")
     overrides.append("game.seats=[llm, 'snapshot_pool:llm']")
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     assert main(["train", config, "--run-dir", str(whole), "iterations=2", *overrides]) == 0
     assert main(["train", config, "--run-dir", str(broken), "iterations=1", *overrides]) == 0
     state = json.loads(next((broken / "training_state").glob("iteration-*/state.json")).read_text())
     assert len(state["learners"]["pool-llm"]["state"]["snapshots"]) == 2
-    assert [part["part"] for part in state["env"]] == ["0.RolePermutation", "1.BatchedGameEnv"]
+    assert [part["part"] for part in state["env"]] == ["0.RoleBaselines", "1.RolePermutation", "2.BatchedGameEnv"]
+    assert [role for _, role, _ in state["env"][0]["state"]["values"]] == ["player_1"]
     assert main(["train", config, "--resume", str(broken), "iterations=2", *overrides]) == 0
 
     def without_times(rows):
