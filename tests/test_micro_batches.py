@@ -71,17 +71,19 @@ def record_steps(learner):
     return gradients
 
 
-def assert_same_update(whole, micro, steps_scale=7e-3):
+def assert_same_update(whole, micro, steps_scale=2e-2):
     steps = [record_steps(whole), record_steps(micro)]
     metrics = [whole.update(), micro.update()]
     assert len(steps[0]) == len(steps[1]) > 0
     for one, other in zip(*steps, strict=True):
+        # Float sums in another order differ by ~1e-5 of the largest component; a pass weighted wrongly (a share
+        # off by one row of eight) by ~1e-1 of it.
         scale = one.abs().max().item()
-        assert scale > 0 and (one - other).abs().max().item() <= 1e-5 * scale
+        assert scale > 0 and (one - other).abs().max().item() <= 1e-4 * scale
     for one, other in zip(whole._trained_parameters(), micro._trained_parameters(), strict=True):
         # Adam divides each gradient by its own magnitude: on components whose gradient is near ε the last-bit
         # differences above show, as between data-parallel ranks (tests/test_data_parallel.py); a step moves a
-        # parameter by ~the learning rate, ~150× this tolerance.
+        # parameter by ~the learning rate, ~50× this tolerance.
         torch.testing.assert_close(one, other, rtol=1e-4, atol=steps_scale * whole.config.learning_rate)
     for key in ("loss/policy", "loss/total", "ratio", "clipfrac", "approx_kl", "skipped_minibatch_fraction"):
         if key in metrics[0]:

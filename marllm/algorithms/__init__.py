@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from marllm.utils.lazy_exports import lazy_exports
 
 _EXPORTS = {
+    "ActionPPOLearner": "marllm.algorithms.action_ppo",
     "AdaptiveKLController": "marllm.algorithms.kl_controller",
     "CriticFreeConfig": "marllm.algorithms.critic_free_config",
     "CriticFreeLearner": "marllm.algorithms.critic_free_learner",
@@ -28,6 +29,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ActionPPOLearner",
     "AdaptiveKLController",
     "CriticFreeConfig",
     "CriticFreeLearner",
@@ -44,6 +46,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from marllm.algorithms.action_ppo import ActionPPOLearner
     from marllm.algorithms.critic_free_config import CriticFreeConfig
     from marllm.algorithms.critic_free_learner import CriticFreeLearner
     from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLController, KLController

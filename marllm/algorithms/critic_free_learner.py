@@ -57,6 +57,7 @@ class CriticFreeLearner(PPOLearner):
             GRPO and RLOO compare the responses of a group and need at least 2; REINFORCE++ ignores groups.
         settings: where the KL goes, its estimator, the loss aggregation and GRPO's std scaling (None:
             :class:`CriticFreeConfig`'s defaults).
+        actions: ``"generate"`` or ``"constrained"`` answers (see :class:`PPOLearner`).
 
     Everything after ``name`` is keyword-only.
     """
@@ -79,6 +80,7 @@ class CriticFreeLearner(PPOLearner):
         algorithm: str = "grpo",
         group_size: int = 1,
         settings: CriticFreeConfig | None = None,
+        actions: str = "generate",
     ):
         if algorithm not in CRITIC_FREE:
             raise ValueError(f"a critic-free learner's algorithm must be one of {list(CRITIC_FREE)}, got {algorithm!r}")
@@ -98,6 +100,7 @@ class CriticFreeLearner(PPOLearner):
             adapter=adapter,
             kl_controller=kl_controller,
             data_parallel=data_parallel,
+            actions=actions,
         )
         self.algorithm = algorithm
         self.group_size = group_size
@@ -186,5 +189,10 @@ def _critic_free_learner(
     learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any
 ) -> CriticFreeLearner:
     return CriticFreeLearner(
-        learner_id, algorithm=algorithm, group_size=options.group_size, settings=options.critic_free, **learner_kwargs
+        learner_id,
+        algorithm=algorithm,
+        group_size=options.group_size,
+        settings=options.critic_free,
+        actions=options.actions,
+        **learner_kwargs,
     )

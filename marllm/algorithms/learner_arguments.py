@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from marllm.algorithms.kl_controller import KLController
+from marllm.models.legal_moves import check_constrained
 
 
 def check_learner_arguments(
@@ -36,6 +37,16 @@ def check_learner_arguments(
             f"learner {name!r}: a sharded (FSDP) model trains data-parallel as a full model: give data_parallel, "
             "and no adapter"
         )
+
+
+def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
+    """Refuse ``actions`` that the learner's class does not play (its ``supported_actions``), and constrained
+    answers without an EOS to end them."""
+    supported = type(learner).supported_actions
+    if actions not in supported:
+        raise ValueError(f"learner {name!r}: {type(learner).__name__} plays actions {list(supported)}, not {actions!r}")
+    if actions == "constrained":
+        check_constrained(tokenizer, generation, f"learner {name!r}")
 
 
 def check_full_precision(name: str, trainable: list[torch.nn.Parameter], adapter: str | None) -> None:

@@ -35,7 +35,7 @@ from marllm.algorithms.core import (
     token_rewards,
 )
 from marllm.algorithms.kl_controller import KLController, kl_controller_from
-from marllm.algorithms.learner_arguments import check_full_precision, check_learner_arguments
+from marllm.algorithms.learner_arguments import check_actions, check_full_precision, check_learner_arguments
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.ppo_steps import NonFiniteLossError, PPOSteps
@@ -46,11 +46,15 @@ from marllm.models.activations import fuse_tanh_gelus, recompute_activations_in_
 from marllm.models.devices import autocast_for
 from marllm.models.generation import check_chat_template, logprob_logits
 from marllm.models.lora import adapter_parameters
+from marllm.models.move_tries import restrict_logits
 from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
 from marllm.parallel.distributed import DataParallel
 from marllm.parallel.sharding import compute_dtype_of, is_sharded, shard_module
 
-__all__ = ["NonFiniteLossError", "PPOLearner", "Rollout"]
+__all__ = ["LEARNER_ACTIONS", "NonFiniteLossError", "PPOLearner", "Rollout"]
+
+LEARNER_ACTIONS = ("generate", "constrained")
+"""How a token-level learner's answers are sampled (``game.actions``' token-level modes)."""
 
 
 class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
@@ -75,6 +79,10 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         data_parallel: this process's rank of a data-parallel run (:mod:`marllm.parallel.distributed`), whose
             rollouts hold its slice of each batch; None for one process. Starting from rank 0's parameters, it
             computes over the global batch what PPO computes over a batch. Every rank must be given the same ``seed``.
+        actions: how an answer is sampled: ``"generate"`` (free text) or ``"constrained"`` (a game's legal move,
+            token by token restricted to continuations of the names in ``observation["legal_moves"]``, then EOS).
+            Constrained answers keep the restriction of every token (``allowed``), and every forward that computes
+            log-probs re-applies it, so the log-probs, ratio, entropy and KL are those of the distribution sampled.
 
     Everything after ``name`` is keyword-only. Subclasses change the algorithm through :meth:`_advantages` (what the
     update trains towards) and :meth:`_objective` (the loss of a mini-batch); ``uses_critic = False`` drops the
@@ -82,6 +90,8 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
     """
 
     uses_critic: bool = True
+    supported_actions: tuple[str, ...] = LEARNER_ACTIONS
+    """The ``actions`` this class plays (an action-level subclass plays ``score``)."""
 
     def __init__(
         self,
@@ -96,9 +106,11 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         adapter: str | None = None,
         kl_controller: KLController | None = None,
         data_parallel: DataParallel | None = None,
+        actions: str = "generate",
     ):
         self.name = name
         self.model = model
+        self.actions = actions
         if config is not None and config.fused_kernels:
             for network in (model, reference):
                 if network is not None:
@@ -124,6 +136,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
             )
         self.generation = generation or GenerationConfig()
         check_chat_template(self.tokenizer, self.generation.chat_template, f"learner {name!r}")
+        check_actions(self, name, actions, self.tokenizer, self.generation)
         self.device = next(model.parameters()).device
         self.value_head = ValueHead(model.config.hidden_size).to(self.device) if self.uses_critic else None
         if self.sharded and self.value_head is not None:
@@ -281,6 +294,8 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
             logits, values = response_forward(
                 self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head
             )
+        if "allowed" in mb:  # constrained answers: the restriction they were sampled under, re-applied
+            logits = restrict_logits(logits, mb.allowed, inplace=True)
         # The LM head's backward does not read its output: the gradient can take the logits' place.
         sequences = (mb.input_ids, mb.attention_mask, prompt_length)
         logits = logprob_logits(logits, *sequences, self.generation, self.tokenizer.eos_token_id, overwrite_logits=True)
@@ -320,4 +335,4 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
 
 @register_learner("ppo")
 def _ppo_learner(learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any) -> PPOLearner:
-    return PPOLearner(learner_id, **learner_kwargs)
+    return PPOLearner(learner_id, actions=options.actions, **learner_kwargs)

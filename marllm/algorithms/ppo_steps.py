@@ -88,123 +88,84 @@ class PPOSteps:
                 self._optimizer_step(step[0].epoch)
 
     def _step_plan(self, masses: torch.Tensor, global_rows: np.ndarray) -> Iterator[list[_MiniBatch]]:
-        """The optimiser steps of an update, each as its mini-batches: ``ppo_epochs`` shuffled passes over the
-        (global) batch of ``len(masses)`` samples, of which this rank holds ``global_rows`` (its local rows' global
-        indices, in local order)."""
-        cfg = self.config
-        batch_size = len(masses)
-        local_of = np.full(batch_size, -1)
-        local_of[global_rows] = np.arange(len(global_rows))
-        for epoch in range(cfg.ppo_epochs):
-            b_inds = self._rng.permutation(batch_size)
-            merge = cfg.last_minibatch == "merge"
-            for step_slice in split_points(batch_size, cfg.backward_batch_size, merge):
-                step_inds = b_inds[step_slice]
-                mb_slices = split_points(len(step_inds), cfg.mini_batch_size, merge)
-                step = []
-                for mb_slice in mb_slices:
-                    mb_inds = step_inds[mb_slice]
-                    mine = mb_inds[local_of[mb_inds] >= 0]
-                    weight = self._minibatch_weight(masses[mb_inds], masses[step_inds], len(mb_slices))
-                    step.append(_MiniBatch(epoch, mb_inds, mine, local_of[mine], weight))
-                yield step
+        """The optimiser steps of an update (:func:`plan_steps` with this learner's settings and generator)."""
+        return plan_steps(masses, global_rows, self.config, self._rng)
 
     def _accumulate(
         self, minibatch: _MiniBatch, data: UpdateBatch, masses: torch.Tensor, losses: dict[str, list[float]]
     ) -> tuple[bool, str | None]:
-        """Add one mini-batch's weighted loss gradient (this rank's rows of it) to the step's gradient.
+        """Add one mini-batch's weighted loss gradient (this rank's rows of it) to the step's gradient, in the passes
+        of :func:`passes` (one, unless ``ppo.micro_batch_size`` asks for more).
 
-        Returns whether it counts towards the step (not skipped by the ratio threshold) and, if its loss is not
-        finite, the failure to report (no backward then, except sharded: FSDP needs every rank's backward).
+        Each pass's loss (a mean over its own tokens or responses) is weighted by its share of the mini-batch's
+        :meth:`_sample_masses`, so that the passes sum to the mini-batch's loss; data-parallel, by its share of the
+        *global* mini-batch's mass (the ranks' gradients are summed), while the recorded loss parts are this rank's
+        means (the ranks' metrics are averaged). The ratio threshold needs the whole mini-batch's ratio: one pass
+        waits for it before its backward; several run their backwards as they go, taken back if it then skips.
+
+        Returns whether the mini-batch counts towards the step (not skipped by the ratio threshold) and, if a loss is
+        not finite, the failure to report. A non-finite pass stops the passes (sharded, its backward runs all the
+        same: FSDP's reduce-scatter needs every rank) but not the collectives every rank makes per mini-batch, so
+        that the ranks stay in step until they agree to fail.
         """
-        cfg, dp = self.config, self.data_parallel
-        b, prompt_length = data.batch, data.prompt_length
-        if cfg.micro_batch_size is not None and len(minibatch.rows):  # passes trimmed of padding, however many
-            return self._accumulate_micro_batches(minibatch, data, masses, losses)
-        parts: dict[str, float] = {}
-        if len(minibatch.rows):
-            mb = b[minibatch.rows]
-            loss, parts = self._loss(mb, prompt_length)
-        elif self.sharded:  # FSDP needs every rank in every forward and backward: a stand-in row
-            loss, _ = self._loss(b[:1], prompt_length)
-        ratio = parts.get("ratio", 0.0)
-        if dp is not None and cfg.ratio_threshold is not None:
-            ratio = dp.weighted_mean(ratio, float(mb.mask.sum()) if parts else 0.0)
-        # TRL's ratio_threshold: a mini-batch whose mean ratio π/π_old has run away gives no gradient.
-        skipped = cfg.ratio_threshold is not None and ratio > cfg.ratio_threshold
-        if parts:
-            parts["skipped_minibatch_fraction"] = float(skipped)
-            for key, value in parts.items():
-                losses[key].append(value)
-        if skipped:
-            return False, None
-        if not parts and not self.sharded:
-            return True, None
-        failure = None
-        if parts and not torch.isfinite(loss):
-            failure = self._nonfinite_loss(parts, minibatch.epoch)
-            if dp is None or not self.sharded:  # sharded, the backward runs all the same (FSDP's reduce-scatter)
-                return True, failure
-        weight = minibatch.weight
-        if dp is not None:  # this rank's share of the mini-batch's loss normaliser (0 for a stand-in)
-            weight *= float(masses[minibatch.mine].sum()) / (float(masses[minibatch.indices].sum()) or 1.0)
-        (loss * weight).backward()
-        return True, failure
-
-    def _accumulate_micro_batches(
-        self, minibatch: _MiniBatch, data: UpdateBatch, masses: torch.Tensor, losses: dict[str, list[float]]
-    ) -> tuple[bool, str | None]:
-        """:meth:`_accumulate` in passes of ``ppo.micro_batch_size`` rows: the same loss and gradient, up to the
-        order of float sums, with one micro-batch's activations alive at a time.
-
-        The mini-batch's rows are sorted by length and cut into micro-batches, each trimmed of the padding columns
-        none of its rows needs (:func:`trim_padding`); each micro-batch's loss (a mean over its own tokens or
-        responses) is weighted by its share of the mini-batch's :meth:`_sample_masses`, so that the sum is the
-        mini-batch's loss. The ratio threshold needs the whole mini-batch's ratio: the micro-batches' gradients are
-        accumulated first and taken back if the mini-batch is skipped. Not for sharded models (refused when the
-        learner is built).
-
-        Data-parallel, the gradient takes each pass's share of the *global* mini-batch's mass (the ranks' gradients
-        are summed), while the recorded loss parts are this rank's means, as a whole mini-batch's are (the ranks'
-        metrics are averaged). A non-finite pass stops the passes but not the collectives every rank makes per
-        mini-batch, so that the ranks stay in step until they agree to fail.
-        """
-        cfg, dp = self.config, self.data_parallel
+        cfg = self.config
         b = data.batch
-        lengths = b.attention_mask[torch.as_tensor(minibatch.rows)].sum(1).cpu().numpy()
-        order = np.argsort(lengths, kind="stable")
-        rows, mine = minibatch.rows[order], minibatch.mine[order]
+        plan = passes(minibatch, b, data.prompt_length, None if self.sharded else cfg.micro_batch_size)
+        if not plan:  # this rank holds no row of the mini-batch
+            # Sharded, FSDP needs every rank in every forward and backward (in the same order): a stand-in row.
+            stand_in = self._loss(b[:1], data.prompt_length)[0] if self.sharded else None
+            skipped = self._skips(0.0, 0.0)
+            if stand_in is not None and not skipped:
+                (stand_in * 0.0).backward()
+            return not skipped, None
         total = float(masses[minibatch.indices].sum()) or 1.0  # the global mini-batch's
-        own_total = float(masses[mine].sum()) or 1.0  # this rank's rows of it
-        before = self._gradients_before()
+        own_total = float(masses[minibatch.mine].sum()) or 1.0  # this rank's rows of it
+        tokens = float(b.mask[torch.as_tensor(np.concatenate([one.rows for one in plan]))].sum())
+        deferred = len(plan) == 1  # the ratio is known before the one pass's backward: nothing to take back
+        before = None if deferred else self._gradients_before()
         combined: dict[str, float] = defaultdict(float)
-        tokens = float(b.mask[torch.as_tensor(rows)].sum()) or 1.0
-        failure: str | None = None
-        for start in range(0, len(rows), cfg.micro_batch_size):
-            micro, prompt_length = trim_padding(b[rows[start : start + cfg.micro_batch_size]], data.prompt_length)
-            loss, parts = self._loss(micro, prompt_length)
+        failure, pending = None, None
+        for one in plan:
+            loss, parts = self._loss(one.batch, one.prompt_length)
+            weight = minibatch.weight * (float(masses[one.mine].sum()) / total)
+            if deferred or not torch.isfinite(loss):
+                combined = defaultdict(float, parts)  # one pass's parts as they are (a failing pass's too)
+            else:
+                mass_share = float(masses[one.mine].sum()) / own_total
+                token_share = float(one.batch.mask.sum()) / (tokens or 1.0)
+                for key, value in parts.items():  # the objective's parts are means by its masses, _loss's by tokens
+                    combined[key] += value * (token_share if key in _TOKEN_MEANS else mass_share)
             if not torch.isfinite(loss):
                 failure = self._nonfinite_loss(parts, minibatch.epoch)
+                pending = (loss, weight) if self.sharded else None  # FSDP's reduce-scatter needs the backward
                 break
-            mass = float(masses[mine[start : start + cfg.micro_batch_size]].sum())
-            token_share = float(micro.mask.sum()) / tokens
-            for key, value in parts.items():  # the objective's parts are means by its masses, _loss's by tokens
-                combined[key] += value * (token_share if key in _TOKEN_MEANS else mass / own_total)
-            (loss * (minibatch.weight * (mass / total))).backward()
+            if deferred:
+                pending = (loss, weight)
+            else:
+                (loss * weight).backward()
         parts = dict(combined)
-        ratio = parts.get("ratio", 0.0)
-        if dp is not None and cfg.ratio_threshold is not None:
-            ratio = dp.weighted_mean(ratio, tokens if failure is None else 0.0)
-        if failure is not None:
-            return True, failure
-        skipped = cfg.ratio_threshold is not None and ratio > cfg.ratio_threshold
+        skipped = self._skips(parts.get("ratio", 0.0), tokens)  # every rank decides alike, even after a failure
         parts["skipped_minibatch_fraction"] = float(skipped)
         for key, value in parts.items():
             losses[key].append(value)
         if skipped:
-            self._restore_gradients(before)
-            return False, None
-        return True, None
+            if not deferred:
+                self._restore_gradients(before)
+            return False, failure
+        if pending is not None:
+            loss, weight = pending
+            (loss * weight).backward()
+        return True, failure
+
+    def _skips(self, ratio: float, tokens: float) -> bool:
+        """TRL's ratio_threshold: whether a mini-batch whose mean ratio π/π_old (over ``tokens`` of this rank's) has
+        run away gives no gradient. Data-parallel, every rank decides on the global mean, in one all-reduce each."""
+        threshold = self.config.ratio_threshold
+        if threshold is None:
+            return False
+        if self.data_parallel is not None:
+            ratio = self.data_parallel.weighted_mean(ratio, tokens)
+        return ratio > threshold
 
     def _nonfinite_loss(self, parts: dict[str, float], epoch: int) -> str:
         return (
@@ -230,18 +191,6 @@ class PPOSteps:
         """Each response's weight in a mini-batch loss's normaliser, (B, L) -> (B,): its tokens (token means)."""
         return mask.sum(1)
 
-    def _minibatch_weight(
-        self, minibatch_masses: torch.Tensor, step_masses: torch.Tensor, minibatches_in_step: int
-    ) -> float:
-        """The weight of a mini-batch's loss in its optimiser step's accumulated gradient, from the
-        :meth:`_sample_masses` of the mini-batch's and the step's responses and the number of mini-batches the step
-        really holds (``gradient_accumulation_steps``, or fewer or more where ``last_minibatch: merge`` merged)."""
-        if self.config.loss_reduction == "step_token_mean":
-            # The loss is a mean over this mini-batch; weighted by the mini-batch's share of the step's tokens (or,
-            # for a mean over responses, of its responses), the accumulated loss is that mean over the whole step.
-            return float(minibatch_masses.sum()) / max(float(step_masses.sum()), 1.0)
-        return 1.0 / minibatches_in_step  # the mean over the step's mini-batches, however many it holds
-
     def _optimizer_step(self, epoch: int) -> None:
         parameters = self._trained_parameters()
         if self.config.max_grad_norm is not None:
@@ -259,6 +208,67 @@ class PPOSteps:
                 "the optimiser step was not applied"
             )
         self.optimizer.step()
+
+
+def plan_steps(
+    masses: torch.Tensor, global_rows: np.ndarray, config: PPOConfig, rng: np.random.Generator
+) -> Iterator[list[_MiniBatch]]:
+    """The optimiser steps of an update, each as its mini-batches: ``config.ppo_epochs`` passes over the (global)
+    batch of ``len(masses)`` samples, each shuffled by ``rng``, of which this rank holds ``global_rows`` (its local
+    rows' global indices, in local order). ``masses`` (N,): what each sample weighs in a loss normaliser.
+
+    A mini-batch's weight is its loss's share of its step's accumulated gradient: under ``loss_reduction:
+    minibatch_token_mean`` 1 / (the mini-batches the step really holds: ``gradient_accumulation_steps``, or fewer or
+    more where ``last_minibatch: merge`` merged), so the step's loss is their mean; under ``step_token_mean`` the
+    mini-batch's share of the step's mass, so every token (or response) of the step weighs the same.
+    """
+    batch_size = len(masses)
+    local_of = np.full(batch_size, -1)
+    local_of[global_rows] = np.arange(len(global_rows))
+    merge = config.last_minibatch == "merge"
+    for epoch in range(config.ppo_epochs):
+        b_inds = rng.permutation(batch_size)
+        for step_slice in split_points(batch_size, config.backward_batch_size, merge):
+            step_inds = b_inds[step_slice]
+            mb_slices = split_points(len(step_inds), config.mini_batch_size, merge)
+            step = []
+            for mb_slice in mb_slices:
+                mb_inds = step_inds[mb_slice]
+                mine = mb_inds[local_of[mb_inds] >= 0]
+                if config.loss_reduction == "step_token_mean":
+                    weight = float(masses[mb_inds].sum()) / max(float(masses[step_inds].sum()), 1.0)
+                else:
+                    weight = 1.0 / len(mb_slices)
+                step.append(_MiniBatch(epoch, mb_inds, mine, local_of[mine], weight))
+            yield step
+
+
+class Pass(NamedTuple):
+    """One forward and backward of a mini-batch (see :func:`passes`)."""
+
+    rows: np.ndarray  # its rows of this rank's local batch
+    mine: np.ndarray  # the same samples' global indices
+    batch: Any  # those rows' columns (trimmed of padding when cut into several passes)
+    prompt_length: int
+
+
+def passes(minibatch: _MiniBatch, b: Any, prompt_length: int, micro_batch_size: int | None) -> list[Pass]:
+    """This rank's rows of a mini-batch as the passes that compute it: none if it holds no row; one of them all as
+    they are when ``micro_batch_size`` is None; else sorted by length and cut into passes of ``micro_batch_size``
+    rows, each trimmed of the padding its rows do not need (:func:`trim_padding`)."""
+    if not len(minibatch.rows):
+        return []
+    if micro_batch_size is None:
+        return [Pass(minibatch.rows, minibatch.mine, b[minibatch.rows], prompt_length)]
+    lengths = b.attention_mask[torch.as_tensor(minibatch.rows)].sum(1).cpu().numpy()
+    order = np.argsort(lengths, kind="stable")
+    rows, mine = minibatch.rows[order], minibatch.mine[order]
+    cut = []
+    for start in range(0, len(rows), micro_batch_size):
+        part = slice(start, start + micro_batch_size)
+        trimmed, length = trim_padding(b[rows[part]], prompt_length)
+        cut.append(Pass(rows[part], mine[part], trimmed, length))
+    return cut
 
 
 def split_points(count: int, size: int, merge_last: bool) -> list[slice]:

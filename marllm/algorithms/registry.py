@@ -24,11 +24,14 @@ LEARNERS: dict[str, LearnerBuilder] = {}
 
 @dataclass(frozen=True)
 class AlgorithmOptions:
-    """What some algorithms need beyond every learner's options: the critic-free settings and the env's group size
-    (the answers to one query that GRPO and RLOO compare)."""
+    """What some algorithms need beyond every learner's options: the critic-free settings, the env's group size
+    (the answers to one query that GRPO and RLOO compare), and how a game's answers become moves (``actions``:
+    ``generate``, ``constrained`` or ``score``, with ``score``'s ``action_normalization``)."""
 
     critic_free: CriticFreeConfig | None = None
     group_size: int = 1
+    actions: str = "generate"
+    action_normalization: str = "token"
 
 
 def register_learner(*names: str) -> Callable[[LearnerBuilder], LearnerBuilder]:
@@ -45,14 +48,24 @@ def register_learner(*names: str) -> Callable[[LearnerBuilder], LearnerBuilder]:
 
 
 def build_learner(algorithm: str, learner_id: str, options: AlgorithmOptions, **learner_kwargs: Any) -> Learner:
-    """The learner ``learner_id`` of ``algorithm``; an unknown name lists the registered ones."""
+    """The learner ``learner_id`` of ``algorithm``; an unknown name lists the registered ones.
+
+    An algorithm whose action-level learner differs from its token-level one registers it as
+    ``<algorithm>:<actions>`` (``ppo:score``); that builder is used when ``options.actions`` names it.
+    """
     _load_builtin_learners()
     if algorithm not in LEARNERS:
         raise ValueError(f"learner {learner_id!r}: unknown algorithm {algorithm!r}; registered: {sorted(LEARNERS)}")
-    return LEARNERS[algorithm](learner_id, algorithm, options, **learner_kwargs)
+    moded = f"{algorithm}:{options.actions}"
+    if options.actions == "score" and moded not in LEARNERS:
+        scored = sorted(name.split(":")[0] for name in LEARNERS if name.endswith(":score"))
+        raise ValueError(f"learner {learner_id!r}: {algorithm} has no learner for score actions; algorithms: {scored}")
+    builder = LEARNERS.get(moded, LEARNERS[algorithm])
+    return builder(learner_id, algorithm, options, **learner_kwargs)
 
 
 def _load_builtin_learners() -> None:
     # Importing the learner modules registers them; done on first use so that this module stays free of torch.
+    import marllm.algorithms.action_ppo  # noqa: F401
     import marllm.algorithms.critic_free_learner  # noqa: F401
     import marllm.algorithms.ppo  # noqa: F401

@@ -8,7 +8,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +22,8 @@ from marllm.models.generation import (
     logprob_logits,
     reference_logprob_logits,
 )
+from marllm.models.legal_moves import constrained_logprobs, generate_moves, pack_moves, per_prompt
+from marllm.models.move_tries import pad_allowed, restrict_logits
 from marllm.models.policy import response_forward
 
 if TYPE_CHECKING:
@@ -43,6 +45,7 @@ class Rollout:
     responses: tuple[str, ...]
     prompt_length: int
     tensors: Batch  # input_ids, attention_mask (B, P+L); response, mask, logprobs, ref_logprobs, values, kl, kl_full
+    # and, for constrained answers, allowed (B, L, K): the token ids each response token was restricted to, −1-padded
     role: str | None = None
     received_rewards: np.ndarray | None = None
     task_rewards: np.ndarray | None = None
@@ -69,7 +72,9 @@ def merge_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
 
     Prompts are left-padded and responses right-padded to the longest of them: ``input_ids`` with ``pad_token_id``
     and ``attention_mask`` with 0 on both sides, ``response`` with ``pad_token_id`` and every other (B, L) column
-    (``mask``, log-probs, values, KL) with 0, so that the padding is masked wherever the update reads it. Positions
+    (``mask``, log-probs, values, KL) with 0, so that the padding is masked wherever the update reads it; the
+    3-d columns (constrained answers' ``allowed`` (B, L, K), scored moves' ``moves`` (B, M, C)) with −1 along both
+    dimensions (:func:`~marllm.models.move_tries.pad_allowed`). Positions
     come from the attention mask (:func:`~marllm.models.policy.position_ids_for`) and the repetition penalty skips
     left padding, so a row's log-probs are its own again up to float rounding in the longer attention. One rollout
     is returned as it is.
@@ -96,6 +101,10 @@ def merge_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         right = response_length - rollout.tensors.response.shape[1]
         for key in columns:
             tensor = rollout.tensors[key]
+            if tensor.dim() == 3:  # per position or move, a list of ids: −1-padded along both
+                length, width = (max(r.tensors[key].shape[d] for r in rollouts) for d in (1, 2))
+                merged[key].append(pad_allowed(tensor, length, width))
+                continue
             pad = pad_token_id if key in ("input_ids", "response") else 0
             widths = (left, right) if key in SEQUENCE_COLUMNS else (0, right)
             merged[key].append(torch.nn.functional.pad(tensor, widths, value=pad))
@@ -133,17 +142,52 @@ class RolloutCollector:
     value_head: ValueHead | None
     context_length: int
     rollouts: list[Rollout]
+    actions: str
+    device: torch.device
     _rng: np.random.Generator
 
     def act(self, observation: Mapping[str, Sequence[str]], role: str | None = None) -> tuple[str, ...]:
-        """Sample one response per prompt of ``observation["prompt"]`` and record the rollout for PPO."""
-        rollout = self._rollout(tuple(observation["prompt"]), role)
+        """Sample one response per prompt of ``observation["prompt"]`` and record the rollout for PPO; constrained
+        answers (``actions="constrained"``) are restricted to the names of ``observation["legal_moves"]``."""
+        rollout = self._rollout(tuple(observation["prompt"]), role, self._legal_moves(observation))
         self.rollouts.append(rollout)
         return rollout.responses
 
+    def _legal_moves(self, observation: Mapping[str, Sequence[Any]]) -> list[list[str]] | None:
+        if self.actions == "generate":
+            return None
+        if "legal_moves" not in observation:
+            raise ValueError(
+                f"learner {self.name!r} answers with {self.actions} actions, which need the game's legal moves "
+                "(observation['legal_moves']); a text task has none: use game.actions: generate"
+            )
+        return [list(names) for names in observation["legal_moves"]]
+
+    @torch.no_grad()
+    def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
+        """The exact probability of each legal move of each prompt under constrained answers: the product of its
+        tokens' restricted probabilities, its final EOS included (in the order of ``legal_moves``).
+
+        Raises:
+            ValueError: the learner answers in free text (``actions="generate"``), whose move probabilities can only
+                be estimated by sampling.
+        """
+        if self.actions != "constrained":
+            raise ValueError(
+                f"learner {self.name!r}: exact move probabilities need constrained or score actions, not "
+                f"{self.actions} (estimate them from sampled answers instead)"
+            )
+        self.activate()
+        packed = pack_moves(
+            self.tokenizer, prompts, legal_moves, self.generation.chat_template, with_eos=True, device=self.device
+        )
+        with autocast_for(self.model, self.config.autocast_dtype):
+            logprobs = constrained_logprobs(self.model, packed, self.generation, self.tokenizer.eos_token_id)
+        return per_prompt(packed, logprobs)
+
     def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
         """Sample responses without recording anything (evaluation; deploying the agent alone)."""
-        return self._generate(tuple(prompts), max_new_tokens).texts
+        return self._generate(tuple(prompts), max_new_tokens)[0].texts
 
     def sample_length(self) -> int:
         """The per-batch response budget, uniform over [min_new_tokens, max_new_tokens]."""
@@ -164,21 +208,28 @@ class RolloutCollector:
                 yield self.model
 
     def _generate(
-        self, prompts: tuple[str, ...], max_new_tokens: int | None = None, capture: bool = False
-    ) -> GeneratedBatch:
+        self,
+        prompts: tuple[str, ...],
+        max_new_tokens: int | None = None,
+        capture: bool = False,
+        legal_moves: list[list[str]] | None = None,
+    ) -> tuple[GeneratedBatch, torch.Tensor | None]:
+        """The sampled responses and, for constrained answers (``legal_moves`` given), their restriction (B, L, K)."""
         budget = max_new_tokens or self.sample_length()
         self.activate()
         owner = f"learner {self.name!r}"
+        args = (self.model, self.tokenizer, prompts)
         with autocast_for(self.model, self.config.autocast_dtype):
-            return generate_responses(
-                self.model, self.tokenizer, prompts, budget, self.generation, self.context_length, owner, capture
-            )
+            if legal_moves is not None:
+                sample = generate_moves(*args, legal_moves, self.generation, self.context_length, owner, capture)
+                return sample.generated, sample.allowed
+            return generate_responses(*args, budget, self.generation, self.context_length, owner, capture), None
 
     @torch.no_grad()
-    def _rollout(self, prompts: tuple[str, ...], role: str | None) -> Rollout:
+    def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
         started = time.perf_counter()
         from_generate = self.config.rollout_from_generate
-        generated_batch = self._generate(prompts, capture=from_generate)
+        generated_batch, allowed = self._generate(prompts, capture=from_generate, legal_moves=legal_moves)
         prompt_ids, prompt_mask = generated_batch.prompt_ids, generated_batch.prompt_mask
         response, mask = generated_batch.response, generated_batch.mask
         generated = time.perf_counter()
@@ -196,6 +247,8 @@ class RolloutCollector:
                         values = self.value_head(generated_batch.hidden[rows])
                 else:
                     logits, values = response_forward(self.model, ids, attention, prompt_length, self.value_head)
+            if allowed is not None:  # the distribution constrained answers were sampled from
+                logits = restrict_logits(logits, allowed[rows], inplace=True)
             # Tempered or processed in place: at most the policy's and the reference's (b, L, V) logits are alive.
             logits = logprob_logits(logits, ids, attention, *settings, inplace=True)
             with self.reference_model() as reference:
@@ -204,6 +257,8 @@ class RolloutCollector:
                 with autocast_for(reference, self.config.autocast_dtype):
                     ref_logits, _ = response_forward(reference, ids.to(on), attention.to(on), prompt_length)
                 ref_logits = ref_logits.to(logits.device)
+            if allowed is not None:  # π_0 restricted alike: both are distributions over the same legal tokens
+                ref_logits = restrict_logits(ref_logits, allowed[rows], inplace=True)
             ref_logits = reference_logprob_logits(ref_logits, logits, ids, attention, *settings, inplace=True)
             logprobs, ref_logprobs, kl_full = logprobs_and_full_kl(logits, ref_logits, response[rows])
             del logits, ref_logits  # before the next chunk's forward
@@ -218,6 +273,7 @@ class RolloutCollector:
             response=response,
             mask=mask.float(),
             **{key: torch.cat(parts, 0) for key, parts in columns.items()},
+            **({"allowed": allowed} if allowed is not None else {}),
         )
         tensors.kl = (
             tensors.kl_full if self.config.kl_penalty == "full" else sampled_kl(tensors.logprobs, tensors.ref_logprobs)

@@ -12,16 +12,21 @@ from marllm.config.loading import ConfigError
 
 def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
     """Print the win/draw/loss/illegal-move table of :func:`~marllm.evaluation.games.evaluate_game`, or with
-    ``--round-robin`` the ratings of :func:`~marllm.evaluation.round_robin.round_robin` (and write it as JSON to
-    ``--out``)."""
+    ``--round-robin`` the ratings of :func:`~marllm.evaluation.round_robin.round_robin`, or with ``--exploitability``
+    each model's NashConv and exploitability (:func:`~marllm.evaluation.model_strategy.evaluate_exploitability`); and
+    write it as JSON to ``--out``."""
     if config.game is None:
-        raise ConfigError("--games, --opponent and --round-robin evaluate a game: the config has no game section")
+        raise ConfigError(
+            "--games, --opponent, --round-robin and --exploitability evaluate a game: the config has no game section"
+        )
     if args.cross_play or args.pass_k is not None or args.samples is not None or args.limit is not None:
         raise ConfigError(
             "--cross-play, --pass-k, --samples and --limit evaluate a text task; a game config takes --games and "
             "--opponent"
         )
     config.check_references()
+    if args.exploitability:
+        return _exploitability(config, args)
     if args.round_robin:
         return _round_robin(config, args)
     from marllm.evaluation.games import check_opponents, evaluate_game
@@ -35,11 +40,29 @@ def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
         config, args.checkpoint or ["base"], args.opponent, args.games or 100, args.batch_size, config.seed
     )
     print(
-        f"{config.game.name}: each model against each opponent in each seat; rates with 95% Wilson intervals, the "
-        "payoff with a 95% t interval"
+        f"{config.game.name} (game.actions: {config.game.actions}): each model against each opponent in each seat; "
+        "rates with 95% Wilson intervals, the payoff with a 95% t interval"
     )
     print(result.to_markdown())
     _write(args.out, result.to_dict())
+    return 0
+
+
+def _exploitability(config: TrainConfig, args: argparse.Namespace) -> int:
+    if args.round_robin or args.opponent or args.games is not None:
+        raise ConfigError("--exploitability measures each model's policy exactly; it takes no --opponent, --games or "
+                          "--round-robin")  # fmt: skip
+    from marllm.evaluation.model_strategy import evaluate_exploitability
+
+    try:
+        reports = evaluate_exploitability(config, args.checkpoint or ["base"], args.batch_size)
+    except ValueError as error:
+        raise ConfigError(f"--exploitability: {error}") from None
+    print(f"{config.game.name}: NashConv (the sum of what best responses gain) and exploitability (NashConv / 2 in a "
+          "two-player zero-sum game) of each model's policy, tabulated at every information state")  # fmt: skip
+    for label, report in reports.items():
+        print(f"{label}: {report.text()}")
+    _write(args.out, {label: report.to_dict() for label, report in reports.items()})
     return 0
 
 

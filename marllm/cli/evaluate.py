@@ -16,7 +16,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from marllm.config import load_config
 
     config = load_config(args.config, args.overrides)
-    if config.game is not None or args.games is not None or args.opponent is not None or args.round_robin:
+    game_flags = args.games is not None or args.opponent is not None or args.round_robin or args.exploitability
+    if config.game is not None or game_flags:
         from marllm.cli.eval_game import eval_game
 
         return eval_game(config, args)
@@ -102,14 +103,21 @@ def add_eval(commands: Any) -> None:
     evaluate.add_argument(
         "--opponent",
         action="append",
-        help="a game config: random, minimax, mcts or self (repeatable; default: random, minimax for tic-tac-toe, "
-        "self for a social dilemma)",
+        help="a game config: random, minimax, mcts, cfr or self (repeatable; default: random, minimax for "
+        "tic-tac-toe, self for a social dilemma)",
     )
     evaluate.add_argument(
         "--round-robin",
         action="store_true",
         help="a two-seat game config: every checkpoint and --opponent plays every other in both seats, rated by "
         "Bradley-Terry (Elo scale, 95%% bootstrap intervals, the first rated 0)",
+    )
+    evaluate.add_argument(
+        "--exploitability",
+        action="store_true",
+        help="a small OpenSpiel game config (Kuhn, Leduc poker, matrix games, small repeated games): each model's "
+        "NashConv and exploitability, its policy tabulated at every information state (game.exploitability_samples "
+        "answers per state under game.actions: generate)",
     )
     evaluate.add_argument("--out", default=None, help="also write the results as JSON here")
     evaluate.set_defaults(handler=run_eval)

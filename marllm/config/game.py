@@ -1,7 +1,8 @@
 """The ``game`` section of a training config: a batched game in place of the text env, and who sits in each seat.
 
 A seat is a learner id (a learner the run trains; the same id in every seat is self-play) or a fixed opponent:
-``random``, ``minimax`` (tic-tac-toe), ``mcts`` (OpenSpiel's MCTS, on turn-taking games of perfect information) or
+``random``, ``minimax`` (tic-tac-toe), ``mcts`` (OpenSpiel's MCTS, on turn-taking games of perfect information),
+``cfr`` and ``best_response`` (on small OpenSpiel games: CFR's average policy, an exact best response to the learner) or
 ``snapshot_pool:<learner>`` (the last ``pool_size`` frozen snapshots of that learner, one drawn per iteration). The
 game is built once while the config is read, so a bad name, a seat count that does not fit or a missing optional
 package is an error before anything loads.
@@ -16,13 +17,26 @@ from typing import Any
 
 from marllm.envs.games.catalog import TIC_TAC_TOE, GameInfo, describe_game
 from marllm.envs.games.checks import ILLEGAL_POLICIES
+from marllm.envs.games.info_states import NotEnumerableError, enumerate_info_states
 from marllm.envs.games.openspiel import require_openspiel
 from marllm.envs.games.parsers import PARSERS
 from marllm.envs.games.prompts import check_game_templates
 from marllm.utils.checks import choice
 
-OPPONENTS = ("random", "minimax", "mcts")
+OPPONENTS = ("random", "minimax", "mcts", "cfr", "best_response")
 """The fixed opponents a seat names by themselves."""
+
+EXACT_OPPONENTS = ("cfr", "best_response")
+"""The opponents that solve the game exactly (small OpenSpiel games, :mod:`marllm.envs.games.info_states`)."""
+
+ACTIONS = ("generate", "constrained", "score")
+"""How an answer becomes a move (``game.actions``)."""
+
+ACTION_NORMALIZATIONS = ("none", "token", "word")
+"""How ``score`` normalises a move's log-likelihood (``game.action_normalization``)."""
+
+SCORE_ALGORITHMS = ("ppo",)
+"""The algorithms that train ``score`` actions."""
 
 POOL_PREFIX = "snapshot_pool:"
 """``snapshot_pool:<learner>``: a pool of frozen snapshots of a learner."""
@@ -85,9 +99,9 @@ class GameConfig:
             ``openspiel:<game string>`` (``openspiel:kuhn_poker``,
             ``openspiel:repeated_game(stage_game=matrix_pd(),num_repetitions=5)``; needs ``marllm[games]``).
         seats: who plays each seat, in the game's seat order: a learner id, or ``random``, ``minimax``
-            (tic-tac-toe), ``mcts`` or ``snapshot_pool:<learner>``. The learners of the run are the learner ids
-            named here, in order of first appearance; one id in every seat is self-play (one learner, updated once
-            per iteration on the moves of every seat).
+            (tic-tac-toe), ``mcts``, ``cfr``, ``best_response`` or ``snapshot_pool:<learner>``. The learners of the
+            run are the learner ids named here, in order of first appearance; one id in every seat is self-play (one
+            learner, updated once per iteration on the moves of every seat).
         batch_size: games per iteration.
         options: keyword arguments of the PettingZoo env function (``{max_cycles: 1}`` for ``rps_v2``); OpenSpiel
             games take theirs in the game string.
@@ -103,9 +117,30 @@ class GameConfig:
         pool_size: K, the snapshots a ``snapshot_pool`` seat keeps (each a copy of the learner's model).
         pool_every: iterations between two snapshots of a pool.
         mcts_simulations: simulations per move of an ``mcts`` seat.
+        cfr_iterations: CFR iterations of a ``cfr`` seat (solved once, when the run starts; its exploitability
+            shrinks as O(1/√iterations): Kuhn poker about 0.015 after 50, Leduc takes about 0.2 s per iteration).
+        best_response_every: iterations between two readings of the learner's policy by a ``best_response`` seat
+            (each reading tabulates the learner at every information state: exact under ``score`` and
+            ``constrained``, ``exploitability_samples`` answers per state under ``generate``). A ``best_response``
+            seat answers the run's only learner.
+        exploitability_every: every this many iterations, the metric ``<learner>/game/exploitability`` (and
+            ``nash_conv``) of each learner's tabulated policy (:mod:`marllm.evaluation.exploitability`); null: never.
+            Small OpenSpiel games only (Kuhn, Leduc poker, matrix games, small repeated games).
+        exploitability_samples: answers per information state that tabulate a ``generate`` learner's policy.
         role_baselines: SPIRAL's role-conditioned advantage estimation: the decay in [0, 1) of a running baseline
             of each seat's returns, subtracted from every learner's rewards before it sees them (SPIRAL: 0.95);
             null: rewards as the game pays them.
+        actions: how a learner's answer becomes a move. ``generate`` (free text of up to ``max_new_tokens``, then
+            the parser: the model must learn the answer format, and may answer illegally); ``constrained`` (sampled
+            token by token from the model's distribution restricted to continuations of the legal moves' names, then
+            EOS: every answer is legal, and the token-level update re-applies the restriction, so its ratio is that
+            of the distribution sampled; for ``ppo`` and ``reinforce_pp``); ``score`` (TWOSOME/GLAM: a categorical
+            over the legal moves, each scored by the model's likelihood of its name after the prompt, normalised
+            by ``action_normalization``; action-level PPO with a value head on the prompt's last hidden state; for
+            ``ppo``). ``marllm eval`` plays with the same mode.
+        action_normalization: ``score``'s normalisation of a move's log-likelihood: ``none`` (the sum over its
+            tokens: favours short names), ``token`` (the mean per token, TWOSOME's token normalisation) or ``word``
+            (the sum divided by the name's words, TWOSOME's word normalisation).
     """
 
     name: str
@@ -121,15 +156,24 @@ class GameConfig:
     pool_every: int = 1
     mcts_simulations: int = 100
     role_baselines: float | None = None
+    cfr_iterations: int = 100
+    best_response_every: int = 1
+    exploitability_every: int | None = None
+    exploitability_samples: int = 64
+    actions: str = "generate"
+    action_normalization: str = "token"
     info: GameInfo = field(init=False, repr=False, compare=False)
     """The game, described (:func:`~marllm.envs.games.catalog.describe_game`): its seats and kind."""
 
     def __post_init__(self) -> None:
-        for key in ("batch_size", "pool_size", "pool_every", "mcts_simulations"):
+        counts = ("batch_size", "pool_size", "pool_every", "mcts_simulations", "cfr_iterations", "best_response_every")
+        for key in (*counts, "exploitability_samples"):
             if getattr(self, key) < 1:
                 raise ValueError(f"game.{key} must be an integer >= 1, got {getattr(self, key)}")
         choice("game", self, "parser", tuple(PARSERS))
         choice("game", self, "illegal", ILLEGAL_POLICIES)
+        choice("game", self, "actions", ACTIONS)
+        choice("game", self, "action_normalization", ACTION_NORMALIZATIONS)
         if not 0 < self.discount <= 1:
             raise ValueError(f"game.discount must be a number in (0, 1], got {self.discount}")
         if not (self.illegal_penalty >= 0 and math.isfinite(self.illegal_penalty)):
@@ -145,10 +189,61 @@ class GameConfig:
         except TypeError as error:  # options the env function does not take
             raise ValueError(f"game.options: {self.name} does not take {self.options}: {error}") from None
         self._check_seats(parsed)
+        self._check_exact(parsed)
         try:
             check_game_templates(self.templates, self.info.seats)
         except (ValueError, TypeError) as error:
             raise ValueError(f"game.templates: {error}") from None
+
+    def check_actions(self, algorithms: dict[str, str], stop_at_eos: bool) -> None:
+        """Refuse an action mode the run's learners cannot play: ``score`` with an algorithm other than ``ppo``,
+        ``constrained`` without ``generation.stop_at_eos`` (a move ends with EOS), and either with a snapshot pool
+        seat (snapshots answer in free text)."""
+        if self.actions == "generate":
+            return
+        if self.actions == "score":
+            other = {learner: name for learner, name in algorithms.items() if name not in SCORE_ALGORITHMS}
+            if other:
+                raise ValueError(
+                    f"game.actions: score trains an action-level policy with {' or '.join(SCORE_ALGORITHMS)}; "
+                    f"agents.algorithm gives {other} (use ppo, or game.actions: constrained)"
+                )
+        elif not stop_at_eos:
+            raise ValueError(
+                "game.actions: constrained ends each answer with EOS once a move is complete; set "
+                "generation.stop_at_eos: true"
+            )
+        pools = [seat.spec for seat in self.parsed_seats() if seat.kind == "snapshot_pool"]
+        if pools:
+            raise ValueError(
+                f"game.actions: {self.actions}: the seat(s) {pools} answer in free text (a snapshot pool plays "
+                "game.actions: generate only); use another opponent or game.actions: generate"
+            )
+
+    def _check_exact(self, parsed: list[Seat]) -> None:
+        """``cfr`` and ``best_response`` seats and ``exploitability_every`` need a game whose information states
+        enumerate; a ``best_response`` seat, one learner to answer."""
+        if self.exploitability_every is not None and self.exploitability_every < 1:
+            raise ValueError(
+                f"game.exploitability_every must be an integer >= 1 or null, got {self.exploitability_every}"
+            )
+        users = [f"game.seats[{i}]: {seat.kind}" for i, seat in enumerate(parsed) if seat.kind in EXACT_OPPONENTS]
+        users += ["game.exploitability_every"] if self.exploitability_every is not None else []
+        if not users:
+            return
+        if any(seat.kind == "best_response" for seat in parsed) and len(self.learner_ids) != 1:
+            raise ValueError(
+                f"game.seats: best_response answers one learner's policy; the seats name {self.learner_ids}"
+            )
+        if self.info.openspiel is None:
+            raise ValueError(
+                f"{users[0]} needs an OpenSpiel game (openspiel:<game string>, e.g. openspiel:kuhn_poker) whose "
+                f"information states can be enumerated; {self.name} is a PettingZoo game"
+            )
+        try:
+            enumerate_info_states(self.info.openspiel)
+        except NotEnumerableError as error:
+            raise ValueError(f"{users[0]}: {error}") from None
 
     def parsed_seats(self) -> list[Seat]:
         """``seats``, read (:func:`parse_seat`)."""

@@ -4,8 +4,8 @@ A model is the base model or a saved learner (``RUN_DIR/checkpoints/LEARNER``), 
 (:func:`~marllm.evaluation.deployed.load_deployed_model`); it answers the config's game prompts with the config's
 generation settings and the full ``max_new_tokens`` budget. Each (model, opponent, seat) plays ``games`` games of the
 config's game, parser and illegal-answer policy, dealt from the same seeds for every model (so models are compared on
-the same deals). The opponents are ``random``, ``minimax`` (tic-tac-toe), ``mcts`` and ``self`` (the model in every
-seat).
+the same deals). The opponents are ``random``, ``minimax`` (tic-tac-toe), ``mcts``, ``cfr`` (small OpenSpiel games:
+CFR's average policy after ``game.cfr_iterations`` iterations) and ``self`` (the model in every seat).
 
 Rates are per game (win, draw, loss) or per answer (illegal moves), with Wilson score 95% intervals; the mean payoff
 has a Student-t 95% interval over games (:mod:`marllm.utils.statistics`). Where the game's view names a cooperative
@@ -29,13 +29,16 @@ from marllm.config import TrainConfig
 from marllm.config.game import GameConfig
 from marllm.envs.games import BatchedGameEnv
 from marllm.envs.games.catalog import TIC_TAC_TOE, game_factory
-from marllm.envs.games.keys import OUTCOMES, PAYOFFS, PROMPT
+from marllm.envs.games.info_states import NotEnumerableError, enumerate_info_states
+from marllm.envs.games.keys import LEGAL_MOVES, OUTCOMES, PAYOFFS, PROMPT
 from marllm.evaluation.deployed import load_deployed_model
 from marllm.loop import play_episode
 from marllm.models.generation import generate_responses
+from marllm.models.legal_moves import generate_moves, pack_moves, score_logprobs
 from marllm.models.policy import context_length
 from marllm.players import RandomMover, TicTacToeMinimax
 from marllm.players.fixed import FixedPlayer
+from marllm.players.tabular import CFRPlayer
 from marllm.utils.statistics import estimate
 
 Z_95 = 1.959963984540054
@@ -44,7 +47,7 @@ Z_95 = 1.959963984540054
 SELF = "self"
 """The opponent that is the model itself, in every other seat."""
 
-OPPONENTS = ("random", "minimax", "mcts", SELF)
+OPPONENTS = ("random", "minimax", "mcts", "cfr", SELF)
 """The opponents :func:`evaluate_game` knows."""
 
 
@@ -116,6 +119,8 @@ class GameEvalResult:
     game: str
     seats: list[str]
     rows: list[GameEvalRow] = field(default_factory=list)
+    actions: str = "generate"
+    """How the models' answers became moves (``game.actions``)."""
 
     def row(self, model: str, opponent: str, seat: str) -> GameEvalRow:
         for row in self.rows:
@@ -124,7 +129,8 @@ class GameEvalResult:
         raise KeyError(f"no row for model {model!r}, opponent {opponent!r}, seat {seat!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"game": self.game, "seats": self.seats, "rows": [row.to_dict() for row in self.rows]}
+        rows = [row.to_dict() for row in self.rows]
+        return {"game": self.game, "seats": self.seats, "actions": self.actions, "rows": rows}
 
     def to_markdown(self) -> str:
         """One table: a row per model, opponent and seat; rates with their 95% intervals."""
@@ -144,16 +150,41 @@ class GameEvalResult:
 
 
 class ModelPlayer(FixedPlayer):
-    """A model answering a game's prompts with ``generation``'s settings and its full ``max_new_tokens`` budget."""
+    """A model answering a game's prompts as ``actions`` says (``game.actions``): ``generate``, free text with
+    ``generation``'s settings and its full ``max_new_tokens`` budget; ``constrained``, a legal move sampled token by
+    token; ``score``, a legal move drawn from the softmax of the moves' log-likelihoods (``normalization``)."""
 
-    def __init__(self, name: str, model: Any, tokenizer: Any, generation: Any):
+    def __init__(
+        self,
+        name: str,
+        model: Any,
+        tokenizer: Any,
+        generation: Any,
+        actions: str = "generate",
+        normalization: str = "token",
+    ):
         super().__init__(name)
         self.model, self.tokenizer, self.generation = model, tokenizer, generation
+        self.actions, self.normalization = actions, normalization
 
+    @torch.no_grad()
     def answer(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
         prompts = tuple(observation[PROMPT])
         if not prompts:
             return ()
+        legal_moves = [list(names) for names in observation.get(LEGAL_MOVES, ())]
+        if self.actions == "constrained":
+            context = context_length(self.model)
+            sample = generate_moves(
+                self.model, self.tokenizer, prompts, legal_moves, self.generation, context, self.name
+            )
+            return sample.generated.texts
+        if self.actions == "score":
+            device = next(self.model.parameters()).device
+            packed = pack_moves(self.tokenizer, prompts, legal_moves, self.generation.chat_template, False, device)
+            logprobs, _ = score_logprobs(self.model, packed, self.normalization)
+            drawn = torch.multinomial(packed.per_row(logprobs).exp(), 1)[:, 0].tolist()
+            return tuple(names[m] for names, m in zip(legal_moves, drawn, strict=True))
         with torch.no_grad():
             generated = generate_responses(
                 self.model,
@@ -193,6 +224,11 @@ def check_opponents(game: GameConfig, opponents: Sequence[str]) -> None:
             raise ValueError(f"minimax plays tic-tac-toe only ({' or '.join(TIC_TAC_TOE)}), not {game.name}")
         if opponent == "mcts" and not game.info.sequential_perfect_information:
             raise ValueError(f"mcts plays turn-taking games of perfect information; {game.name} is not one")
+        if opponent == "cfr":
+            try:
+                enumerate_info_states(game.info.openspiel if game.info.openspiel is not None else game.name)
+            except NotEnumerableError as error:
+                raise ValueError(f"cfr solves small OpenSpiel games: {error}") from None
 
 
 def make_eval_opponent(game: GameConfig, opponent: str, seed: int) -> FixedPlayer:
@@ -205,6 +241,8 @@ def make_eval_opponent(game: GameConfig, opponent: str, seed: int) -> FixedPlaye
         from marllm.players.mcts import MCTSPlayer
 
         return MCTSPlayer(game.info.mcts_game(), "mcts", simulations=game.mcts_simulations, seed=seed)
+    if opponent == "cfr":
+        return CFRPlayer(game.info.openspiel, game.cfr_iterations, "cfr", seed=seed)
     raise ValueError(f"unknown opponent {opponent!r}; the opponents are {list(OPPONENTS)}")
 
 
@@ -241,11 +279,11 @@ def evaluate_game(
     opponents = list(default_opponents(game) if opponents is None else opponents)
     check_opponents(game, opponents)
     seats = list(game.info.seats)
-    result = GameEvalResult(game.name, seats)
+    result = GameEvalResult(game.name, seats, actions=game.actions)
     for checkpoint in checkpoints:
         model, label, tokenizer = load_deployed_model(config, checkpoint)
         model.eval()
-        player = ModelPlayer(label, model, tokenizer, config.generation)
+        player = ModelPlayer(label, model, tokenizer, config.generation, game.actions, game.action_normalization)
         for opponent in opponents:
             for seat in seats:
                 result.rows.append(_play(config, player, opponent, seat, games, batch_size, seed))

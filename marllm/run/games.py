@@ -29,8 +29,10 @@ from marllm.config import TrainConfig
 from marllm.config.game import Seat
 from marllm.envs.games import BatchedGameEnv
 from marllm.envs.games.catalog import game_factory
+from marllm.evaluation.model_strategy import ExploitabilityMetrics, learner_policy
 from marllm.parallel.distributed import reseed_sampling
 from marllm.players import OpponentPool, RandomMover, TicTacToeMinimax
+from marllm.players.tabular import BestResponsePlayer, CFRPlayer
 from marllm.run.learners import learners_from_config
 from marllm.run.setup import Setup, wrap_for_agents
 from marllm.wrappers import RoleBaselines, RolePermutation
@@ -95,6 +97,11 @@ def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping
     if seat.kind == "snapshot_pool":
         learner = learners[seat.learner]
         return OpponentPool(learner, size=game.pool_size, every=game.pool_every, name=seat.player_id, seed=seed)
+    if seat.kind == "cfr":
+        return CFRPlayer(game.info.openspiel, game.cfr_iterations, seat.player_id, seed=seed)
+    if seat.kind == "best_response":  # the config checked that the run has one learner
+        target = learner_policy(config, game.learner_ids[0], learners[game.learner_ids[0]])
+        return BestResponsePlayer(game.info.openspiel, target, game.best_response_every, seat.player_id, seed=seed)
     raise ValueError(f"seat {seat.spec!r} is a learner, not a fixed opponent")
 
 
@@ -206,5 +213,14 @@ def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
         tokenizer,
         concurrent,
         seat_players=players,
-        metrics_hook=functools.partial(game_metrics, env, slots, owners),
+        metrics_hook=metrics_hook(config, learners, functools.partial(game_metrics, env, slots, owners)),
     )
+
+
+def metrics_hook(config: TrainConfig, learners: Mapping[str, Any], hook: Any) -> Any:
+    """``hook``, with the learners' exploitability added every ``game.exploitability_every`` iterations if it is set
+    (:class:`~marllm.evaluation.model_strategy.ExploitabilityMetrics`)."""
+    game = config.game
+    if game is None or game.exploitability_every is None:
+        return hook
+    return ExploitabilityMetrics(config, learners, hook)

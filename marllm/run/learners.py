@@ -45,6 +45,8 @@ def learners_from_config(
         algorithm=config.learner_algorithms(),
         critic_free=config.critic_free,
         group_size=config.env.group_size,
+        actions=config.game.actions if config.game is not None else "generate",
+        action_normalization=config.game.action_normalization if config.game is not None else "token",
         data_parallel=data_parallel,
         devices=config.learner_devices(),
         reference_device=config.agents.reference_device,
@@ -70,6 +72,8 @@ def make_learners(
     algorithm: str | Mapping[str, str] = "ppo",
     critic_free: CriticFreeConfig | None = None,
     group_size: int = 1,
+    actions: str = "generate",
+    action_normalization: str = "token",
     data_parallel: DataParallel | None = None,
     devices: Mapping[str, str] | None = None,
     reference_device: str | None = None,
@@ -92,8 +96,10 @@ def make_learners(
     ``algorithm`` (one for all, or per learner id; ``ppo`` where not named) picks the learner class from
     :data:`marllm.algorithms.registry.LEARNERS` (``ppo``: :class:`~marllm.algorithms.ppo.PPOLearner`; ``grpo``,
     ``rloo``, ``reinforce_pp``: :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` with
-    ``critic_free`` settings and the env's ``group_size``). ``data_parallel`` (this process's rank of a data-parallel
-    run) is handed to every learner.
+    ``critic_free`` settings and the env's ``group_size``); ``actions`` (``generate``, ``constrained`` or ``score``)
+    and ``action_normalization`` say how a game's answers become moves (``score``: the registry's action-level learner
+    of the algorithm, :func:`~marllm.algorithms.registry.build_learner`). ``data_parallel`` (this process's rank of a
+    data-parallel run) is handed to every learner.
     ``devices`` places learners (learner id -> device; ``device`` where not named; the learners of one LoRA base on
     the first one's device) and ``reference_device`` the shared references (``device`` when None).
     ``fsdp`` shards each policy and reference over the ranks of ``data_parallel`` (:mod:`marllm.parallel.sharding`):
@@ -105,7 +111,7 @@ def make_learners(
     compute = resolve_dtype(fsdp_compute_dtype) if fsdp_compute_dtype is not None else None
     _check_sharding(compute, fsdp, data_parallel, lora, device, devices)
     algorithms = per_learner(algorithm, learner_ids, "ppo")
-    options = AlgorithmOptions(critic_free, group_size)
+    options = AlgorithmOptions(critic_free, group_size, actions, action_normalization)
     seeds = {learner_id: seed + i for i, learner_id in enumerate(learner_ids)}
 
     def learner(learner_id: str, **kwargs: Any) -> Learner:

@@ -1,0 +1,147 @@
+"""ActionPPOLearner: PPO on a categorical policy over a game's legal moves, each scored by the model's likelihood of
+its name (``game.actions: score``; TWOSOME, Tan et al., ICLR 2024; GLAM, Carta et al., ICML 2023).
+
+π(a | s) = softmax over the legal moves a of the (normalised) log-likelihood of a's tokens after the prompt
+(:func:`~marllm.models.legal_moves.score_logprobs`). One move is one action: the rollout keeps each row's prompt,
+its legal moves' tokens, the move drawn, log π_old(a | s), log π_0(a | s), V(s) (the value head on the prompt's last
+hidden state) and the exact KL(π_old(· | s) ‖ π_0(· | s)) over the legal moves. The update is :class:`PPOLearner`'s
+with one "token" per sample: reward = score − η·KL, advantage = reward − V(s) (GAE over one step), the clipped
+ratio π(a | s)/π_old(a | s), the clipped value loss, the same KL controller, epochs, mini- and micro-batches and
+checkpoints. The learner answers the drawn move's name, which the env's parser maps to it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from tianshou.data import Batch
+
+from marllm.algorithms.ppo import PPOLearner
+from marllm.algorithms.registry import AlgorithmOptions, register_learner
+from marllm.algorithms.rollout import Rollout
+from marllm.models.devices import autocast_for
+from marllm.models.legal_moves import (
+    NORMALIZATIONS,
+    PackedMoves,
+    move_tensors,
+    pack_moves,
+    packed_from_tensors,
+    per_prompt,
+    score_logprobs,
+)
+
+
+class ActionPPOLearner(PPOLearner):
+    """PPO over legal moves scored by the model (see the module docstring).
+
+    Takes :class:`PPOLearner`'s arguments (``actions`` is ``"score"``), and ``normalization``: how a move's
+    log-likelihood is normalised, ``"none"`` (its sum: short names are favoured), ``"token"`` (the mean per token)
+    or ``"word"`` (the sum per word of its name). ``generation`` is used for its ``chat_template`` only: nothing is
+    sampled token by token. Acting needs ``observation["legal_moves"]``.
+    """
+
+    supported_actions = ("score",)
+
+    def __init__(self, name: str, *, normalization: str = "token", actions: str = "score", **kwargs: Any):
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"learner {name!r}: action_normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}"
+            )
+        super().__init__(name, actions=actions, **kwargs)
+        self.normalization = normalization
+
+    def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
+        raise ValueError(
+            f"learner {self.name!r} scores a game's legal moves (game.actions: score) and cannot answer prompts "
+            "without them"
+        )
+
+    def act(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:
+        """Draw one legal move per row from π(· | s) and record the rollout; returns the moves' names."""
+        legal_moves = self._legal_moves(observation)
+        assert legal_moves is not None
+        rollout = self._rollout(tuple(observation["prompt"]), role, legal_moves)
+        self.rollouts.append(rollout)
+        return rollout.responses
+
+    @torch.no_grad()
+    def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
+        """π(a | s) of each legal move of each prompt, in the order of ``legal_moves`` (each row sums to 1)."""
+        self.activate()
+        packed = pack_moves(self.tokenizer, prompts, legal_moves, self.generation.chat_template, False, self.device)
+        with autocast_for(self.model, self.config.autocast_dtype):
+            logprobs, _ = score_logprobs(self.model, packed, self.normalization)
+        return per_prompt(packed, logprobs)
+
+    def _packed(self, columns: Mapping[str, torch.Tensor]) -> PackedMoves:
+        return packed_from_tensors(
+            columns["input_ids"],
+            columns["attention_mask"],
+            columns["moves"],
+            columns["move_words"],
+            self.tokenizer.pad_token_id,
+        )
+
+    def _scores(self, model: Any, packed: PackedMoves, with_values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, M) log π(· | s) over each row's legal moves (−inf past them) and (B, 1) V(s), or None."""
+        with autocast_for(model, self.config.autocast_dtype):
+            logprobs, values = score_logprobs(
+                model, packed, self.normalization, self.value_head if with_values else None
+            )
+        table = packed.per_row(logprobs.to(self.device))
+        if values is None:
+            return table, None
+        first = torch.tensor([0, *packed.counts[:-1]], device=values.device).cumsum(0)  # each row's first move
+        return table, values[first].float().unsqueeze(1)
+
+    @torch.no_grad()
+    def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
+        started = time.perf_counter()
+        assert legal_moves is not None
+        self.activate()
+        columns = move_tensors(self.tokenizer, prompts, legal_moves, self.generation.chat_template, self.device)
+        packed = self._packed(columns)
+        table, values = self._scores(self.model, packed, with_values=True)
+        action = torch.multinomial(table.exp(), 1)  # (B, 1): one move per row
+        with self.reference_model() as reference:
+            on = next(reference.parameters()).device
+            ref_columns = {key: value.to(on) for key, value in columns.items()}
+            ref_table, _ = self._scores(reference, self._packed(ref_columns), with_values=False)
+        legal = torch.isfinite(table)
+        kl_full = torch.where(legal, table.exp() * (table - ref_table), 0.0).sum(1, keepdim=True)  # exact, (B, 1)
+        logprobs, ref_logprobs = table.gather(1, action), ref_table.gather(1, action)
+        tensors = Batch(
+            response=action,
+            mask=torch.ones_like(logprobs),
+            logprobs=logprobs,
+            ref_logprobs=ref_logprobs,
+            values=values,
+            kl_full=kl_full,
+            **columns,
+        )
+        sampled = logprobs - ref_logprobs
+        tensors.kl = kl_full if self.config.kl_penalty == "full" else sampled
+        texts = tuple(names[a] for names, a in zip(legal_moves, action[:, 0].tolist(), strict=True))
+        elapsed = time.perf_counter() - started
+        timings = {"generation_s": 0.0, "forward_s": elapsed}
+        return Rollout(prompts, texts, columns["input_ids"].shape[1], tensors, role=role, timings=timings)
+
+    def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
+        table, values = self._scores(self.model, self._packed(mb), with_values=True)
+        logprobs = table.gather(1, mb.response)  # (b, 1): the moves drawn
+        loss, parts = self._objective(mb, logprobs, values)
+        with torch.no_grad():
+            plogp = torch.where(torch.isfinite(table), table.exp() * table, 0.0)
+            parts["entropy"] = (-plogp.sum(1)).mean().item()
+            parts["ratio"] = torch.exp(logprobs - mb.logprobs).mean().item()
+        return loss, parts
+
+
+@register_learner("ppo:score")
+def _action_ppo_learner(
+    learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any
+) -> ActionPPOLearner:
+    return ActionPPOLearner(learner_id, normalization=options.action_normalization, **learner_kwargs)

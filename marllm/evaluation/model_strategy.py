@@ -1,0 +1,138 @@
+"""A model's strategy in a config's game, measured exactly: what ``marllm eval --exploitability``, the ``best_response``
+seat and the training metric ``<learner>/game/exploitability`` run (:mod:`marllm.evaluation.exploitability`).
+
+A model's policy is tabulated with the config's prompts (``game.templates``), parser and illegal-answer policy. A
+player or learner with ``move_probabilities(prompts, legal_moves)`` (the ``score`` and ``constrained`` action modes)
+is tabulated exactly; otherwise the model answers ``game.exploitability_samples`` times per information state with the
+config's generation settings (the ``generate`` mode) and its answers' frequencies are tabulated. A learner is sampled
+in eval mode (no dropout) from the global torch generator, so a run that measures draws other samples afterwards than
+one that does not (each is still reproducible from its seed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from marllm.config import TrainConfig
+from marllm.config.game import GameConfig
+from marllm.evaluation.deployed import load_deployed_model
+from marllm.evaluation.exploitability import (
+    ExactGame,
+    ExactProbabilities,
+    ExploitabilityReport,
+    PolicySource,
+    policy_source,
+)
+from marllm.evaluation.games import ModelPlayer
+
+
+def exact_game(game: GameConfig) -> ExactGame:
+    """The :class:`ExactGame` of a config's game (its prompts); ``ValueError`` if it is not a small OpenSpiel game."""
+    if game.info.openspiel is None:
+        raise ValueError(
+            f"exact evaluation needs an OpenSpiel game (openspiel:<game string>, e.g. openspiel:kuhn_poker) whose "
+            f"information states can be enumerated; {game.name} is a PettingZoo game"
+        )
+    return ExactGame(game.info.openspiel, templates=game.templates)
+
+
+def game_policy_source(game: GameConfig, player: Any, batch_size: int = 256) -> PolicySource:
+    """:func:`~marllm.evaluation.exploitability.policy_source` of ``player`` with the config's parser, illegal-answer
+    policy and ``exploitability_samples``: exact (without gradients) where ``game.actions`` is ``score`` or
+    ``constrained`` and the player has ``move_probabilities``."""
+    probabilities = getattr(player, "move_probabilities", None)
+    if game.actions != "generate" and callable(probabilities):
+        return ExactProbabilities(torch.no_grad()(probabilities))
+    return policy_source(player, game.parser, game.exploitability_samples, game.illegal, batch_size, exact=False)
+
+
+class LearnerAnswers(ModelPlayer):
+    """A learner's model answering with the config's generation settings, in eval mode, its adapter active."""
+
+    def __init__(
+        self, name: str, learner: Any, generation: Any, actions: str = "generate", normalization: str = "token"
+    ):
+        super().__init__(name, learner.model, learner.tokenizer, generation, actions, normalization)
+        self.learner = learner
+
+    def answer(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
+        self.learner.activate()
+        training = self.model.training
+        self.model.eval()
+        try:
+            return super().answer(observation)
+        finally:
+            self.model.train(training)
+
+
+def learner_player(config: TrainConfig, name: str, learner: Any) -> Any:
+    """What tabulates a learner: itself where its ``move_probabilities`` are exact (``score``, ``constrained``), else
+    :class:`LearnerAnswers`."""
+    game = config.game
+    assert game is not None
+    if game.actions != "generate" and callable(getattr(learner, "move_probabilities", None)):
+        return learner
+    return LearnerAnswers(name, learner, config.generation, game.actions, game.action_normalization)
+
+
+def learner_policy(config: TrainConfig, name: str, learner: Any) -> Callable[[], Any]:
+    """A zero-argument callable giving the learner's current ``TabularPolicy`` (what a ``best_response`` seat reads)."""
+    game = config.game
+    assert game is not None
+    exact = exact_game(game)
+    player = learner_player(config, name, learner)
+    return lambda: exact.tabulate(game_policy_source(game, player))
+
+
+class ExploitabilityMetrics:
+    """An iteration's metrics hook that adds, every ``game.exploitability_every`` iterations (counting from 1, read
+    from the metrics' ``iteration``), ``<learner>/game/nash_conv``, ``<learner>/game/exploitability`` (NaN where the
+    game is not two-player zero-sum) and, for a sampled policy, ``<learner>/game/exploitability_illegal_rate``."""
+
+    def __init__(self, config: TrainConfig, learners: Mapping[str, Any], inner: Callable[[dict], dict]):
+        game = config.game
+        assert game is not None and game.exploitability_every is not None
+        self.every, self.inner, self.game = game.exploitability_every, inner, game
+        self.exact = exact_game(game)
+        self.players = {name: learner_player(config, name, learners[name]) for name in game.learner_ids}
+
+    def __call__(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        merged = self.inner(metrics)
+        iteration = metrics.get("iteration")
+        if iteration is None or (int(iteration) + 1) % self.every:
+            return merged
+        for name, player in self.players.items():
+            report = self.exact.evaluate(game_policy_source(self.game, player))
+            merged[f"{name}/game/nash_conv"] = report.nash_conv
+            exploit = report.exploitability
+            merged[f"{name}/game/exploitability"] = math.nan if exploit is None else exploit
+            if report.illegal_rate is not None:
+                merged[f"{name}/game/exploitability_illegal_rate"] = report.illegal_rate
+        return merged
+
+
+def evaluate_exploitability(
+    config: TrainConfig, checkpoints: Sequence[str] = ("base",), batch_size: int = 256
+) -> dict[str, ExploitabilityReport]:
+    """The NashConv and exploitability of each model of ``checkpoints`` (``base`` or ``RUN_DIR/checkpoints/LEARNER``)
+    in the config's game, by label.
+
+    Raises:
+        ValueError: the config has no game section, or its game is not a small OpenSpiel game.
+    """
+    game = config.game
+    if game is None:
+        raise ValueError("evaluate_exploitability needs a config with a game section")
+    exact = exact_game(game)
+    reports = {}
+    for checkpoint in checkpoints:
+        model, label, tokenizer = load_deployed_model(config, checkpoint)
+        model.eval()
+        player = ModelPlayer(label, model, tokenizer, config.generation, game.actions, game.action_normalization)
+        reports[label] = exact.evaluate(game_policy_source(game, player, batch_size))
+        del model
+    return reports

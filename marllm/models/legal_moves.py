@@ -1,0 +1,269 @@
+"""Policies over a game's legal moves, from a causal LM: constrained sampling of a move's tokens, and the exact
+probability of every legal move under it or under move scoring.
+
+``constrained``: the answer is sampled token by token from the model's distribution restricted to continuations of
+the legal moves' names (:mod:`marllm.models.move_tries`); a move's probability is the product of its tokens'
+restricted probabilities, its final EOS included. ``score`` (TWOSOME, Tan et al., 2024; GLAM, Carta et al., 2023):
+π(a | s) = softmax over the legal moves a of the model's log-likelihood of a's text after the prompt, normalised by
+``none`` (the sum over its tokens), ``token`` (the mean per token) or ``word`` (the sum divided by its words).
+Every legal move of every row is one row of a packed batch (:func:`pack_moves`), scored in one forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from marllm.models.generation import GeneratedBatch, encode_prompts, generate_responses, logprob_logits
+from marllm.models.generation_config import GenerationConfig
+from marllm.models.move_tries import (
+    LegalMovesProcessor,
+    MoveTrie,
+    allowed_tokens,
+    move_continuations,
+    move_tries,
+    restrict_logits,
+)
+from marllm.models.policy import ValueHead, response_forward
+
+NORMALIZATIONS = ("none", "token", "word")
+"""How ``score`` normalises a move's log-likelihood: its sum, its mean per token, or its sum per word."""
+
+
+def check_constrained(tokenizer: PreTrainedTokenizerBase, generation: GenerationConfig, owner: str) -> None:
+    """Constrained answers end with EOS: the tokenizer needs one, and ``generation.stop_at_eos`` must be on."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"{owner}: constrained answers end a move with EOS, and the tokenizer has no eos_token")
+    if not generation.stop_at_eos:
+        raise ValueError(
+            f"{owner}: constrained answers end with EOS once a move is complete; generation.stop_at_eos: false "
+            "would suppress it (set it to true, or use game.actions: generate)"
+        )
+
+
+@dataclass
+class MoveSample:
+    """Constrained answers: the batch as ``generate`` made it, the restriction of every response token (B, L, K;
+    see :func:`~marllm.models.move_tries.allowed_tokens`) and the index of the move each row answered."""
+
+    generated: GeneratedBatch
+    allowed: torch.Tensor
+    moves: list[int]
+
+
+@torch.no_grad()
+def generate_moves(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    legal_moves: Sequence[Sequence[str]],
+    generation: GenerationConfig,
+    context: int | None = None,
+    owner: str = "generation",
+    capture: bool = False,
+) -> MoveSample:
+    """Sample one legal move per prompt, restricted token by token (one ``generate`` call, KV cache and batching
+    kept); the budget is the longest move's tokens plus its EOS. The texts of the returned batch are the moves' names.
+    """
+    check_constrained(tokenizer, generation, owner)
+    eos = tokenizer.eos_token_id
+    tries = move_tries(move_continuations(tokenizer, prompts, legal_moves, generation.chat_template))
+    budget = 1 + max(max(_depths(trie)) for trie in tries)
+    batch = generate_responses(
+        model,
+        tokenizer,
+        prompts,
+        budget,
+        generation,
+        context,
+        owner,
+        capture,
+        restriction=lambda prompt_length: LegalMovesProcessor(tries, prompt_length, eos),
+    )
+    allowed, moves = allowed_tokens(batch.response, tries, eos)
+    batch.texts = tuple(names[m] for names, m in zip(legal_moves, moves, strict=True))
+    return MoveSample(batch, allowed, moves)
+
+
+def _depths(trie: MoveTrie) -> list[int]:
+    """The depth of every node of ``trie`` (tokens from the root)."""
+    depth = [0] * len(trie.children)
+    for node, children in enumerate(trie.children):
+        for child in children.values():
+            depth[child] = depth[node] + 1
+    return depth
+
+
+@dataclass
+class PackedMoves:
+    """Every legal move of every row as one row ``[left-padded prompt (P) | move tokens (C), right-padded]``.
+
+    ``input_ids``/``attention_mask`` are (N, P+C), ``response``/``mask`` (N, C) (with ``with_eos``, each move's
+    tokens are followed by EOS); ``rows`` (N,) is each packed row's prompt, ``counts`` the moves per prompt,
+    ``words`` (N,) each move's words, ``tries`` each prompt's prefix tree.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    prompt_length: int
+    response: torch.Tensor
+    mask: torch.Tensor
+    rows: torch.Tensor
+    counts: list[int]
+    words: torch.Tensor
+    tries: list[MoveTrie]
+
+    def per_row(self, values: torch.Tensor, fill: float = -torch.inf) -> torch.Tensor:
+        """(N,) per packed row -> (B, M) per prompt and move, ``fill`` beyond a prompt's moves."""
+        out = values.new_full((len(self.counts), max(self.counts)), fill)
+        columns = torch.cat([torch.arange(n, device=values.device) for n in self.counts])
+        return out.index_put((self.rows, columns), values)
+
+    def tries_per_packed_row(self) -> list[MoveTrie]:
+        """The prefix tree of each packed row's prompt."""
+        return [self.tries[b] for b in self.rows.tolist()]
+
+
+def pack_moves(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    legal_moves: Sequence[Sequence[str]],
+    chat_template: bool,
+    with_eos: bool,
+    device: torch.device | str = "cpu",
+) -> PackedMoves:
+    """Pack every legal move of every prompt (:class:`PackedMoves`), tokens as
+    :func:`~marllm.models.move_tries.move_continuations` encodes them."""
+    continuations = move_continuations(tokenizer, prompts, legal_moves, chat_template)
+    pairs = [(b, m) for b, row in enumerate(continuations) for m in range(len(row))]
+    encoded = encode_prompts(tokenizer, [prompts[b] for b, _ in pairs], chat_template)
+    tails = [continuations[b][m] + ([tokenizer.eos_token_id] if with_eos else []) for b, m in pairs]
+    width = max(len(tail) for tail in tails)
+    response = torch.full((len(pairs), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(pairs), width), dtype=torch.long)
+    for i, tail in enumerate(tails):
+        response[i, : len(tail)] = torch.tensor(tail)
+        mask[i, : len(tail)] = 1
+    prompt_ids, prompt_mask = encoded["input_ids"], encoded["attention_mask"]
+    words = [max(1, len(legal_moves[b][m].split())) for b, m in pairs]
+    return PackedMoves(
+        input_ids=torch.cat([prompt_ids, response], 1).to(device),
+        attention_mask=torch.cat([prompt_mask, mask], 1).to(device),
+        prompt_length=prompt_ids.shape[1],
+        response=response.to(device),
+        mask=mask.to(device),
+        rows=torch.tensor([b for b, _ in pairs], device=device),
+        counts=[len(row) for row in continuations],
+        words=torch.tensor(words, dtype=torch.float32, device=device),
+        tries=move_tries(continuations),
+    )
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[token] at each position, (N, C, V), (N, C) -> (N, C), in float32."""
+    return torch.log_softmax(logits.float(), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def score_logprobs(
+    model: PreTrainedModel,
+    packed: PackedMoves,
+    normalization: str,
+    value_head: ValueHead | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(a | s) of every packed move under ``score`` (N,), and V(s) of its prompt (N,; the value head on the
+    prompt's last hidden state) when ``value_head`` is given. Differentiable; one forward of the packed rows."""
+    logits, values = response_forward(model, packed.input_ids, packed.attention_mask, packed.prompt_length, value_head)
+    likelihood = (token_logprobs(logits, packed.response) * packed.mask).sum(1)  # (N,)
+    if normalization == "token":
+        likelihood = likelihood / packed.mask.sum(1)
+    elif normalization == "word":
+        likelihood = likelihood / packed.words
+    elif normalization != "none":
+        raise ValueError(f"action normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}")
+    logprobs = torch.log_softmax(packed.per_row(likelihood), dim=1)  # (B, M): over each prompt's legal moves
+    columns = torch.cat([torch.arange(n, device=logprobs.device) for n in packed.counts])
+    return logprobs[packed.rows, columns], None if values is None else values[:, 0]
+
+
+def constrained_logprobs(
+    model: PreTrainedModel,
+    packed: PackedMoves,
+    generation: GenerationConfig,
+    eos_token_id: int,
+) -> torch.Tensor:
+    """log π(a | s) of every packed move (packed ``with_eos``) under constrained sampling (N,): the sum of its
+    tokens' log-probs, EOS included, as the learner computes them (restricted, then ``generation``'s processing)."""
+    allowed, _ = allowed_tokens(packed.response, packed.tries_per_packed_row(), eos_token_id)
+    logits, _ = response_forward(model, packed.input_ids, packed.attention_mask, packed.prompt_length)
+    logits = restrict_logits(logits, allowed, inplace=not logits.requires_grad)
+    sequences = (packed.input_ids, packed.attention_mask, packed.prompt_length)
+    logits = logprob_logits(logits, *sequences, generation, eos_token_id)
+    # Past a move's EOS top-k/top-p may have removed the padding token (−inf): masked by selection, not by product.
+    return torch.where(packed.mask > 0, token_logprobs(logits, packed.response), 0.0).sum(1)
+
+
+def per_prompt(packed: PackedMoves, logprobs: torch.Tensor) -> list[list[float]]:
+    """(N,) log-probs -> each prompt's legal moves' probabilities, in the order of its legal moves."""
+    probabilities = logprobs.detach().double().exp().cpu()
+    out: list[list[float]] = [[] for _ in packed.counts]
+    for row, p in zip(packed.rows.tolist(), probabilities.tolist(), strict=True):
+        out[row].append(p)
+    return out
+
+
+def move_tensors(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    legal_moves: Sequence[Sequence[str]],
+    chat_template: bool,
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
+    """A batch's prompts and legal moves as per-row tensors: ``input_ids``/``attention_mask`` (B, P) left-padded,
+    ``moves`` (B, M, C) each legal move's tokens (−1-padded, along M past a row's moves too) and ``move_words``
+    (B, M, 1) each move's words (−1 past a row's moves). :func:`packed_from_tensors` packs any rows of it."""
+    continuations = move_continuations(tokenizer, prompts, legal_moves, chat_template)
+    encoded = encode_prompts(tokenizer, prompts, chat_template)
+    count = max(len(row) for row in continuations)
+    width = max(len(tokens) for row in continuations for tokens in row)
+    moves = torch.full((len(prompts), count, width), -1, dtype=torch.long)
+    words = torch.full((len(prompts), count, 1), -1.0)
+    for b, row in enumerate(continuations):
+        for m, tokens in enumerate(row):
+            moves[b, m, : len(tokens)] = torch.tensor(tokens)
+            words[b, m, 0] = max(1, len(legal_moves[b][m].split()))
+    return {
+        "input_ids": encoded["input_ids"].to(device),
+        "attention_mask": encoded["attention_mask"].to(device),
+        "moves": moves.to(device),
+        "move_words": words.to(device),
+    }
+
+
+def packed_from_tensors(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    moves: torch.Tensor,
+    move_words: torch.Tensor,
+    pad_token_id: int,
+) -> PackedMoves:
+    """The :class:`PackedMoves` (without EOS, for ``score``) of rows of :func:`move_tensors`."""
+    legal = (moves >= 0).any(-1)  # (B, M)
+    rows, columns = torch.nonzero(legal, as_tuple=True)  # row-major: each row's moves in order
+    response = moves[rows, columns]  # (N, C)
+    mask = (response >= 0).long()
+    used = int(mask.sum(0).nonzero().max()) + 1  # the longest move of these rows
+    response, mask = response[:, :used].clamp_min(0).masked_fill(mask[:, :used] == 0, pad_token_id), mask[:, :used]
+    return PackedMoves(
+        input_ids=torch.cat([input_ids[rows], response], 1),
+        attention_mask=torch.cat([attention_mask[rows], mask], 1),
+        prompt_length=input_ids.shape[1],
+        response=response,
+        mask=mask,
+        rows=rows,
+        counts=legal.sum(1).tolist(),
+        words=move_words[rows, columns, 0].float(),
+        tries=[],
+    )

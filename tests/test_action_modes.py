@@ -1,0 +1,259 @@
+"""game.actions: constrained answers (sampling restricted to the legal moves' names, the same restriction re-applied
+wherever log-probs are computed) and scored moves (a softmax over the legal moves' normalised log-likelihoods,
+action-level PPO), on tiny models built here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
+from marllm.algorithms.action_ppo import ActionPPOLearner
+from marllm.algorithms.registry import AlgorithmOptions, build_learner
+from marllm.cli import main
+from marllm.config import config_from_dict
+from marllm.envs.games import exact_move, first_legal_move
+from marllm.models.legal_moves import generate_moves
+from marllm.models.move_tries import MoveTrie, move_continuations, restrict_logits
+from marllm.models.policy import ready_for_generation
+from tests.conftest import make_tiny_gpt2
+from tests.test_games_config import game_config
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_openspiel = pytest.mark.skipif(
+    importlib.util.find_spec("pyspiel") is None or importlib.util.find_spec("shimmy") is None,
+    reason="needs the optional open_spiel and shimmy (pip install 'marllm[games]')",
+)
+# Multi-token names, names sharing their first tokens, a name that is a prefix of another ("1" and "10"; "a b" and
+# "a b c"), rows of different sizes and prompts of different lengths (left padding).
+PROMPTS = ["Your move:", "what a", "the movie was good and", "i think\n"]
+MOVES = [["1", "10", "rock"], ["pass", "bet"], ["a b c", "a b", "the story"], ["good", "bad"]]
+
+
+def complete_paths(trie: MoveTrie, eos: int, node: int = 0, prefix: tuple[int, ...] = ()) -> set[tuple[int, ...]]:
+    """Every token sequence the tree admits from ``node``, each ending with EOS."""
+    paths = set()
+    for token in trie.allowed(node, eos):
+        if token == eos:
+            paths.add((*prefix, eos))
+        else:
+            paths |= complete_paths(trie, eos, trie.children[node][token], (*prefix, token))
+    return paths
+
+
+def test_the_prefix_tree_admits_exactly_the_legal_moves(tokenizer):
+    eos = tokenizer.eos_token_id
+    continuations = move_continuations(tokenizer, PROMPTS, MOVES)
+    for prompt, names, moves in zip(PROMPTS, MOVES, continuations, strict=True):
+        # Each move's tokens are those the prompt followed by " name" is encoded with.
+        whole = tokenizer(prompt + " " * (not prompt[-1].isspace()) + "".join(names[:1]))["input_ids"]
+        assert whole[-len(moves[0]) :] == moves[0]
+        assert [tokenizer.decode(m).strip() for m in moves] == names
+        trie = MoveTrie.of(moves)
+        assert complete_paths(trie, eos) == {(*m, eos) for m in moves}
+    assert any(len(m) > 1 for row in continuations for m in row)  # multi-token names
+    one, ten = continuations[0][:2]
+    assert ten[: len(one)] == one  # "1" is a prefix of "10": EOS and "0" are both allowed after it
+    trie = MoveTrie.of(continuations[0])
+    node = trie.children[0][one[0]]
+    for token in one[1:]:
+        node = trie.children[node][token]
+    assert eos in trie.allowed(node, eos) and ten[len(one)] in trie.allowed(node, eos)
+    with pytest.raises(ValueError, match="row 0: no legal move"):
+        move_continuations(tokenizer, ["x"], [[]])
+
+
+def test_restrict_logits_keeps_only_the_allowed_tokens():
+    logits = torch.randn(2, 3, 7)
+    allowed = torch.tensor([[[1, 4], [2, -1], [-1, -1]], [[0, 6], [5, 3], [6, -1]]])
+    restricted = restrict_logits(logits, allowed)
+    for b in range(2):
+        for t in range(3):
+            kept = torch.isfinite(restricted[b, t]).nonzero().flatten().tolist()
+            wanted = sorted(i for i in allowed[b, t].tolist() if i >= 0) or list(range(7))  # all −1: unrestricted
+            assert kept == wanted
+            assert torch.equal(restricted[b, t, kept], logits[b, t, kept])
+
+
+def test_every_constrained_answer_is_a_legal_move(tokenizer):
+    model = make_tiny_gpt2(tokenizer).eval()
+    ready_for_generation(tokenizer)
+    torch.manual_seed(0)
+    seen = set()
+    for _ in range(6):
+        sample = generate_moves(model, tokenizer, PROMPTS * 2, MOVES * 2, GenerationConfig(temperature=2.0))
+        for answer, names, move in zip(sample.generated.texts, MOVES * 2, sample.moves, strict=True):
+            assert exact_move(answer, names) == first_legal_move(answer, names) == move
+            seen.add(answer)
+        lengths = sample.generated.mask.sum(1)
+        ends = sample.generated.response[torch.arange(len(lengths)), lengths - 1]
+        assert (ends == tokenizer.eos_token_id).all()  # every answer ends with its EOS, inside the mask
+    assert {"1", "10"} <= seen or {"a b", "a b c"} & seen  # prefix moves are answered too
+
+
+class RecordingRatio:
+    """Wraps a learner's ``_objective`` to keep the per-token log-prob differences of its first loss."""
+
+    def __init__(self, learner):
+        self.differences = []
+        objective = learner._objective
+
+        def recording(mb, logprobs, values):
+            self.differences.append(((logprobs - mb.logprobs) * mb.mask).abs().max().item())
+            return objective(mb, logprobs, values)
+
+        learner._objective = recording
+
+
+def constrained_learner(tokenizer, **ppo):
+    config = PPOConfig(**{"mini_batch_size": 6, "ppo_epochs": 1, **ppo})
+    model, reference = make_tiny_gpt2(tokenizer, seed=1), make_tiny_gpt2(tokenizer, seed=2)
+    generation = GenerationConfig(temperature=1.5, logprobs_from="sampling", top_k=20)
+    return PPOLearner(
+        "llm", model=model, tokenizer=tokenizer, reference=reference, config=config, generation=generation,
+        actions="constrained",
+    )  # fmt: skip
+
+
+FROM_GENERATE = {"rollout_from_generate": True}
+
+
+@pytest.mark.parametrize("ppo", [{}, {"micro_batch_size": 2}, FROM_GENERATE, {**FROM_GENERATE, "micro_batch_size": 1}])
+def test_constrained_log_probs_at_update_time_are_those_sampled(tokenizer, ppo):
+    """Two turns (merged, of different widths), one mini-batch: the first ratio is 1 at every token; forced tokens
+    have log-prob 0; a move's probability is the product of its tokens' (move_probabilities)."""
+    torch.manual_seed(0)
+    learner = constrained_learner(tokenizer, **ppo)
+    first = learner.act({"prompt": PROMPTS, "legal_moves": MOVES})
+    learner.act({"prompt": PROMPTS[1:3], "legal_moves": MOVES[1:3]})
+    rollout = learner.rollouts[0]
+    b = rollout.tensors
+    forced = ((b.allowed >= 0).sum(-1) == 1) & (b.mask > 0)
+    assert forced.any() and b.logprobs[forced].abs().max() < 1e-6
+    probabilities = learner.move_probabilities(PROMPTS, MOVES)
+    for row, (answer, names) in enumerate(zip(first, MOVES, strict=True)):
+        assert sum(probabilities[row]) == pytest.approx(1.0, abs=1e-5)
+        sampled = float((b.logprobs[row] * b.mask[row]).sum().exp())
+        assert probabilities[row][names.index(answer)] == pytest.approx(sampled, abs=1e-5)
+    learner.finish([1.0, 0.0, -1.0, 0.5])
+    learner.finish([0.0, 1.0])
+    recorder = RecordingRatio(learner)
+    metrics = learner.update()
+    assert max(recorder.differences) < 1e-5
+    assert metrics["ratio"] == pytest.approx(1.0, abs=1e-5) and metrics["kl"] >= -1e-6
+
+
+def test_a_learner_with_legal_actions_refuses_observations_without_legal_moves(tokenizer):
+    learner = constrained_learner(tokenizer)
+    with pytest.raises(ValueError, match="need the game's legal moves"):
+        learner.act({"prompt": ["what a"]})
+    with pytest.raises(ValueError, match="stop_at_eos"):
+        PPOLearner("x", model=learner.model, tokenizer=tokenizer, reference=learner.reference,
+                   generation=GenerationConfig(stop_at_eos=False), actions="constrained")  # fmt: skip
+
+
+def hand_score(model, tokenizer, prompt, names, normalization):
+    """π over ``names`` computed move by move: one forward of prompt + " " + name each."""
+    scores = []
+    for name in names:
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        ids = tokenizer(prompt + " " * (not prompt[-1].isspace()) + name)["input_ids"]
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+        tokens = ids[len(prompt_ids) :]
+        total = sum(logprobs[len(prompt_ids) - 1 + i, token] for i, token in enumerate(tokens))
+        scale = {"none": 1, "token": len(tokens), "word": len(name.split())}[normalization]
+        scores.append(total / scale)
+    return torch.softmax(torch.stack(scores), 0).tolist()
+
+
+def score_learner(tokenizer, normalization="token", **ppo):
+    config = PPOConfig(**{"mini_batch_size": 6, "ppo_epochs": 1, **ppo})
+    model, reference = make_tiny_gpt2(tokenizer, seed=1), make_tiny_gpt2(tokenizer, seed=2)
+    options = AlgorithmOptions(actions="score", action_normalization=normalization)
+    return build_learner("ppo", "llm", options, model=model, tokenizer=tokenizer, reference=reference, config=config)
+
+
+@pytest.mark.parametrize("normalization", ["none", "token", "word"])
+def test_score_probabilities_are_a_softmax_of_the_moves_likelihoods(tokenizer, normalization):
+    learner = score_learner(tokenizer, normalization)
+    assert isinstance(learner, ActionPPOLearner)
+    probabilities = learner.move_probabilities(PROMPTS, MOVES)
+    for prompt, names, row in zip(PROMPTS, MOVES, probabilities, strict=True):
+        assert sum(row) == pytest.approx(1.0, abs=1e-6)
+        assert row == pytest.approx(hand_score(learner.model, tokenizer, prompt, names, normalization), abs=1e-5)
+
+
+@pytest.mark.parametrize("ppo", [{}, {"micro_batch_size": 2}])
+def test_action_level_ppo_starts_at_ratio_one_and_learns(tokenizer, ppo):
+    torch.manual_seed(0)
+    learner = score_learner(tokenizer, **ppo)
+    answers = learner.act({"prompt": PROMPTS, "legal_moves": MOVES})
+    assert all(answer in names for answer, names in zip(answers, MOVES, strict=True))
+    learner.act({"prompt": PROMPTS[:2], "legal_moves": MOVES[:2]})
+    b = learner.rollouts[0].tensors
+    exact = learner.move_probabilities(PROMPTS, MOVES)
+    for row, (answer, names) in enumerate(zip(answers, MOVES, strict=True)):
+        assert float(b.logprobs[row, 0].exp()) == pytest.approx(exact[row][names.index(answer)], abs=1e-5)
+    assert (b.kl_full >= -1e-6).all()
+    learner.finish([1.0, 0.0, -1.0, 0.5])
+    learner.finish([0.0, 1.0])
+    recorder = RecordingRatio(learner)
+    metrics = learner.update()
+    assert max(recorder.differences) < 1e-5 and metrics["ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["response_length"] == 1.0 and 0 <= metrics["entropy"] <= torch.log(torch.tensor(3.0)).item()
+
+
+@pytest.mark.parametrize("make", [constrained_learner, score_learner])
+def test_a_learner_with_legal_actions_saves_and_restores(tokenizer, make):
+    torch.manual_seed(0)
+    learner = make(tokenizer, mini_batch_size=4)
+    learner.act({"prompt": PROMPTS, "legal_moves": MOVES})
+    learner.finish([1.0, 0.0, -1.0, 0.5])
+    learner.update()
+    tensors, meta = learner.state_dict()
+    restored = make(tokenizer, mini_batch_size=4)
+    restored.load_state_dict(tensors, json.loads(json.dumps(meta)))
+    before = [p for row in learner.move_probabilities(PROMPTS, MOVES) for p in row]
+    after = [p for row in restored.move_probabilities(PROMPTS, MOVES) for p in row]
+    assert after == pytest.approx(before, abs=1e-7)
+
+
+def test_game_actions_are_validated_naming_the_key():
+    with pytest.raises(ValueError, match=r"game.actions must be one of \['generate', 'constrained', 'score'\]"):
+        config_from_dict(game_config({"actions": "sample"}))
+    with pytest.raises(ValueError, match=r"game.action_normalization must be one of \['none', 'token', 'word'\]"):
+        config_from_dict(game_config({"actions": "score", "action_normalization": "mean"}))
+    with pytest.raises(ValueError, match="game.actions: score trains an action-level policy with ppo"):
+        config_from_dict(game_config({"actions": "score"}, agents={"algorithm": "reinforce_pp"}))
+    with pytest.raises(ValueError, match="generation.stop_at_eos: true"):
+        config_from_dict(game_config({"actions": "constrained"}, generation={"stop_at_eos": False}))
+    with pytest.raises(ValueError, match="snapshot pool plays game.actions: generate only"):
+        config_from_dict(game_config({"actions": "constrained", "seats": ["llm", "snapshot_pool:llm"]}))
+    assert config_from_dict(game_config({"actions": "constrained"}, agents={"algorithm": "reinforce_pp"}))
+
+
+@needs_openspiel
+@pytest.mark.parametrize("actions", ["constrained", "score"])
+def test_a_kuhn_poker_run_with_legal_actions_never_answers_illegally(tmp_path, actions):
+    """Self-play Kuhn poker on the offline base for an iteration, checkpointed, then marllm eval with the mode."""
+    run_dir = tmp_path / "run"
+    config = str(ROOT / "examples" / "games" / "kuhn_poker_offline.yaml")
+    overrides = ["iterations=1", "game.batch_size=2", "logging.progress=false", f"game.actions={actions}"]
+    overrides += ["game.illegal=forfeit", "game.illegal_penalty=0.0"]
+    assert main(["train", config, "--run-dir", str(run_dir), *overrides]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and all(row["llm/game/illegal_move_rate"] == 0.0 for row in rows)
+    assert all(abs(row["llm/kl"]) < 10 for row in rows)
+    out = tmp_path / "eval.json"
+    checkpoint = str(run_dir / "checkpoints" / "llm")
+    evaluation = ["eval", config, *overrides, "--checkpoint", checkpoint, "--games", "2", "--opponent", "random"]
+    assert main([*evaluation, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["actions"] == actions and all(row["illegal_move_rate"] == 0.0 for row in result["rows"])
