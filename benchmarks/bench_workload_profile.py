@@ -9,8 +9,11 @@ the settings ``../shared/bench/marllm_workload.py`` times. The phases are those 
 set size at start, peak (``VmHWM``, reset at every phase boundary) and end, in MiB.
 
     .venv/bin/python benchmarks/bench_workload_profile.py runs/bench-workload [--iterations 6] [--threads 0]
-        [--mini-batch-size N --accumulation K] [--micro-batch-size M] [--fused-kernels] [--rollout-from-generate]
-        [--autocast-dtype bfloat16] [--tensors]
+        [--mini-batch-size N --accumulation K] [--micro-batch-size auto|none|M] [--fused-kernels true|false]
+        [--rollout-from-generate auto|true|false] [--autocast-dtype bfloat16] [--tensors]
+
+The cost settings default to PPOConfig's (micro-batches of 32 rows, fused kernels, the rollout from generate's
+forwards); ``--micro-batch-size none --fused-kernels false --rollout-from-generate false`` is the path before them.
 
 ``--tensors`` reruns the iterations under the torch profiler and adds each phase's peak of live tensor bytes and
 its largest allocations (slow; a separate process). Memory figures do not depend on the thread count; seconds do.
@@ -92,6 +95,22 @@ def median_iteration_seconds(rows: list[dict[str, Any]]) -> float:
     return seconds[len(seconds) // 2]
 
 
+def _switch(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
+def _auto_switch(text: str) -> bool | str:
+    return "auto" if text.lower() == "auto" else _switch(text)
+
+
+def _micro_batch_size(text: str) -> int | str | None:
+    if text.lower() in ("auto", "none"):
+        return None if text.lower() == "none" else "auto"
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workload", help="the directory make_workload.py wrote")
@@ -99,9 +118,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--mini-batch-size", type=int, default=None, help="ppo.mini_batch_size (default: the batch)")
     parser.add_argument("--accumulation", type=int, default=1, help="ppo.gradient_accumulation_steps")
-    parser.add_argument("--micro-batch-size", type=int, default=None, help="ppo.micro_batch_size (default: none)")
-    parser.add_argument("--fused-kernels", action="store_true", help="ppo.fused_kernels: true")
-    parser.add_argument("--rollout-from-generate", action="store_true", help="ppo.rollout_from_generate: true")
+    parser.add_argument(
+        "--micro-batch-size", type=_micro_batch_size, default="auto", help="ppo.micro_batch_size: auto, none or N"
+    )
+    parser.add_argument("--fused-kernels", type=_switch, default=True, help="ppo.fused_kernels: true or false")
+    parser.add_argument(
+        "--rollout-from-generate", type=_auto_switch, default="auto", help="ppo.rollout_from_generate: auto/true/false"
+    )
     parser.add_argument("--autocast-dtype", choices=["bfloat16"], default=None, help="ppo.autocast_dtype")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's choice)")
     parser.add_argument("--tensors", action="store_true", help="also profile tensor allocations (slow)")
@@ -115,8 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     names = ("iterations", "batch_size", "mini_batch_size", "accumulation", "micro_batch_size", "autocast_dtype")
     options = {name: getattr(args, name) for name in names}
-    for switch in ("fused_kernels", "rollout_from_generate"):  # flags: passed on only when set
-        options[switch] = True if getattr(args, switch) else None
+    for name in ("micro_batch_size", "fused_kernels", "rollout_from_generate"):  # passed on as words
+        options[name] = str(getattr(args, name)).lower()
     options["threads"] = args.threads
     started = time.perf_counter()
     rss = run_child(__file__, [args.workload, "--child", "rss"], options)

@@ -8,6 +8,9 @@ of ``eval_samples.jsonl``. Run it before and after a change and compare the two 
     .venv/bin/python scripts/behaviour_digest.py /tmp/after
     diff /tmp/before/digest.json /tmp/after/digest.json && echo identical
 
+Dotted overrides after OUT go to every run (``ppo.micro_batch_size=null ppo.fused_kernels=false``: the digest of a
+path asked for by hand).
+
 Where digests differ, ``--compare BEFORE AFTER`` says how: per run, the metric values that changed, metric keys
 added or gone, and whether samples and eval samples are identical.
 """
@@ -42,12 +45,12 @@ def _digest(path: Path, drop_timings: bool = False) -> str | None:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def main(out: Path) -> None:
+def main(out: Path, overrides: list[str] | None = None) -> None:
     digest: dict[str, dict[str, str | None]] = {}
     for name, arguments in CONFIGS.items():
         run_dir = out / name
         command = [MARLLM, "train", arguments[0], f"iterations={ITERATIONS}", "--run-dir", str(run_dir),
-                   "--overwrite", *arguments[1:]]
+                   "--overwrite", *arguments[1:], *(overrides or [])]
         print("$", " ".join(command), flush=True)
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         digest[name] = {
@@ -77,7 +80,7 @@ def compare(before: Path, after: Path) -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--compare":
         compare(Path(sys.argv[2]), Path(sys.argv[3]))
-    elif len(sys.argv) == 2:
-        main(Path(sys.argv[1]))
+    elif len(sys.argv) >= 2 and sys.argv[1] != "--compare":
+        main(Path(sys.argv[1]), sys.argv[2:])
     else:
-        sys.exit(f"usage: {sys.argv[0]} OUT_DIR | --compare BEFORE_DIR AFTER_DIR")
+        sys.exit(f"usage: {sys.argv[0]} OUT_DIR [KEY=VALUE ...] | --compare BEFORE_DIR AFTER_DIR")

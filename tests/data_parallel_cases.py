@@ -48,7 +48,7 @@ CASES: dict[str, dict[str, Any]] = {
                                   "micro_batch_size": 1, "ratio_threshold": 1.02}},
     # The same in whole mini-batches: the loss metrics micro-batches report must be these.
     "ppo_whole_batches": {"ppo": {**PPO, "mini_batch_size": 4, "gradient_accumulation_steps": 1,
-                                  "ratio_threshold": 1.02}},
+                                  "micro_batch_size": None, "ratio_threshold": 1.02}},
 }
 
 

@@ -122,9 +122,12 @@ def constrained_learner(tokenizer, **ppo):
 
 
 FROM_GENERATE = {"rollout_from_generate": True}
+OLD_PATH = {"micro_batch_size": None, "rollout_from_generate": False}  # whole mini-batches, a second rollout forward
 
 
-@pytest.mark.parametrize("ppo", [{}, {"micro_batch_size": 2}, FROM_GENERATE, {**FROM_GENERATE, "micro_batch_size": 1}])
+@pytest.mark.parametrize(
+    "ppo", [OLD_PATH, {}, {"micro_batch_size": 2}, FROM_GENERATE, {**FROM_GENERATE, "micro_batch_size": 1}]
+)
 def test_constrained_log_probs_at_update_time_are_those_sampled(tokenizer, ppo):
     """Two turns (merged, of different widths), one mini-batch: the first ratio is 1 at every token; forced tokens
     have log-prob 0; a move's probability is the product of its tokens' (move_probabilities)."""

@@ -94,8 +94,11 @@ def test_fused_tanh_gelus_compute_gelu_new_rounded_differently_and_a_learner_fus
         assert all(isinstance(block.mlp.act, FusedTanhGELU) for block in network.transformer.h)
     assert learner.optimizer.defaults["fused"] is True
     default = make_learner(tokenizer)
-    assert not isinstance(default.model.transformer.h[0].mlp.act, FusedTanhGELU)  # off by default
-    assert not default.optimizer.defaults["fused"]
+    assert isinstance(default.model.transformer.h[0].mlp.act, FusedTanhGELU)  # on by default
+    assert default.optimizer.defaults["fused"] is True
+    plain = make_learner(tokenizer, fused_kernels=False)
+    assert not isinstance(plain.model.transformer.h[0].mlp.act, FusedTanhGELU)  # the path before, when asked for
+    assert not plain.optimizer.defaults["fused"]
 
 
 def test_a_text_run_without_lora_loads_neither_peft_nor_datasets():
@@ -137,3 +140,13 @@ def test_the_marllm_command_sets_the_spin_before_torch_loads():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert result.stdout.split()[-2:] == [SPIN_COUNT, "False"]
+
+
+@pytest.mark.parametrize(("first", "expected"), [("import marllm", SPIN_COUNT), ("import torch, marllm", "None")])
+def test_the_python_api_sets_the_spin_when_imported_before_torch(first, expected):
+    """A program using the library gets the command's spin when it imports marllm first; once torch is loaded the
+    setting could no longer take effect, so nothing is set."""
+    env = {key: value for key, value in os.environ.items() if key not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    code = f"import os\n{first}\nprint(os.environ.get('GOMP_SPINCOUNT'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.split()[-1] == expected

@@ -12,7 +12,7 @@ from tianshou.data import Batch
 from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import PPOLearner
-from marllm.algorithms.ppo_config import PPOConfig
+from marllm.algorithms.ppo_config import AUTO_MICRO_BATCH_SIZE, PPOConfig
 from marllm.algorithms.ppo_steps import trim_padding
 from tests.test_ppo_learner import make_learner
 
@@ -44,6 +44,7 @@ def test_trim_padding_drops_only_the_columns_no_row_needs():
 def rollout_pair(tokenizer, learner_class=None, learner_kwargs=None, micro_batch_size=3, **ppo):
     """Two learners of the same weights and generator, one with micro-batches, and one rewarded rollout that both
     hold."""
+    ppo = {"micro_batch_size": None, **ppo}  # the whole mini-batch in one untrimmed pass
     whole = make_learner(tokenizer, 0, learner_class or PPOLearner, learner_kwargs, **ppo)
     micro = make_learner(tokenizer, 0, learner_class or PPOLearner, learner_kwargs, **ppo)
     micro.config = PPOConfig(**{**vars(whole.config), "micro_batch_size": micro_batch_size})
@@ -129,9 +130,14 @@ def test_a_mini_batch_skipped_by_the_ratio_threshold_gives_no_gradient_in_micro_
     assert any(skips[i] != skips[i + 1] for i in range(0, len(skips), 2))
 
 
-def test_micro_batch_size_is_checked():
+def test_micro_batch_size_is_checked_and_auto_by_default():
     with pytest.raises(ValueError, match="micro_batch_size"):
         PPOConfig(micro_batch_size=0)
+    assert PPOConfig().micro_batch_size == "auto"
+    assert PPOConfig().passes_of(sharded=False) == AUTO_MICRO_BATCH_SIZE == 32
+    assert PPOConfig().passes_of(sharded=True) is None  # a sharded model takes the whole mini-batch in one pass
+    assert PPOConfig(micro_batch_size=None).passes_of(sharded=False) is None
+    assert PPOConfig(micro_batch_size=4).passes_of(sharded=False) == 4
 
 
 def test_a_pass_no_larger_than_the_mini_batch_is_still_trimmed_to_its_rows(tokenizer):

@@ -126,8 +126,14 @@ def test_critic_free_rollout_from_generate_has_no_values_to_take(tokenizer):
     assert_close_to(cached.rollouts[0].tensors.logprobs, full.rollouts[0].tensors.logprobs)
 
 
-def test_rollout_from_generate_is_off_by_default_and_refused_with_fsdp():
-    assert PPOConfig().rollout_from_generate is False
+def test_rollout_from_generate_is_on_by_default_for_whole_models_and_refused_with_fsdp_when_asked():
+    assert PPOConfig().rollout_from_generate == "auto"
+    assert PPOConfig().rollout_from_generate_for(sharded=False) is True
+    assert PPOConfig().rollout_from_generate_for(sharded=True) is False
+    assert PPOConfig(rollout_from_generate=False).rollout_from_generate_for(sharded=False) is False
+    with pytest.raises(ValueError, match="ppo.rollout_from_generate must be true, false or 'auto'"):
+        PPOConfig(rollout_from_generate="yes")
+    load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml").check_data_parallel(8)  # the defaults suit sharding
     with pytest.raises(ConfigError, match="ppo.rollout_from_generate takes one logit per sampled token"):
         config = load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["ppo.rollout_from_generate=true"])
         config.check_data_parallel(8)

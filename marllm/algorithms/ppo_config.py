@@ -9,7 +9,11 @@ from typing import Literal
 from marllm.models.generation_config import GenerationConfig
 from marllm.utils.checks import choice, in_unit_interval, non_negative, positive
 
-__all__ = ["GenerationConfig", "PPOConfig"]
+__all__ = ["AUTO_MICRO_BATCH_SIZE", "GenerationConfig", "PPOConfig"]
+
+AUTO_MICRO_BATCH_SIZE = 32
+"""Rows per pass of ``ppo.micro_batch_size: auto`` on a whole model: on the shared CORY workload (mini-batches of
+256) passes of 32 gave the shortest iterations and about a third less peak memory than whole mini-batches."""
 
 
 @dataclass
@@ -51,27 +55,36 @@ class PPOConfig:
             running std). The paper turns scaling and normalisation on for IMDB. While the running std is zero up
             to float rounding (every score so far equal, e.g. every 0/1 answer right) the score is not divided.
         score_clip: clip the transformed score to ±score_clip (None: no clip).
+        **The cost of the update, not its maths** (each the same update up to float rounding, and on by default):
+
         forward_batch_size: rows per forward pass when scoring a rollout (None: the whole batch at once).
-        micro_batch_size: rows per forward/backward pass of a mini-batch (None: the whole mini-batch at once). The
-            mini-batch's rows are sorted by length and cut into micro-batches, each without the padding its rows do
-            not need; each pass's loss is weighted by its share of the mini-batch's tokens (or responses), so the
-            gradient is the whole mini-batch's up to the order of float sums, with the activations of
-            ``micro_batch_size`` rows alive instead of ``mini_batch_size``, and fewer padded tokens computed (also
-            when a mini-batch is no larger than a pass: a learner's merged turns or game moves are padded to its
-            longest, and each pass drops what its rows do not need). Not with ``model.fsdp``.
+        micro_batch_size: rows per forward/backward pass of a mini-batch. The mini-batch's rows are sorted by length
+            and cut into micro-batches, each without the padding its rows do not need; each pass's loss is weighted
+            by its share of the mini-batch's tokens (or responses), so the gradient is the whole mini-batch's up to the
+            order of float sums, with the activations of ``micro_batch_size`` rows alive instead of
+            ``mini_batch_size``, and fewer padded tokens computed (also when a mini-batch is no larger than a pass: a
+            learner's merged turns or game moves are padded to its longest, and each pass drops what its rows do not
+            need). ``"auto"`` (default): passes of :data:`AUTO_MICRO_BATCH_SIZE` rows for a whole model, the whole
+            mini-batch in one pass for a sharded one (``model.fsdp`` needs every rank in every pass). None: the whole
+            mini-batch in one pass, untrimmed (the path before micro-batches, kept for runs that must reproduce
+            earlier figures bit for bit). An int: passes of that many rows (not with ``model.fsdp``).
         fused_kernels: compute with torch's fused kernels where they change only the rounding: GPT-2's
             ``gelu_new`` (and transformers' other composite tanh-approximated GELUs) as ``F.gelu(x,
             approximate="tanh")`` in the policy and its reference, one pass instead of eight
             (:func:`~marllm.models.activations.fuse_tanh_gelus`), and Adam as ``fused=True``, one kernel per
             parameter instead of six (not for a sharded model). The same functions, rounded differently in the last
-            float bits. Off by default, so that runs stay bit-identical to earlier ones.
+            float bits. On by default; false reproduces earlier figures bit for bit.
         rollout_from_generate: take the rollout's log-probs and values (π_old and V_old) from ``generate``'s own
-            forwards, which computed every response token's logits and last hidden state while sampling it, instead of
-            a second forward of the policy over prompt and response. The same numbers up to float rounding (the KV
-            cache splits the sums differently: within ~1e-6 on the logits of a float32 GPT-2), for one policy forward
-            fewer per rollout; the batch's logits are then alive at once, whatever ``forward_batch_size``. Off by
-            default, so that runs stay bit-identical to earlier ones. Not with ``model.fsdp`` (a sharded ``generate``
-            keeps stepping ranks that are done).
+            forwards, which computed every response token's logits and the hidden state the LM head read while
+            sampling it, instead of a second forward of the policy over prompt and response. The same numbers up to
+            float rounding (the KV cache splits the sums differently: within ~1e-6 on the logits of a float32 GPT-2),
+            for one policy forward fewer per rollout; the batch's logits are then alive at once, whatever
+            ``forward_batch_size``. ``"auto"`` (default): on for a whole model, off for a sharded one (a sharded
+            ``generate`` keeps stepping ranks that are done); true is refused with ``model.fsdp``; false reproduces
+            earlier figures bit for bit.
+
+        **Mixed precision** (changes the maths, off by default):
+
         autocast_dtype: ``"bfloat16"`` computes the policy's and the reference's forwards (generation, rollout and
             update; the backward follows the forward's dtypes) under ``torch.autocast`` in bfloat16: matrix products
             in bfloat16 with float32 accumulation, while the weights, gradients and Adam's state stay in
@@ -114,16 +127,18 @@ class PPOConfig:
     kl_horizon: int = 10_000
     score_transform: Literal["none", "scale", "normalize"] = "normalize"
     score_clip: float | None = None
-    forward_batch_size: int | None = None
-    micro_batch_size: int | None = None
-    fused_kernels: bool = False
-    rollout_from_generate: bool = False
-    autocast_dtype: Literal["bfloat16"] | None = None
     adam_eps: float = 1e-8
     ratio_threshold: float | None = 10.0
     loss_reduction: Literal["minibatch_token_mean", "step_token_mean"] = "minibatch_token_mean"
     on_nonfinite: Literal["raise", "skip"] = "raise"
     max_consecutive_skips: int = 3
+    # The cost of the update, not its maths (the same update up to float rounding):
+    forward_batch_size: int | None = None
+    micro_batch_size: int | Literal["auto"] | None = "auto"
+    fused_kernels: bool = True
+    rollout_from_generate: bool | Literal["auto"] = "auto"
+    # Mixed precision (changes the maths):
+    autocast_dtype: Literal["bfloat16"] | None = None
 
     def __post_init__(self) -> None:
         positive(
@@ -153,14 +168,32 @@ class PPOConfig:
             )
         if self.kl_control == "adaptive":
             positive("ppo", self, "target_kl", "kl_horizon")
-        for name in ("max_grad_norm", "score_clip", "forward_batch_size", "micro_batch_size"):
+        for name in ("max_grad_norm", "score_clip", "forward_batch_size"):
             if getattr(self, name) is not None:
                 positive("ppo", self, name)
+        if self.micro_batch_size not in ("auto", None):
+            positive("ppo", self, "micro_batch_size")
+        if self.rollout_from_generate != "auto" and not isinstance(self.rollout_from_generate, bool):
+            raise ValueError(
+                f"ppo.rollout_from_generate must be true, false or 'auto', got {self.rollout_from_generate!r}"
+            )
+
+    def passes_of(self, sharded: bool) -> int | None:
+        """Rows per forward/backward pass of a mini-batch (None: the whole mini-batch in one untrimmed pass) for a
+        whole or a ``sharded`` model (see ``micro_batch_size``)."""
+        if self.micro_batch_size == "auto":
+            return None if sharded else AUTO_MICRO_BATCH_SIZE
+        return self.micro_batch_size
+
+    def rollout_from_generate_for(self, sharded: bool) -> bool:
+        """Whether a whole or a ``sharded`` model's rollout takes generate's own forwards (see
+        ``rollout_from_generate``)."""
+        return not sharded if self.rollout_from_generate == "auto" else bool(self.rollout_from_generate)
 
     def whole_model_settings(self) -> list[str]:
         """The settings made here that a sharded model (``model.fsdp``) cannot take, each with why."""
         reasons = []
-        if self.micro_batch_size is not None:
+        if isinstance(self.micro_batch_size, int):
             reasons.append(
                 "ppo.micro_batch_size splits a mini-batch into passes of its own, and model.fsdp needs every rank in "
                 "every pass"
@@ -170,7 +203,7 @@ class PPOConfig:
                 "ppo.autocast_dtype is mixed precision for whole models; sharded models compute in "
                 "model.fsdp_compute_dtype instead"
             )
-        if self.rollout_from_generate:
+        if self.rollout_from_generate is True:
             reasons.append(
                 "ppo.rollout_from_generate takes one logit per sampled token from generate, and a sharded generate "
                 "keeps stepping ranks that are done"

@@ -110,7 +110,7 @@ class PPOSteps:
         """
         cfg = self.config
         b = data.batch
-        plan = passes(minibatch, b, data.prompt_length, None if self.sharded else cfg.micro_batch_size)
+        plan = passes(minibatch, b, data.prompt_length, cfg.passes_of(self.sharded))
         if not plan:  # this rank holds no row of the mini-batch
             # Sharded, FSDP needs every rank in every forward and backward (in the same order): a stand-in row.
             stand_in = self._loss(b[:1], data.prompt_length)[0] if self.sharded else None

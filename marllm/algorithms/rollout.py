@@ -144,6 +144,7 @@ class RolloutCollector:
     rollouts: list[Rollout]
     actions: str
     device: torch.device
+    sharded: bool
     _rng: np.random.Generator
 
     def act(self, observation: Mapping[str, Sequence[str]], role: str | None = None) -> tuple[str, ...]:
@@ -228,7 +229,7 @@ class RolloutCollector:
     @torch.no_grad()
     def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
         started = time.perf_counter()
-        from_generate = self.config.rollout_from_generate
+        from_generate = self.config.rollout_from_generate_for(self.sharded)
         generated_batch, allowed = self._generate(prompts, capture=from_generate, legal_moves=legal_moves)
         prompt_ids, prompt_mask = generated_batch.prompt_ids, generated_batch.prompt_mask
         response, mask = generated_batch.response, generated_batch.mask

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["absolute_reference", "is_file_reference", "load_reference", "split_reference"]
+__all__ = ["absolute_reference", "is_file_reference", "load_reference", "package_version", "split_reference"]
 
 FILE_SUFFIX = ".py"
 
@@ -108,3 +109,11 @@ def _load_file(file_name: str) -> Any:
         del sys.modules[key]
         raise ValueError(f"loading Python file {str(path)!r} failed: {type(error).__name__}: {error}") from error
     return module
+
+
+def package_version(name: str) -> str:
+    """The installed version of the distribution ``name`` (``"unknown"`` where it is not installed as one)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -63,6 +63,7 @@ from marllm.utils.files import (
     tree_checksums,
     verify_checksums,
 )
+from marllm.utils.imports import package_version
 
 __all__ = [
     "CONVERSION_VERSION",
@@ -217,8 +218,6 @@ def _manifest(spec: GGUFWheelModel, root: Path, origin: dict[str, Any], metrics:
     import torch
     import transformers
 
-    import marllm
-
     return {
         "asset": f"marllm:{spec.asset}",
         "conversion_version": CONVERSION_VERSION,
@@ -227,21 +226,12 @@ def _manifest(spec: GGUFWheelModel, root: Path, origin: dict[str, Any], metrics:
         "gguf_sha256": spec.gguf_sha256,
         "source": origin,
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-        "versions": {"marllm": marllm.__version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__, "gguf": _version_of(gguf)},
+        "versions": {"marllm": package_version("marllm"), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "gguf": package_version(gguf.__name__)},
         "files": tree_checksums(root / MODEL_DIR, root),
         "metrics": metrics,
         "wall_s": wall,
     }
-
-
-def _version_of(module: Any) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(module.__name__)
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def ensure_gguf_model(spec: GGUFWheelModel = SMOLLM2, home: str | Path | None = None,

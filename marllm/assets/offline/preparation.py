@@ -46,6 +46,7 @@ from marllm.utils.files import (
     tree_checksums,
     verify_checksums,
 )
+from marllm.utils.imports import package_version
 from marllm.utils.jsonl import write_jsonl
 
 __all__ = [
@@ -335,8 +336,6 @@ def _manifest(recipe: OfflineRecipe, records: dict[str, dict[str, Any]], wall: f
     import torch
     import transformers
 
-    import marllm
-
     files: dict[str, str] = {}
     for record in records.values():
         files.update(record["files"])
@@ -346,7 +345,7 @@ def _manifest(recipe: OfflineRecipe, records: dict[str, dict[str, Any]], wall: f
         "recipe_key": recipe.key,
         "recipe": recipe.to_dict(),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-        "versions": {"marllm": marllm.__version__, "torch": torch.__version__,
+        "versions": {"marllm": package_version("marllm"), "torch": torch.__version__,
                      "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
         "files": files,
         "metrics": {
