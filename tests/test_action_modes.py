@@ -17,7 +17,7 @@ from marllm.algorithms.registry import AlgorithmOptions, build_learner
 from marllm.cli import main
 from marllm.config import config_from_dict
 from marllm.envs.games import exact_move, first_legal_move
-from marllm.models.legal_moves import generate_moves
+from marllm.models.legal_moves import generate_moves, move_tensors, packed_from_tensors, score_logprobs
 from marllm.models.move_tries import MoveTrie, move_continuations, restrict_logits
 from marllm.models.policy import ready_for_generation
 from tests.conftest import make_tiny_gpt2
@@ -260,3 +260,30 @@ def test_a_kuhn_poker_run_with_legal_actions_never_answers_illegally(tmp_path, a
     assert main([*evaluation, "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["actions"] == actions and all(row["illegal_move_rate"] == 0.0 for row in result["rows"])
+
+
+@pytest.mark.parametrize("normalization", ["none", "token", "word"])
+def test_one_token_moves_are_scored_from_one_forward_of_each_distinct_prompt(tokenizer, normalization):
+    """Every move one token (after prompts ending in whitespace): π and V come from one forward of each distinct
+    prompt, and equal the move-by-move computation and the packed path's; a repeated prompt is computed once."""
+    prompts, moves = ["i think\n", "what a\n", "i think\n"], [["a", "b"], ["1", "2", "3"], ["a", "b"]]
+    learner = score_learner(tokenizer, normalization)
+    columns = move_tensors(tokenizer, prompts, moves, False)
+    assert columns["moves"].shape[-1] == 1  # the one-forward path
+    forwards = []
+    hook = learner.model.register_forward_hook(lambda module, args, output: forwards.append(len(output.logits)))
+    with torch.no_grad():
+        table, values = learner._scores(learner.model, columns, with_values=True)
+    hook.remove()
+    assert forwards == [2]  # one forward, of the two distinct prompts
+    for row, (prompt, names) in enumerate(zip(prompts, moves, strict=True)):
+        expected = hand_score(learner.model, tokenizer, prompt, names, normalization)
+        assert table[row, : len(names)].exp().tolist() == pytest.approx(expected, abs=1e-5)
+        assert torch.isinf(table[row, len(names) :]).all()
+    torch.testing.assert_close(table[0], table[2], rtol=0, atol=0)
+    packed = packed_from_tensors(*(columns[k] for k in ("input_ids", "attention_mask", "moves", "move_words")), 0)
+    with torch.no_grad():
+        logprobs, packed_values = score_logprobs(learner.model, packed, normalization, learner.value_head)
+    torch.testing.assert_close(packed.per_row(logprobs), table, rtol=0, atol=1e-5)
+    first_moves = torch.tensor([0, 2, 5])  # each prompt's first packed row
+    torch.testing.assert_close(packed_values[first_moves].unsqueeze(1), values, rtol=0, atol=1e-5)

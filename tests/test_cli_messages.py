@@ -65,7 +65,7 @@ def test_a_stray_metrics_file_does_not_make_a_run(tmp_path, capsys):
     with pytest.raises(RunDirError) as refused:  # nor is training into it taken for a finished run to resume
         check_can_start(stray)
     assert "already holds a run" not in str(refused.value)
-    assert f"{stray} holds metrics.jsonl but no run.json or config.yaml: not a run marllm wrote" in str(refused.value)
+    assert f"{stray} holds metrics.jsonl but no run.json: not a run marllm wrote" in str(refused.value)
 
 
 @pytest.mark.parametrize("option", ["--run-dir", "--resume"])

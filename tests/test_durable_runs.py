@@ -232,7 +232,7 @@ def test_remove_run_files_leaves_other_files(tmp_path):
 
 def test_resume_checks_the_config_and_the_checkpoint(cory, tmp_path):
     run_dir = tmp_path / "run"
-    with pytest.raises(RunDirError, match="nothing to resume in .*no run there wrote"):
+    with pytest.raises(RunDirError, match="nothing to resume: run directory .* does not exist"):
         train(cory(iterations=2), run_dir, resume=True)
     train(cory(iterations=3, logging__checkpoint_every=None), run_dir)
     changed = cory(iterations=3, seed=5)

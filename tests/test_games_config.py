@@ -117,7 +117,7 @@ def test_a_game_section_needs_its_name_and_seats():
 @pytest.mark.parametrize(
     ("game", "sections", "message"),
     [
-        ({"name": "openspiel:nope"}, {}, r"game.name: OpenSpiel cannot load the game 'nope': Unknown game 'nope'"),
+        ({"name": "openspiel:nope"}, {}, r"game.name: OpenSpiel has no game 'nope' \(pyspiel.registered_names"),
         ({"name": "openspiel:kuhn_poker", "options": {"players": 3}}, {}, "take their parameters in the game string"),
         ({"name": IPD, "seats": ["llm", "minimax"]}, {}, "minimax plays tic-tac-toe only"),
         ({"name": IPD}, {"ppo": {"mini_batch_size": 4}}, r"ends its game early .*game.illegal: random"),

@@ -263,7 +263,7 @@ def illegal_in_game_0(observation):
     return tuple("no idea" if b == 0 else moves[0] for b, moves in rows)
 
 
-@pytest.mark.parametrize("forfeit_payoffs,loser,other", [(None, -1.0, 0.0), ((-2.0, 1.5), -2.0, 1.5)])
+@pytest.mark.parametrize("forfeit_payoffs,loser,other", [(None, -1.0, 1.0), ((-2.0, 1.5), -2.0, 1.5)])
 def test_forfeit_ends_the_game_with_the_loss_payoff(forfeit_payoffs, loser, other):
     environment = BatchedGameEnv(tictactoe_v3.env, batch_size=2, forfeit_payoffs=forfeit_payoffs)
     moves, final = play(environment, answer=illegal_in_game_0)
@@ -284,7 +284,7 @@ def test_forfeit_ends_the_game_with_the_loss_payoff(forfeit_payoffs, loser, othe
 def test_forfeit_payoff_of_an_openspiel_game_is_its_minimum_utility():
     environment = BatchedGameEnv(openspiel_factory("kuhn_poker"), batch_size=2)
     _, final = play(environment, answer=illegal_in_game_0)
-    assert environment.records[0].payoffs == {"player_0": -2.0, "player_1": 0.0}
+    assert environment.records[0].payoffs == {"player_0": -2.0, "player_1": 2.0}  # zero-sum: the winner's +2
     assert final["player_0"]["payoffs"][0] == -2.0
 
 

@@ -21,6 +21,7 @@ from marllm.run.run_dir import (
     LOCK_FILE,
     RUN_FILES,
     DirectoryInUseError,
+    RunDirError,
     hold_run_dir,
     holds_run,
     read_run_state,
@@ -191,7 +192,6 @@ def test_overwrite_removes_only_marllms_files_from_its_directories(cory, tmp_pat
         "tensorboard/mine.txt": "a",
         "training_state/mine.txt": "b",
         "checkpoints/mine.txt": "c",
-        "checkpoints/llm1/notes.txt": "d",
         "checkpoints/mine/model.bin": "e",
         "notes.txt": "f",
     }
@@ -199,9 +199,13 @@ def test_overwrite_removes_only_marllms_files_from_its_directories(cory, tmp_pat
         (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / name).write_text(text)
 
+    (run_dir / "checkpoints" / "llm1" / "notes.txt").write_text("d")  # inside an export: refused, not deleted
+    with pytest.raises(RunDirError, match="hold files marllm did not write: checkpoints/llm1/notes.txt; move them"):
+        train(cory(iterations=1, logging__tensorboard=True), run_dir, overwrite=True)
+    (run_dir / "checkpoints" / "llm1" / "notes.txt").rename(run_dir / "moved_notes.txt")
     with pytest.warns(UserWarning, match="kept what is not marllm's") as warned:
         result = train(cory(iterations=1, logging__tensorboard=True), run_dir, overwrite=True)
-    kept = "checkpoints/llm1/notes.txt, checkpoints/mine, checkpoints/mine.txt, tensorboard/mine.txt, "
+    kept = "checkpoints/mine, checkpoints/mine.txt, tensorboard/mine.txt, "
     messages = [str(warning.message) for warning in warned if "kept what" in str(warning.message)]
     assert len(messages) == 1 and messages[0].endswith(kept + "training_state/mine.txt")
     assert {name: (run_dir / name).read_text() for name in mine} == mine
@@ -212,8 +216,7 @@ def test_overwrite_removes_only_marllms_files_from_its_directories(cory, tmp_pat
     events = sorted(path.name for path in (run_dir / "tensorboard").iterdir() if path.name != "mine.txt")
     assert len(events) == 1 and events[0] not in old_events
     # this run exported nothing: the earlier export is gone, the user's files stay
-    assert sorted(path.name for path in (run_dir / "checkpoints").iterdir()) == ["llm1", "mine", "mine.txt"]
-    assert sorted(path.name for path in (run_dir / "checkpoints" / "llm1").iterdir()) == ["notes.txt"]
+    assert sorted(path.name for path in (run_dir / "checkpoints").iterdir()) == ["mine", "mine.txt"]
     assert not (run_dir / LOCK_FILE).exists()
 
 

@@ -26,6 +26,7 @@ from marllm.models.devices import autocast_for
 from marllm.models.legal_moves import (
     NORMALIZATIONS,
     PackedMoves,
+    first_token_scores,
     move_tensors,
     pack_moves,
     packed_from_tensors,
@@ -85,17 +86,29 @@ class ActionPPOLearner(PPOLearner):
             self.tokenizer.pad_token_id,
         )
 
-    def _scores(self, model: Any, packed: PackedMoves, with_values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, M) log π(· | s) over each row's legal moves (−inf past them) and (B, 1) V(s), or None."""
+    def _scores(
+        self, model: Any, columns: Mapping[str, torch.Tensor], with_values: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, M) log π(· | s) over each row's legal moves (−inf past them) and (B, 1) V(s), or None.
+
+        Each distinct (prompt, legal moves) is computed once (a game's batch repeats its information states: Kuhn
+        poker has 12), and where every move is one token, from one forward of the prompt alone
+        (:func:`~marllm.models.legal_moves.first_token_scores`); else every move is a packed row of its own.
+        """
+        first, inverse = _distinct_rows(columns)
+        distinct = {key: columns[key][first] for key in ("input_ids", "attention_mask", "moves", "move_words")}
+        value_head = self.value_head if with_values else None
         with autocast_for(model, self.config.autocast_dtype):
-            logprobs, values = score_logprobs(
-                model, packed, self.normalization, self.value_head if with_values else None
-            )
-        table = packed.per_row(logprobs.to(self.device))
-        if values is None:
-            return table, None
-        first = torch.tensor([0, *packed.counts[:-1]], device=values.device).cumsum(0)  # each row's first move
-        return table, values[first].float().unsqueeze(1)
+            if distinct["moves"].shape[-1] == 1:
+                table, values = first_token_scores(model, *distinct.values(), self.normalization, value_head)
+            else:
+                packed = self._packed(distinct)
+                logprobs, packed_values = score_logprobs(model, packed, self.normalization, value_head)
+                table = packed.per_row(logprobs)
+                start = torch.tensor([0, *packed.counts[:-1]], device=logprobs.device).cumsum(0)  # each row's first
+                values = None if packed_values is None else packed_values[start].float().unsqueeze(1)
+        table = table.to(self.device)[inverse]
+        return table, None if values is None else values.to(self.device)[inverse]
 
     @torch.no_grad()
     def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
@@ -103,13 +116,12 @@ class ActionPPOLearner(PPOLearner):
         assert legal_moves is not None
         self.activate()
         columns = move_tensors(self.tokenizer, prompts, legal_moves, self.generation.chat_template, self.device)
-        packed = self._packed(columns)
-        table, values = self._scores(self.model, packed, with_values=True)
+        table, values = self._scores(self.model, columns, with_values=True)
         action = torch.multinomial(table.exp(), 1)  # (B, 1): one move per row
         with self.reference_model() as reference:
             on = next(reference.parameters()).device
             ref_columns = {key: value.to(on) for key, value in columns.items()}
-            ref_table, _ = self._scores(reference, self._packed(ref_columns), with_values=False)
+            ref_table, _ = self._scores(reference, ref_columns, with_values=False)
         legal = torch.isfinite(table)
         kl_full = torch.where(legal, table.exp() * (table - ref_table), 0.0).sum(1, keepdim=True)  # exact, (B, 1)
         logprobs, ref_logprobs = table.gather(1, action), ref_table.gather(1, action)
@@ -130,7 +142,7 @@ class ActionPPOLearner(PPOLearner):
         return Rollout(prompts, texts, columns["input_ids"].shape[1], tensors, role=role, timings=timings)
 
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
-        table, values = self._scores(self.model, self._packed(mb), with_values=True)
+        table, values = self._scores(self.model, mb, with_values=True)
         logprobs = table.gather(1, mb.response)  # (b, 1): the moves drawn
         loss, parts = self._objective(mb, logprobs, values)
         with torch.no_grad():
@@ -138,6 +150,20 @@ class ActionPPOLearner(PPOLearner):
             parts["entropy"] = (-plogp.sum(1)).mean().item()
             parts["ratio"] = torch.exp(logprobs - mb.logprobs).mean().item()
         return loss, parts
+
+
+def _distinct_rows(columns: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first row of each distinct (prompt, legal moves) of ``columns``, and each row's index among them."""
+    keys = torch.cat([columns["attention_mask"] * (columns["input_ids"] + 1), columns["moves"].flatten(1)], 1)
+    index_of: dict[tuple[int, ...], int] = {}
+    first, inverse = [], []
+    for row, key in enumerate(map(tuple, keys.tolist())):
+        if key not in index_of:
+            index_of[key] = len(first)
+            first.append(row)
+        inverse.append(index_of[key])
+    device = columns["input_ids"].device
+    return torch.tensor(first, dtype=torch.long, device=device), torch.tensor(inverse, dtype=torch.long, device=device)
 
 
 @register_learner("ppo:score")

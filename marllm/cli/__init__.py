@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,10 @@ def parser() -> argparse.ArgumentParser:
 def _add_train(commands: Any) -> None:
     train = commands.add_parser("train", help="train from a YAML config")
     train.add_argument("config", help="YAML config file, e.g. examples/cory_imdb.yaml")
-    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. ppo.learning_rate=1e-5 iterations=3")
+    # default=[]: an empty list of overrides is not a missing argument (argparse would name it as required)
+    train.add_argument(
+        "overrides", nargs="*", default=[], help="dotted overrides, e.g. ppo.learning_rate=1e-5 iterations=3"
+    )
     train.add_argument("--run-dir", default=None, help="where to write the run (default: config run_dir or runs/NAME)")
     train.add_argument(
         "--resume",
@@ -257,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run (a missing file, an unreachable hub, a bad dataset …) one ``marllm: error: …`` line and status 1."""
     wait_briefly_when_idle()  # before any command imports torch
     args = _parse(argv)
+    formatting, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:
         return args.handler(args)
     except ConfigError as error:
@@ -273,6 +278,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _print_error("error", error)
         return 1
+    finally:
+        warnings.formatwarning = formatting
+
+
+def _format_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """A warning as the CLI prints it: ``marllm: warning: …`` on one line, without the source line under it (the
+    category and the place too for a warning that is not a plain ``UserWarning`` or ``RuntimeWarning``)."""
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    if category not in (UserWarning, RuntimeWarning):
+        text = f"{category.__name__}: {text} ({Path(filename).name}:{lineno})"
+    return f"marllm: warning: {text}\n"
 
 
 def _print_error(kind: str, error: BaseException) -> None:

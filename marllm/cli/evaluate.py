@@ -16,6 +16,10 @@ def run_eval(args: argparse.Namespace) -> int:
     from marllm.config import load_config
 
     config = load_config(args.config, args.overrides)
+    if args.checkpoint:  # a run directory stands for every learner it saved, in every mode
+        from marllm.evaluation.cross_play import expand_checkpoints
+
+        args.checkpoint = expand_checkpoints(args.checkpoint)
     game_flags = args.games is not None or args.opponent is not None or args.round_robin or args.exploitability
     if config.game is not None or game_flags:
         from marllm.cli.eval_game import eval_game
@@ -72,12 +76,11 @@ def add_eval(commands: Any) -> None:
         "--pass-k their pass@k deployed alone, with --cross-play their cross-play matrix",
     )
     evaluate.add_argument("config", help="the run's YAML config (task, roles, templates, model, generation settings)")
-    evaluate.add_argument("overrides", nargs="*", help="dotted overrides")
+    evaluate.add_argument("overrides", nargs="*", default=[], help="dotted overrides")
     evaluate.add_argument(
         "--checkpoint",
         action="append",
-        help="RUN_DIR/checkpoints/LEARNER, 'base', or (with --cross-play) a RUN_DIR for all its learners "
-        "(repeatable; default: base)",
+        help="RUN_DIR/checkpoints/LEARNER, 'base', or a RUN_DIR for all its learners (repeatable; default: base)",
     )
     evaluate.add_argument(
         "--cross-play",

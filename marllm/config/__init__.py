@@ -13,9 +13,10 @@ from marllm.algorithms.critic_free_config import ALGORITHMS, CriticFreeConfig
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import CAUSAL_LMS
 from marllm.assets.references import check_model_reference
-from marllm.config.custom_tasks import absolute_task_references, task_class
+from marllm.config.custom_tasks import task_class
 from marllm.config.game import GameConfig
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml, to_dict
+from marllm.config.paths import absolute_config_paths
 from marllm.config.prompts import check_template_fields
 from marllm.config.sections import AgentsConfig, EnvConfig, LoggingConfig, ModelConfig
 from marllm.envs.templates import check_template_keys
@@ -342,10 +343,10 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read a YAML config and apply ``section.key=value`` overrides. A file that ``task.name`` or ``task.reward``
-    names by path (``rewards.py:haggle``) is relative to the config file's folder."""
+    """Read a YAML config and apply ``section.key=value`` overrides; its paths are made absolute, relative to the
+    config file's folder (an override's, to the working directory): see :mod:`marllm.config.paths`."""
     data = apply_overrides(read_yaml(path), overrides)
-    return config_from_dict(absolute_task_references(data, Path(path).resolve().parent))
+    return config_from_dict(absolute_config_paths(data, Path(path).resolve().parent, overrides))
 
 
 # What a resumed run may change: where it is written, what it logs and evaluates, whether remote code may load,

@@ -138,6 +138,9 @@ class GameConfig:
             over the legal moves, each scored by the model's likelihood of its name after the prompt, normalised
             by ``action_normalization``; action-level PPO with a value head on the prompt's last hidden state; for
             ``ppo``). ``marllm eval`` plays with the same mode.
+        max_moves: answers per game (every seat's) after which a game still on is ended as a draw (payoff 0 to
+            every seat), with a warning and the metric ``game/capped_rate``; null: the game's own bound where it has
+            one (an OpenSpiel game's maximum length), else 1000.
         action_normalization: ``score``'s normalisation of a move's log-likelihood: ``none`` (the sum over its
             tokens: favours short names), ``token`` (the mean per token, TWOSOME's token normalisation) or ``word``
             (the sum divided by the name's words, TWOSOME's word normalisation).
@@ -162,6 +165,7 @@ class GameConfig:
     exploitability_samples: int = 64
     actions: str = "generate"
     action_normalization: str = "token"
+    max_moves: int | None = None
     info: GameInfo = field(init=False, repr=False, compare=False)
     """The game, described (:func:`~marllm.envs.games.catalog.describe_game`): its seats and kind."""
 
@@ -174,6 +178,8 @@ class GameConfig:
         choice("game", self, "illegal", ILLEGAL_POLICIES)
         choice("game", self, "actions", ACTIONS)
         choice("game", self, "action_normalization", ACTION_NORMALIZATIONS)
+        if self.max_moves is not None and self.max_moves < 1:
+            raise ValueError(f"game.max_moves must be an integer >= 1 (answers per game) or null, got {self.max_moves}")
         if not 0 < self.discount <= 1:
             raise ValueError(f"game.discount must be a number in (0, 1], got {self.discount}")
         if not (self.illegal_penalty >= 0 and math.isfinite(self.illegal_penalty)):

@@ -92,8 +92,10 @@ def check_templates(
     roles: list[str],
     columns: list[str],
     turns: list[str],
+    dataset: Any = None,
 ) -> dict[str, PromptTemplate | PromptFn]:
-    """One prompt function per turn name; a str template's fields must be columns or earlier roles and turns."""
+    """One prompt function per turn name; a str template's fields must be columns or earlier roles and turns, and
+    every row of ``dataset`` (when given) must hold a value for each column field (:func:`check_row_values`)."""
     names = turn_names(turns)
     if isinstance(templates, Mapping):
         check_template_keys(templates, roles, turns)
@@ -109,5 +111,31 @@ def check_templates(
         if isinstance(fn, PromptTemplate):
             earlier = list(dict.fromkeys(turns[:k])) + names[:k]
             fn.check(describe_turn(turns, roles, k), columns, earlier)
+            if dataset is not None:
+                check_row_values(fn, describe_turn(turns, roles, k), dataset, earlier)
         checked[name] = fn
     return checked
+
+
+def check_row_values(template: PromptTemplate, who: str, rows: Any, earlier: Sequence[str] = ()) -> None:
+    """Refuse rows that hold no value (null, or no such key) for a sample field of ``template``: the prompt would
+    read ``None``. ``rows`` is a ``datasets.Dataset`` or a list of dicts; ``earlier`` are the fields that are earlier
+    turns' responses (not checked); ``who`` names the turn (``role 'seller'``).
+
+    Raises:
+        ValueError: naming the first such row (counting from 0), the field and the template's turn.
+    """
+    columns = getattr(rows, "column_names", None)
+    for name in dict.fromkeys(template.fields):
+        if name in earlier:
+            continue
+        if columns is not None:
+            values = rows[name] if name in columns else ()
+        else:
+            values = [row.get(name) if isinstance(row, Mapping) else None for row in rows]
+        for row, value in enumerate(values):
+            if value is None:
+                raise ValueError(
+                    f"dataset row {row} (counting from 0) has no value for {name!r} (null or missing), which the "
+                    f"prompt template of {who} uses; give every row a {name!r}, or leave {{{name}}} out of the template"
+                )

@@ -148,7 +148,7 @@ class SequentialTextEnv(AECEnv):
                 "(a new shuffled pass starts when one runs out)",
                 stacklevel=2,
             )
-        self.templates = check_templates(templates, self.roles, columns, self.turns)
+        self.templates = check_templates(templates, self.roles, columns, self.turns, dataset)
         self.reward_fn = reward_fn
         self.role_rewards = rewards_by_role(reward_fn, self.roles)
         self._wants_context = {role: wants_context(fn) for role, fn in self.role_rewards.items()}

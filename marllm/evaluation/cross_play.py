@@ -241,8 +241,17 @@ def expand_checkpoints(entries: Iterable[str]) -> list[str]:
         elif (path / "checkpoints").is_dir():
             learners = sorted(p for p in (path / "checkpoints").iterdir() if p.is_dir())
             if not learners:
-                raise FileNotFoundError(f"run directory {entry!r} has no saved learner under checkpoints/")
+                raise FileNotFoundError(
+                    f"run directory {entry!r} has no saved learner under checkpoints/ (a run exports its learners "
+                    "there when it ends, with logging.save_checkpoint: true)"
+                )
             expanded.extend(str(p) for p in learners)
+        elif path.is_dir() and (path / "training_state").is_dir():  # a run that exported nothing
+            raise FileNotFoundError(
+                f"run directory {entry!r} has no saved learner (no checkpoints/): a run exports its learners when "
+                "it ends, with logging.save_checkpoint: true; finish it with marllm train --resume, or give "
+                "RUN_DIR/checkpoints/LEARNER of another run"
+            )
         elif path.is_dir():
             expanded.append(entry)
         else:

@@ -24,7 +24,7 @@ from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.envs.reward_context import alone_context
 from marllm.envs.reward_context import score as score_reward
-from marllm.envs.templates import as_prompt_fn
+from marllm.envs.templates import PromptTemplate, as_prompt_fn, check_row_values
 from marllm.evaluation.pass_at_k import mean_pass_at_k
 from marllm.models.generation import generate_responses
 from marllm.models.lora import load_adapter_checkpoint
@@ -157,6 +157,8 @@ def score_alone(reward_fn: Any, role: str, samples: list[dict[str, Any]], texts:
 def deployed_prompts(config: TrainConfig, rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The prompt of each row for a model deployed alone: the first role's template, with no earlier turn."""
     template = as_prompt_fn(config.deployed_template())
+    if isinstance(template, PromptTemplate):  # a row without a field the prompt uses is refused, not rendered "None"
+        check_row_values(template, f"role {config.env.roles[0]!r}", rows)
     return [template(row, {}) for row in rows]
 
 

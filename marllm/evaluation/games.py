@@ -341,6 +341,7 @@ def play_matches(
             illegal=game.illegal,
             discount=game.discount,
             illegal_penalty=game.illegal_penalty,
+            max_moves=game.max_moves,
             seed=seed + start,
         )
         player, other = source(seed + start), opponent_source(seed + start)

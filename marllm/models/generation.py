@@ -122,7 +122,8 @@ def check_prompt_lengths(
             raise PromptTooLongError(
                 f"{owner}: prompt {i} has {int(lengths[i])} tokens; with up to {budget} new tokens it exceeds the "
                 f"model context of {context} ({len(too_long)} prompt(s) too long; prompt {i} starts "
-                f"{prompts[i][:80]!r}). Shorten the prompt template or the query, or lower max_new_tokens."
+                f"{prompts[i][:80]!r}). Shorten the prompt (env.templates or game.templates, or what it shows: a "
+                "task's query, a game's state), lower generation.max_new_tokens, or use a model of longer context"
             )
 
 

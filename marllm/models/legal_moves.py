@@ -177,15 +177,47 @@ def score_logprobs(
     prompt's last hidden state) when ``value_head`` is given. Differentiable; one forward of the packed rows."""
     logits, values = response_forward(model, packed.input_ids, packed.attention_mask, packed.prompt_length, value_head)
     likelihood = (token_logprobs(logits, packed.response) * packed.mask).sum(1)  # (N,)
-    if normalization == "token":
-        likelihood = likelihood / packed.mask.sum(1)
-    elif normalization == "word":
-        likelihood = likelihood / packed.words
-    elif normalization != "none":
-        raise ValueError(f"action normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}")
+    likelihood = normalized_likelihood(likelihood, packed.mask.sum(1), packed.words, normalization)
     logprobs = torch.log_softmax(packed.per_row(likelihood), dim=1)  # (B, M): over each prompt's legal moves
     columns = torch.cat([torch.arange(n, device=logprobs.device) for n in packed.counts])
     return logprobs[packed.rows, columns], None if values is None else values[:, 0]
+
+
+def normalized_likelihood(
+    likelihood: torch.Tensor, tokens: torch.Tensor, words: torch.Tensor, how: str
+) -> torch.Tensor:
+    """A move's log-likelihood (summed over its ``tokens``) normalised by ``how``: ``none``, ``token`` (per token) or
+    ``word`` (per word of its name)."""
+    if how == "token":
+        return likelihood / tokens
+    if how == "word":
+        return likelihood / words
+    if how != "none":
+        raise ValueError(f"action normalization must be one of {list(NORMALIZATIONS)}, got {how!r}")
+    return likelihood
+
+
+def first_token_scores(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    moves: torch.Tensor,
+    move_words: torch.Tensor,
+    normalization: str,
+    value_head: ValueHead | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(· | s) over each row's legal moves (B, M; −inf past them) when every move is one token (``moves`` (B, M,
+    1) of :func:`move_tensors`), and V(s) (B, 1) or None: one forward of each prompt, whose last position's
+    distribution scores every move at once. Differentiable."""
+    legal = moves[:, :, 0] >= 0  # (B, M)
+    first = moves[:, :1, 0]  # (B, 1): any token after the prompt; only the logits before it are read
+    input_ids, attention_mask = torch.cat([input_ids, first], 1), torch.cat([attention_mask, torch.ones_like(first)], 1)
+    logits, values = response_forward(model, input_ids, attention_mask, input_ids.shape[1] - 1, value_head)
+    logprobs = torch.log_softmax(logits[:, 0].float(), -1)  # (B, V): the next token after each prompt
+    likelihood = logprobs.gather(1, moves[:, :, 0].clamp_min(0))  # (B, M)
+    scores = normalized_likelihood(likelihood, torch.ones_like(likelihood), move_words[:, :, 0].float(), normalization)
+    table = torch.log_softmax(scores.masked_fill(~legal, -torch.inf), dim=1)
+    return table, None if values is None else values.float()
 
 
 def constrained_logprobs(

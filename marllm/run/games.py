@@ -66,6 +66,7 @@ def build_game_env(config: TrainConfig) -> AECEnv:
         illegal=game.illegal,
         discount=game.discount,
         illegal_penalty=game.illegal_penalty,
+        max_moves=game.max_moves,
         seed=config.seed,
     )
     env = wrap_for_agents(env, config, seat_slots(game.parsed_seats()))
@@ -130,7 +131,9 @@ def seat_players(config: TrainConfig, learners: dict[str, Any]) -> tuple[dict[st
     return players, opponents
 
 
-AGGREGATED = ("payoff", "win_rate", "draw_rate", "loss_rate", "forfeit_rate", "moves_per_game", "game_length")
+AGGREGATED = (
+    "payoff", "win_rate", "draw_rate", "loss_rate", "forfeit_rate", "capped_rate", "moves_per_game", "game_length"
+)
 """The metrics ``<learner>/game/<metric>`` averages over the seats the learner played this iteration (each seat's
 games counting once); its ``illegal_move_rate`` is over all its answers, and in a social dilemma its
 ``cooperation_rate`` over all its legal answers."""

@@ -1,7 +1,9 @@
 """Resuming a run: the checkpoint a resumed run starts from, checked against its config, and loaded.
 
 A resume that fails before it trains changes nothing in the run directory; its errors say what is wrong and what
-can be done: resume from an older checkpoint the run keeps (``logging.keep_checkpoints``), or start again.
+can be done: resume from an older checkpoint the run keeps (``logging.keep_checkpoints``), or start again. A damaged
+newest checkpoint (a file missing, cut short or changed: sizes and sha256 are checked) is skipped with a warning, and
+the run resumes from the newest intact one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 from marllm.config import TrainConfig, resume_differences
 from marllm.config.loading import ConfigError
 from marllm.run.checkpoint import CheckpointError, CheckpointInfo, checkpoints, load_checkpoint
+from marllm.run.checkpoint_store import check_files, read_manifest
 from marllm.run.run_dir import CONFIG_FILE, RunDirError, read_run_state
 
 if TYPE_CHECKING:
@@ -21,7 +24,7 @@ if TYPE_CHECKING:
 
     from marllm.algorithms.learner import Learner
 
-START_AGAIN = "start it again with --overwrite (overwrite=True)"
+START_AGAIN = "start it again with --overwrite"
 
 
 def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
@@ -32,19 +35,24 @@ def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
         ConfigError: ``config`` differs from the checkpoint's in a key that changes training, or asks for fewer
             iterations than the checkpoint has completed.
     """
-    found = checkpoints(run_dir) if run_dir.is_dir() else []
-    if not any(isinstance(entry, CheckpointInfo) for entry in found):
-        if found:
-            damaged = "; ".join(str(error) for error in found)
-            raise RunDirError(f"nothing to resume in {run_dir}: {damaged}; it keeps no other checkpoint: {START_AGAIN}")
-        state = read_run_state(run_dir) if run_dir.is_dir() else None
+    if not run_dir.is_dir():
+        raise RunDirError(
+            f"nothing to resume: run directory {run_dir} does not exist; give the directory a run was trained into "
+            f"(--resume RUN_DIR, or its config's run_dir), or start a new run there without --resume"
+        )
+    found = checkpoints(run_dir)
+    checkpoint, damaged = _first_intact(found)
+    if checkpoint is None:
+        if damaged:
+            listed = "; ".join(str(error) for error in damaged)
+            raise RunDirError(f"nothing to resume in {run_dir}: {listed}; it keeps no other checkpoint: {START_AGAIN}")
+        state = read_run_state(run_dir)
         what = f"its run ({state.describe()}) stopped before" if state else "no run there wrote"
         raise RunDirError(
             f"nothing to resume in {run_dir}: {what} its first training checkpoint (logging.checkpoint_every); "
             f"{START_AGAIN}"
         )
-    checkpoint = next(entry for entry in found if isinstance(entry, CheckpointInfo))
-    for error in found[: found.index(checkpoint)]:  # newer ones, damaged: the run goes on from an older one
+    for error in damaged:  # newer ones, damaged: the run goes on from an older one
         warnings.warn(f"skipping a damaged checkpoint: {error}", RuntimeWarning, stacklevel=2)
     saved = checkpoint.extra.get("config")
     if not isinstance(saved, dict):
@@ -76,12 +84,30 @@ def load_to_resume(
     try:
         return load_checkpoint(checkpoint.path, learners, env)
     except CheckpointError as error:
-        older = [e for e in checkpoints(run_dir) if isinstance(e, CheckpointInfo) and e.path != checkpoint.path]
-        if older:
+        older = [e for e in checkpoints(run_dir) if not isinstance(e, CheckpointInfo) or e.path != checkpoint.path]
+        intact, _ = _first_intact(older)  # checked before it is named: the advice must not lead to a second refusal
+        if intact is not None:
             advice = (
-                f"it also keeps {older[0].path.name} (logging.keep_checkpoints): to resume from that, move "
+                f"it also keeps {intact.path.name} (logging.keep_checkpoints), intact: to resume from that, move "
                 f"{checkpoint.path} out of the run directory (or delete it) and resume again; or {START_AGAIN}"
             )
         else:
-            advice = f"it keeps no older checkpoint (logging.keep_checkpoints): {START_AGAIN}"
+            advice = f"it keeps no other intact checkpoint (logging.keep_checkpoints): {START_AGAIN}"
         raise CheckpointError(f"cannot resume: {error}; the run is left as it was, and {advice}") from error
+
+
+def _first_intact(found: list[CheckpointInfo | CheckpointError]) -> tuple[CheckpointInfo | None, list[CheckpointError]]:
+    """The newest checkpoint of ``found`` whose files match their manifest's sizes and sha256 (None if none does),
+    and the errors of the damaged ones newer than it: a changed byte is damage as a cut-short file is."""
+    damaged = []
+    for entry in found:
+        if isinstance(entry, CheckpointError):
+            damaged.append(entry)
+            continue
+        try:
+            check_files(entry.path, read_manifest(entry.path), verify_hashes=True)
+        except CheckpointError as error:
+            damaged.append(error)
+            continue
+        return entry, damaged
+    return None, damaged

@@ -3,9 +3,11 @@
 A run directory holds ``config.yaml``, ``run.json`` (what the run is and how far it got), ``metrics.jsonl`` and
 ``samples.jsonl`` (one line per iteration, appended as it goes), ``tensorboard/``, ``training_state/`` (the
 checkpoints a run resumes from, see :mod:`marllm.run.checkpoint`), and when training ends ``checkpoints/`` (each learner
-exported for ``marllm eval``), ``eval_samples.jsonl`` and ``pass_at_k.json``; and ``.marllm.lock``, the lock of the
-process that owns the directory (:func:`hold_run_dir`). Nothing else in it is marllm's, and in ``tensorboard/``,
-``training_state/`` and ``checkpoints/`` only the entries marllm's writers create there are (:func:`run_entries`).
+exported for ``marllm eval``), ``eval_samples.jsonl`` and ``pass_at_k.json``; ``report/`` once ``marllm report``
+writes it there; and ``.marllm.lock``, the lock of the process that owns the directory (:func:`hold_run_dir`). Nothing
+else in it is marllm's, and in its directories only the entries marllm's writers create there are
+(:mod:`marllm.run.run_files`). marllm writes over no file it did not write: a new run is refused in a directory that
+holds files under those names and no run of marllm's, and ``overwrite`` deletes marllm's files only, saying which.
 
 One process at a time owns a run directory: :func:`marllm.run.train.train` holds its lock for the whole run, and
 another process that tries to train into it is refused with the owner's PID. The lock is ``flock``'s, so it ends with
@@ -21,61 +23,38 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import warnings
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from marllm.run.checkpoint_store import is_checkpoint_entry
-from marllm.utils.files import LockHeldError, exclusive_lock
-
-CONFIG_FILE = "config.yaml"
-RUN_FILE = "run.json"
-METRICS_FILE = "metrics.jsonl"
-SAMPLES_FILE = "samples.jsonl"
-EVAL_FILE = "eval_samples.jsonl"
-PASS_AT_K_FILE = "pass_at_k.json"
-TENSORBOARD_DIR = "tensorboard"
-EXPORT_DIR = "checkpoints"
-# marllm.run.checkpoint.CHECKPOINTS_DIR (kept light: the report imports this module)
-TRAINING_STATE_DIR = "training_state"
-
-# The lock of the process that owns a run directory (also of a study's and the main job's directories); it does not
-# make a directory a run (:func:`holds_run`), and ``overwrite`` leaves it (the process that overwrites holds it).
-LOCK_FILE = ".marllm.lock"
-
-# Everything ``overwrite`` removes (in the directories, marllm's entries only: :func:`run_entries`); anything else in
-# a run directory is left alone. With LOCK_FILE, these are all of marllm's files in a run directory.
-RUN_FILES = (
+from marllm.run.run_files import (  # noqa: F401 - the run directory's names, re-exported
     CONFIG_FILE,
-    RUN_FILE,
-    METRICS_FILE,
-    SAMPLES_FILE,
+    END_OF_RUN_FILES,
     EVAL_FILE,
-    PASS_AT_K_FILE,
-    TENSORBOARD_DIR,
     EXPORT_DIR,
+    EXPORT_ENTRIES,
+    LOCK_FILE,
+    METRICS_FILE,
+    OVERWRITTEN,
+    PASS_AT_K_FILE,
+    RECORD_FILES,
+    REPORT_DIR,
+    RUN_FILE,
+    RUN_FILES,
+    SAMPLES_FILE,
+    TENSORBOARD_DIR,
+    TENSORBOARD_EVENTS_PREFIX,
     TRAINING_STATE_DIR,
+    describe_entries,
+    foreign_export_files,
+    names_in_the_way,
+    remove_run_files,
+    run_entries,
 )
-# What a learner's export (marllm.algorithms.learner_checkpoint, LearnerCheckpoint.save) writes in
-# ``checkpoints/LEARNER/``, with what earlier marllm versions wrote there (kept light: the report imports this module).
-EXPORT_ENTRIES = (
-    "policy",
-    "learner_state.safetensors",
-    "learner_state.json",
-    "manifest.json",
-    "learner_state.pt",
-    "value_head.safetensors",
-)
-# The files TensorBoard's SummaryWriter writes in ``tensorboard/``.
-TENSORBOARD_EVENTS_PREFIX = "events.out.tfevents."
-# Written after training ends: they describe a finished training, so a resumed run drops them until it ends.
-END_OF_RUN_FILES = (EVAL_FILE, PASS_AT_K_FILE)
-# marllm's record of a run, written first when a run starts: a directory holding neither is not a run's (a stray
-# ``metrics.jsonl`` does not make one).
-RECORD_FILES = (RUN_FILE, CONFIG_FILE)
+from marllm.utils.files import LockHeldError, exclusive_lock
 
 Status = Literal["running", "interrupted", "failed", "finished"]
 # "unknown": a run.json from before statuses were recorded, with fewer metric lines than its iterations.
@@ -219,28 +198,63 @@ def _jsonl_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield text, record
 
 
+def holds_marllm_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run marllm wrote: a run (:func:`holds_run`) with its record (:func:`has_run_record`).
+    ``overwrite`` deletes only such a run."""
+    return holds_run(run_dir) and has_run_record(run_dir)
+
+
 def check_can_start(run_dir: Path) -> None:
-    """Refuse to start a new run in a directory that holds one (or is a file).
+    """Refuse to start a new run in a directory that holds one, holds files under marllm's names that are not a
+    run's (a user's ``config.yaml``: marllm writes over no file it did not write), or is a file.
 
     Raises:
-        RunDirError: saying how far the run there got, and how to resume it or start again.
+        RunDirError: saying how far the run there got and how to resume it or start again, or which files are in the
+            way and what to do.
     """
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} is a file")
     state = read_run_state(run_dir)
-    if state is None:
-        return
-    if not has_run_record(run_dir):
-        found = sorted({entry.relative_to(run_dir).parts[0] for entry in run_entries(run_dir, RUN_FILES)})
+    if state is not None and has_run_record(run_dir):
         raise RunDirError(
-            f"{run_dir} holds {', '.join(found)} but no {RUN_FILE} or {CONFIG_FILE}: not a run marllm wrote, nor one "
-            "it can resume; train into another --run-dir, or delete marllm's files there and start again with "
-            "--overwrite (overwrite=True)"
+            f"{run_dir} already holds a run ({state.describe()}); continue it from its latest checkpoint with "
+            "--resume, or delete its files and start again with --overwrite"
         )
-    raise RunDirError(
-        f"{run_dir} already holds a run ({state.describe()}); continue it from its latest checkpoint with "
-        "--resume (resume=True), or delete its files and start again with --overwrite (overwrite=True)"
-    )
+    _refuse_files_in_the_way(run_dir)
+
+
+def check_can_overwrite(run_dir: Path) -> None:
+    """Refuse an ``overwrite`` that would delete files marllm did not write: files under marllm's names in a
+    directory that holds no run of marllm's, or a user's files inside a learner's export (``checkpoints/LEARNER/``,
+    where the new run's export goes). Nothing is deleted when refused.
+
+    Raises:
+        RunDirError: naming the files and saying what to do.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run directory {run_dir} is a file")
+    if not run_dir.is_dir():
+        return
+    if not holds_marllm_run(run_dir):
+        _refuse_files_in_the_way(run_dir)
+        return
+    foreign = foreign_export_files(run_dir)
+    if foreign:
+        listed = ", ".join(path.relative_to(run_dir).as_posix() for path in foreign)
+        raise RunDirError(
+            f"--overwrite would delete the learners' exports in {run_dir / EXPORT_DIR}, which hold files marllm did "
+            f"not write: {listed}; move them out of {run_dir / EXPORT_DIR} and run again"
+        )
+
+
+def _refuse_files_in_the_way(run_dir: Path) -> None:
+    """Refuse a directory without a run of marllm's that holds files under the names marllm train writes."""
+    found = names_in_the_way(run_dir) if run_dir.is_dir() else []
+    if found:
+        raise RunDirError(
+            f"{run_dir} holds {', '.join(found)} but no {RUN_FILE}: not a run marllm wrote, and marllm train writes "
+            f"over no file it did not write; move them out of {run_dir}, or train into another --run-dir"
+        )
 
 
 def create_run_dir(run_dir: Path) -> Path | None:
@@ -299,92 +313,31 @@ def hold_run_dir(run_dir: Path) -> contextlib.AbstractContextManager[Path | None
     )
 
 
-def run_entries(run_dir: Path, names: Sequence[str] = RUN_FILES) -> list[Path]:
-    """marllm's own files and directories among ``names`` in ``run_dir``, as ``overwrite`` removes them.
-
-    A file (or a link) is listed by its name. In ``tensorboard/`` the event files are listed, in ``training_state/``
-    the checkpoint directories (and what interrupted saves leave), and in ``checkpoints/LEARNER/`` what a learner's
-    export writes (:data:`EXPORT_ENTRIES`; a directory of ``checkpoints/`` counts as a learner's when it holds one of
-    them). Nothing else in those directories is listed, nor the directories themselves.
-    """
-    entries = []
-    for name in names:
-        path = run_dir / name
-        if not path.is_dir() or path.is_symlink():
-            if path.exists() or path.is_symlink():
-                entries.append(path)
-            continue
-        if name == TENSORBOARD_DIR:
-            entries += [entry for entry in _sorted(path) if entry.name.startswith(TENSORBOARD_EVENTS_PREFIX)]
-        elif name == TRAINING_STATE_DIR:
-            entries += [entry for entry in _sorted(path) if is_checkpoint_entry(entry.name)]
-        elif name == EXPORT_DIR:
-            for learner in _export_dirs(path):
-                entries += [entry for entry in _sorted(learner) if entry.name in EXPORT_ENTRIES]
-        else:  # a directory under a file's name: marllm's name, so it goes
-            entries.append(path)
-    return entries
-
-
-def _sorted(directory: Path) -> list[Path]:
-    return sorted(directory.iterdir())
-
-
-def _export_dirs(export_dir: Path) -> list[Path]:
-    """The learners' export directories in ``checkpoints/``."""
-    return [
-        entry
-        for entry in _sorted(export_dir)
-        if entry.is_dir() and not entry.is_symlink() and any((entry / name).exists() for name in EXPORT_ENTRIES)
-    ]
-
-
-def _containers(run_dir: Path, names: Sequence[str]) -> list[Path]:
-    """The directories of ``names`` whose entries :func:`run_entries` picks, deepest first."""
-    containers = []
-    for name in (TENSORBOARD_DIR, TRAINING_STATE_DIR, EXPORT_DIR):
-        path = run_dir / name
-        if name in names and path.is_dir() and not path.is_symlink():
-            if name == EXPORT_DIR:
-                containers += _export_dirs(path)
-            containers.append(path)
-    return containers
-
-
-def remove_run_files(run_dir: Path, names: Sequence[str] = RUN_FILES, keep: Collection[Path] = ()) -> list[Path]:
-    """Delete marllm's own files among ``names`` from ``run_dir`` (:func:`run_entries`, but those in ``keep``), and
-    the directories of ``names`` they leave empty (but those in ``keep``); anything else stays.
-
-    Returns what stays in those directories that is not marllm's (a user's file in ``checkpoints/``, say), sorted.
-    """
-    containers = _containers(run_dir, names)
-    for path in run_entries(run_dir, names):
-        if path in keep:
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    kept = []
-    for container in containers:  # deepest first: a learner's directory before checkpoints/
-        if container in keep:
-            continue
-        remaining = _sorted(container)
-        if not remaining:
-            container.rmdir()
-        kept += [entry for entry in remaining if entry not in containers]
-    return sorted(set(kept))
-
-
 def overwrite_run_files(run_dir: Path) -> list[Path]:
-    """What ``overwrite`` does before a new run: remove marllm's own files from ``run_dir``
-    (:func:`remove_run_files`), and warn about the files it left in marllm's directories. Returns those."""
-    kept = remove_run_files(run_dir)
+    """What ``overwrite`` does before a new run: check that it deletes only marllm's files
+    (:func:`check_can_overwrite`), say what it deletes (a warning), remove them with the report of the old run
+    (:func:`remove_run_files` of :data:`OVERWRITTEN`), and warn about the files it left in marllm's directories.
+    Returns those.
+
+    Raises:
+        RunDirError: as :func:`check_can_overwrite`.
+    """
+    check_can_overwrite(run_dir)
+    doomed = run_entries(run_dir, OVERWRITTEN)
+    if doomed:
+        state = read_run_state(run_dir)
+        run = f" ({state.describe()})" if state is not None else ""
+        warnings.warn(
+            f"--overwrite deletes the run in {run_dir}{run}: {describe_entries(run_dir, doomed)}",
+            UserWarning,
+            stacklevel=2,
+        )
+    kept = remove_run_files(run_dir, OVERWRITTEN)
     if kept:
         listed = ", ".join(path.relative_to(run_dir).as_posix() for path in kept)
         warnings.warn(
-            f"overwrite removed only marllm's own files from {run_dir}; kept what is not marllm's in its directories: "
-            f"{listed}",
+            f"--overwrite removed only marllm's own files from {run_dir}; kept what is not marllm's in its "
+            f"directories: {listed}",
             UserWarning,
             stacklevel=2,
         )

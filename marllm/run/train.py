@@ -44,6 +44,7 @@ from marllm.run.run_dir import (
     RUN_FILES,
     SAMPLES_FILE,
     RunDirError,
+    check_can_overwrite,
     check_can_start,
     hold_run_dir,
     keep_iterations_before,
@@ -84,12 +85,14 @@ def train(
         resume: continue the run in ``run_dir`` from its latest training checkpoint. Its logs are cut back to that
             iteration and the run goes on to ``config.iterations``, exactly as if it had not stopped. ``config``
             must match the checkpoint's in everything but :data:`marllm.config.RESUMABLE_KEYS`.
-        overwrite: delete the files of the run already in ``run_dir`` (marllm's own only, with a warning listing
-            the others left in its ``checkpoints/``, ``training_state/`` and ``tensorboard/``) and start again.
+        overwrite: delete the files of the run already in ``run_dir`` and its ``report/`` (marllm's own only, named in
+            a warning first; another warning lists the others left in its directories) and start again. Refused,
+            with nothing deleted, where ``run_dir`` holds no run of marllm's but files under marllm's names, or a
+            user's file inside a learner's export (:func:`~marllm.run.run_dir.check_can_overwrite`).
 
     The process owns ``run_dir`` while it trains (:func:`~marllm.run.run_dir.hold_run_dir`): another process that
     trains into it meanwhile is refused before it changes anything. Without ``resume`` or ``overwrite``, a
-    ``run_dir`` that already holds a run is an error. The training state is
+    ``run_dir`` that already holds a run, or files under the names marllm writes, is an error. The training state is
     checkpointed every ``logging.checkpoint_every`` iterations and when training ends; the learners are exported and
     that last checkpoint written before any end-of-run evaluation. ``run.json`` records the run's status.
 
@@ -135,7 +138,9 @@ def _train_owned(
     run: _Run | None = None
     try:
         checkpoint = checkpoint_to_resume(run_dir, config) if resume else None
-        if not resume and not overwrite:
+        if overwrite:  # refused before anything is built or deleted
+            check_can_overwrite(run_dir)
+        elif not resume:
             check_can_start(run_dir)
         config.check_data_parallel(launched_world_size())
         data_parallel = init_data_parallel(config.model.device)

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from marllm.config import TrainConfig, config_from_dict
-from marllm.config.custom_tasks import absolute_task_references
 from marllm.config.loading import ConfigError, apply_overrides, directory_given, read_yaml
+from marllm.config.paths import absolute_config_paths
 from marllm.studies.files import EXPANSION_FILE
 
 STUDY_OWNED = ("seed", "run_dir")  # config keys a study sets for each of its runs
@@ -310,8 +310,8 @@ def study_from_dict(data: Mapping[str, Any], root: Path = Path(".")) -> Study:
 
 
 def _base(base: Any, root: Path) -> dict[str, Any]:
-    if isinstance(base, str):  # a reward or task file it names is beside it, as for marllm train
-        return absolute_task_references(read_yaml(root / base), (root / base).resolve().parent)
+    if isinstance(base, str):  # its paths are relative to it, as for marllm train
+        return absolute_config_paths(read_yaml(root / base), (root / base).resolve().parent)
     if isinstance(base, Mapping) and base:
         return copy.deepcopy(dict(base))
     raise ConfigError(f"study base must be a config file path (relative to the study file) or a mapping, got {base!r}")

@@ -16,9 +16,8 @@ Observation
     scripted players) and ``games`` (the games' indices in the batch). See :mod:`marllm.envs.games.keys`.
 Action
     One answer string per row of the observation. The parser maps an answer to a legal move; an answer naming none is
-    illegal: with ``illegal="forfeit"`` the seat loses that game at once (the game's loss payoff, the other seats
-    ``forfeit_payoffs[1]``), with ``"random"`` a random legal move is played for it. Either way it counts in the
-    seat's ``illegal_move_rate``.
+    illegal: with ``illegal="forfeit"`` the seat loses that game at once (the game's loss; the others get what winning
+    pays in a zero-sum game), with ``"random"`` a random move is played for it; it counts in ``illegal_move_rate``.
 Info
     ``infos[seat]`` holds ``role`` (the seat) and ``action_mask`` ((B,) int8: the games it moves in now). At the end
     it also holds the per-game rewards under the keys of :mod:`marllm.envs.info_keys`: ``task_rewards`` and
@@ -31,11 +30,14 @@ Info
 Reward
     Zero until the episode ends; then ``rewards[seat]`` is the seat's mean payoff over the batch.
 Termination
-    Every seat terminates when the last game ends; nothing truncates (a game's own truncation ends that game).
+    Every seat terminates when the last game ends; nothing truncates (a game's own truncation ends that game). A game
+    still on after ``max_moves`` answers is ended as a draw (payoff 0 to every seat), with a warning and the metric
+    ``capped_rate``: a game that never ends cannot hang the run.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,11 +47,11 @@ from pettingzoo import AECEnv
 from pettingzoo.utils import wrappers
 
 from marllm.envs.games import keys
-from marllm.envs.games.checks import check_credit, check_policy, check_seats, make_game
+from marllm.envs.games.checks import check_credit, check_max_moves, check_policy, check_seats, make_game
 from marllm.envs.games.credit import outcomes, seat_metrics, turn_discounts, turn_rewards
 from marllm.envs.games.parsers import Parser, get_parser
 from marllm.envs.games.prompts import GameTemplate, check_game_templates, prompt_fields
-from marllm.envs.games.records import GameRecord, Turn
+from marllm.envs.games.records import GameRecord, Turn, count_cooperation
 from marllm.envs.games.spaces import Rows
 from marllm.envs.games.views import GameView, Move, view_for
 from marllm.envs.info_keys import (
@@ -79,9 +81,12 @@ class BatchedGameEnv(AECEnv):
         parser: a registered parser's name (``"first"``, ``"last"``, ``"exact"``) or a callable
             ``(answer, legal_move_names) -> index or None``.
         illegal: ``"forfeit"`` (an illegal answer loses the game) or ``"random"`` (a random legal move is played).
-        forfeit_payoffs: (the forfeiting seat's payoff, every other seat's); None: (the view's loss payoff, 0.0).
+        forfeit_payoffs: (the forfeiting seat's payoff, every other seat's); None: the view's (its loss, and for a
+            zero-sum game what winning pays, else 0: :meth:`~marllm.envs.games.GameView.forfeit_payoffs`).
         discount: γ in (0, 1]; a move is credited γ^k · payoff, k the mover's later moves in the game.
         illegal_penalty: >= 0, subtracted from the trained reward of every illegal answer.
+        max_moves: answers per game (every seat's) after which a game still on is ended as a draw; None: the game's
+            own bound where its view has one (:meth:`~marllm.envs.games.GameView.max_moves`), else 1000.
         render_mode: None or ``"ansi"`` (``render()`` returns the first game's moves).
         seed: seeds the games' seeds and the random moves, as a first ``reset(seed=seed)`` would.
 
@@ -104,6 +109,7 @@ class BatchedGameEnv(AECEnv):
         forfeit_payoffs: tuple[float, float] | None = None,
         discount: float = 1.0,
         illegal_penalty: float = 0.0,
+        max_moves: int | None = None,
         render_mode: str | None = None,
         seed: int | None = None,
     ):
@@ -120,6 +126,7 @@ class BatchedGameEnv(AECEnv):
         self.parser = get_parser(parser)
         self.illegal, self.forfeit_payoffs = check_policy(illegal, forfeit_payoffs)
         self.discount, self.illegal_penalty = check_credit(discount, illegal_penalty)
+        self.max_moves = check_max_moves(max_moves, self.view.max_moves(self.games[0]))
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.render_mode = render_mode
@@ -292,10 +299,12 @@ class BatchedGameEnv(AECEnv):
         for who, reward in game.rewards.items():
             record.returns[who] += float(reward)
         self._settle(index)
+        if not record.over and record.length >= self.max_moves:  # a game that does not end: a draw
+            record.capped, record.payoffs = True, dict.fromkeys(self.possible_agents, 0.0)
         return illegal
 
     def _forfeit(self, index: int, seat: str) -> None:
-        loser, others = self.forfeit_payoffs or (self.view.loss_payoff(self.games[index]), 0.0)
+        loser, others = self.forfeit_payoffs or self.view.forfeit_payoffs(self.games[index])
         record = self.records[index]
         record.forfeited_by = seat
         record.payoffs = {who: float(loser if who == seat else others) for who in self.possible_agents}
@@ -319,6 +328,14 @@ class BatchedGameEnv(AECEnv):
         forfeited = np.array([seats.index(r.forfeited_by) if r.forfeited_by else -1 for r in self.records])
         result = outcomes(payoffs, forfeited)  # (B, N)
         lengths = np.array([record.length for record in self.records])
+        capped = np.array([record.capped for record in self.records])
+        if capped.any():
+            warnings.warn(
+                f"{int(capped.sum())} of {self.batch_size} games reached max_moves ({self.max_moves} answers) without "
+                "ending and were ended as draws (payoff 0 to every seat): raise game.max_moves, or fix a game that "
+                "never ends",
+                stacklevel=3,
+            )
         for i, seat in enumerate(seats):
             own = [turn for turn in self.turns if turn.seat == seat]
             games = [turn.games for turn in own]
@@ -337,7 +354,9 @@ class BatchedGameEnv(AECEnv):
                 keys.TURN_GAMES: games,
                 keys.PAYOFFS: payoffs[:, i].copy(),
                 keys.OUTCOMES: result[:, i],
-                keys.METRICS: seat_metrics(payoffs[:, i], result[:, i], answers, illegal, lengths, forfeited == i),
+                keys.METRICS: seat_metrics(
+                    payoffs[:, i], result[:, i], answers, illegal, lengths, forfeited == i, capped
+                ),
             }
             cooperation = self.cooperation_counts(seat)
             if cooperation is not None:  # a social dilemma: the share of the seat's legal answers that cooperate
@@ -353,23 +372,7 @@ class BatchedGameEnv(AECEnv):
         move, of how many legal answers; None where the game's view names no cooperative move
         (:meth:`~marllm.envs.games.GameView.cooperative_move`). With ``illegal="random"`` the random move played for
         an illegal answer is not counted; a forfeiting answer is illegal."""
-        cooperative = legal = 0
-        named = False
-        illegal_flags: list[list[bool]] = [[] for _ in self.records]
-        for turn in self.turns:
-            if turn.seat == seat:
-                for game, was_illegal in zip(turn.games, turn.illegal, strict=True):
-                    illegal_flags[int(game)].append(bool(was_illegal))
-        for b, (record, flags) in enumerate(zip(self.records, illegal_flags, strict=True)):
-            target = self.view.cooperative_move(self.games[b], seat)
-            if target is None:
-                continue
-            named = True
-            moves = [move for move in record.moves if move.seat == seat]
-            chosen = [move.action for move, was_illegal in zip(moves, flags, strict=False) if not was_illegal]
-            legal += len(chosen)
-            cooperative += sum(action == target for action in chosen)
-        return (cooperative, legal) if named else None
+        return count_cooperation(self.view, self.games, self.records, self.turns, seat)
 
     def render(self) -> str | None:
         if self.render_mode is None or not self.records:

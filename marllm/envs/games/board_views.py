@@ -17,6 +17,9 @@ class TicTacToeView(GameView):
 
     title = "tic-tac-toe"
 
+    def zero_sum(self, game: AECEnv) -> bool:
+        return True  # a win is the other seat's loss
+
     def rules(self, game: AECEnv) -> str:
         return (
             "Players take turns marking an empty cell; the first with three in a row (across, down or diagonally) wins."
@@ -51,6 +54,9 @@ class ConnectFourView(GameView):
     """Connect four: the 6×7 grid (top row first) with columns numbered 1-7, moves named by column number."""
 
     title = "connect four"
+
+    def zero_sum(self, game: AECEnv) -> bool:
+        return True  # a win is the other seat's loss
 
     def rules(self, game: AECEnv) -> str:
         return (

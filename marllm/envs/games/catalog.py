@@ -76,14 +76,18 @@ def load_openspiel_game(name: str) -> Any:
 
     pyspiel, _ = require_openspiel()
     string = openspiel_string(name)
+    short, registered = string.split("(")[0].strip(), pyspiel.registered_names()
+    if short not in registered:  # refused here: OpenSpiel itself would print its whole list of games first
+        close = difflib.get_close_matches(short, registered, n=3)
+        hint = f"; close names: {close}" if close else ""
+        raise ValueError(
+            f"OpenSpiel has no game {short!r}{hint} (pyspiel.registered_names() lists the {len(registered)} it has)"
+        )
     try:
         return pyspiel.load_game(string)
     except pyspiel.SpielError as error:
         first = str(error).splitlines()[0].removeprefix("OpenSpiel exception: ")
-        short = string.split("(")[0]
-        close = difflib.get_close_matches(short, pyspiel.registered_names(), n=3)
-        hint = f"; close names: {close}" if close and short not in pyspiel.registered_names() else ""
-        raise ValueError(f"OpenSpiel cannot load the game {string!r}: {first}{hint}") from None
+        raise ValueError(f"OpenSpiel cannot load the game {string!r}: {first}") from None
 
 
 def game_factory(name: str, options: Mapping[str, Any] | None = None) -> Callable[[], AECEnv]:

@@ -12,6 +12,9 @@ from pettingzoo import AECEnv
 ILLEGAL_POLICIES = ("forfeit", "random")
 """What an answer naming no legal move gets: the player loses the game, or a random legal move is played."""
 
+DEFAULT_MAX_MOVES = 1000
+"""The move cap of a game whose view gives no bound of its own (:meth:`~marllm.envs.games.GameView.max_moves`)."""
+
 
 def make_game(game_fn: Callable[[], AECEnv]) -> AECEnv:
     game = game_fn()
@@ -53,3 +56,12 @@ def check_credit(discount: float, illegal_penalty: float) -> tuple[float, float]
     if not 0 <= illegal_penalty < float("inf"):
         raise ValueError(f"illegal_penalty must be a finite number >= 0, got {illegal_penalty!r}")
     return float(discount), float(illegal_penalty)
+
+
+def check_max_moves(max_moves: Any, default: int | None) -> int:
+    """``max_moves`` (a positive int); for None ``default`` (the game's own bound), else :data:`DEFAULT_MAX_MOVES`."""
+    if max_moves is None:
+        return DEFAULT_MAX_MOVES if default is None else max(1, int(default))
+    if isinstance(max_moves, bool) or not isinstance(max_moves, int) or max_moves < 1:
+        raise ValueError(f"max_moves must be a positive int (moves per game) or None, got {max_moves!r}")
+    return max_moves

@@ -84,9 +84,11 @@ def seat_metrics(
     illegal: np.ndarray,
     game_lengths: np.ndarray,
     forfeits: np.ndarray,
+    capped: np.ndarray | None = None,
 ) -> dict[str, float]:
     """One seat's episode metrics from (B,) per-game arrays: its payoff and outcome, its answers and illegal answers,
-    the game's length in moves (all seats) and whether the seat forfeited."""
+    the game's length in moves (all seats), whether the seat forfeited and whether the game was ended as a draw at
+    the move cap (``capped_rate``, 0 when ``capped`` is None)."""
     answered = int(np.sum(answers))
     return {
         "payoff": float(np.mean(payoffs)),
@@ -98,4 +100,5 @@ def seat_metrics(
         "moves_per_game": float(np.mean(answers)),
         "game_length": float(np.mean(game_lengths)),
         "forfeit_rate": float(np.mean(forfeits)),
+        "capped_rate": float(np.mean(capped)) if capped is not None else 0.0,
     }

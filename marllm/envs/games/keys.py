@@ -40,5 +40,6 @@ OUTCOMES = "outcomes"
 
 METRICS = "metrics"
 """Info at the end: the seat's episode metrics (payoff, win_rate, draw_rate, loss_rate, illegal_move_rate,
-moves_per_game, game_length, forfeit_rate; and in a game whose view names a cooperative move, cooperation_rate over
-the seat's legal answers and legal_answers, their count per batch), floats."""
+moves_per_game, game_length, forfeit_rate, capped_rate (games ended as draws at the move cap); and in a game whose
+view names a cooperative move, cooperation_rate over the seat's legal answers and legal_answers, their count per
+batch), floats."""

@@ -64,6 +64,9 @@ class RockPaperScissorsView(GameView):
 
     title = "rock-paper-scissors"
 
+    def zero_sum(self, game: AECEnv) -> bool:
+        return True  # a win is the other seat's loss
+
     def rules(self, game: AECEnv) -> str:
         return "Both players choose a move at the same time, without seeing the other's choice."
 

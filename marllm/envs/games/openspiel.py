@@ -125,3 +125,15 @@ class OpenSpielView(GameView):
 
     def loss_payoff(self, game: AECEnv) -> float:
         return float(self.game_state(game).get_game().min_utility())
+
+    def zero_sum(self, game: AECEnv) -> bool:
+        kind = game.unwrapped.game_type
+        return bool(kind.utility == kind.utility.ZERO_SUM)
+
+    def max_moves(self, game: AECEnv) -> int | None:
+        # shimmy's pyspiel.Game (there before the first reset). A simultaneous move is one answer per seat: the
+        # game's length times its players bounds the answers of every kind of game.
+        loaded = getattr(game.unwrapped, "_env", None)
+        if not hasattr(loaded, "max_game_length"):
+            return None
+        return int(loaded.max_game_length()) * int(loaded.num_players())

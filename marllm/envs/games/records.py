@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+from pettingzoo import AECEnv
 
-from marllm.envs.games.views import Move
+from marllm.envs.games.views import GameView, Move
 
 
 @dataclass
@@ -23,6 +25,8 @@ class GameRecord:
     payoffs: dict[str, float] | None = None
     """Each seat's final payoff, once the game is over."""
     forfeited_by: str | None = None
+    capped: bool = False
+    """Whether the game was ended as a draw at the env's move cap (``max_moves``), not by its own rules."""
 
     def __post_init__(self) -> None:
         for counts in (self.answers, self.illegal, self.returns):
@@ -46,3 +50,27 @@ class Turn(NamedTuple):
     seat: str
     games: np.ndarray  # (rows,) int64
     illegal: np.ndarray  # (rows,) bool
+
+
+def count_cooperation(
+    view: GameView, games: Sequence[AECEnv], records: Sequence[GameRecord], turns: Sequence[Turn], seat: str
+) -> tuple[int, int] | None:
+    """(cooperative, legal) of ``seat`` over a batch (:meth:`~marllm.envs.games.BatchedGameEnv.cooperation_counts`):
+    how many of its legal answers chose the view's cooperative move; None where the view names none."""
+    cooperative = legal = 0
+    named = False
+    illegal_flags: list[list[bool]] = [[] for _ in records]
+    for turn in turns:
+        if turn.seat == seat:
+            for game, was_illegal in zip(turn.games, turn.illegal, strict=True):
+                illegal_flags[int(game)].append(bool(was_illegal))
+    for b, (record, flags) in enumerate(zip(records, illegal_flags, strict=True)):
+        target = view.cooperative_move(games[b], seat)
+        if target is None:
+            continue
+        named = True
+        moves = [move for move in record.moves if move.seat == seat]
+        chosen = [move.action for move, was_illegal in zip(moves, flags, strict=False) if not was_illegal]
+        legal += len(chosen)
+        cooperative += sum(action == target for action in chosen)
+    return (cooperative, legal) if named else None

@@ -92,9 +92,25 @@ class GameView:
         """The payoff of a seat that forfeits (the game's loss)."""
         return -1.0
 
+    def zero_sum(self, game: AECEnv) -> bool:
+        """Whether the payoffs of every game sum to zero (a win is another seat's loss); False here: a view says."""
+        return False
+
+    def forfeit_payoffs(self, game: AECEnv) -> tuple[float, float]:
+        """(the forfeiting seat's payoff, every other seat's): the game's loss, and in a zero-sum game what winning
+        pays, the loss shared out (−loss for two seats) so that a forfeited game stays zero-sum; else 0."""
+        loss = float(self.loss_payoff(game))
+        others = len(game.unwrapped.possible_agents) - 1
+        return loss, (-loss / others if self.zero_sum(game) and others > 0 else 0.0)
+
     def cooperative_move(self, game: AECEnv, seat: str) -> int | None:
         """The action id of the seat's cooperative move where the game has one (a social dilemma's "cooperate"),
         else None: what an evaluation's cooperation rate counts. None here: a game has none unless its view says."""
+        return None
+
+    def max_moves(self, game: AECEnv) -> int | None:
+        """The most moves a game can last, where the game says (OpenSpiel's ``max_game_length``); None here: the
+        batched env's default cap applies (:data:`~marllm.envs.games.checks.DEFAULT_MAX_MOVES`)."""
         return None
 
 
