@@ -308,7 +308,8 @@ def test_cli_trains_cory_on_two_ranks_and_resumes_on_one(
     assert completed.stdout.count("run written to") == 1  # rank 0 speaks for the run
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [0, 1]  # one line per iteration: rank 0 alone writes
-    assert all(np.isfinite(m["llm1/kl"]) and m["llm1/kl"] >= 0 for m in metrics)
+    # KL >= 0 up to the rounding between generate's KV-cached forwards (the rollout's) and the reference's forward
+    assert all(np.isfinite(m["llm1/kl"]) and m["llm1/kl"] >= -1e-5 for m in metrics)
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 * 2  # per iteration, one dialogue of each learner
     run_info = json.loads((run_dir / "run.json").read_text())

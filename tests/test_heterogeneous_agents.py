@@ -49,7 +49,9 @@ def test_each_learner_has_its_base_tokenizer_and_reference(tiny_lm_dir, other_lm
     # batch had no KL: it was its reference), no reference did
     assert dialogues["llm2"]["role"] == "observer" and all(dialogues["llm2"]["turns"][0]["prompts"])
     for name, learner in setup.learners.items():
-        assert metrics[f"{name}/kl"] == 0.0, name
+        # (0 up to the rounding between generate's KV-cached forwards, which give the rollout its log-probs, and the
+        # reference's full forward)
+        assert abs(metrics[f"{name}/kl"]) < 1e-5, name
         moved = max((a - b).abs().max().item() for a, b in zip(parameters(learner.model), policies[name], strict=True))
         assert moved > 1e-4, name
         assert all(map(torch.equal, parameters(learner.reference), references[name])), name

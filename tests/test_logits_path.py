@@ -58,9 +58,10 @@ def record_generate_scores(model):
     recorded = {}
 
     def generate(**kwargs):
-        output = original(**kwargs, output_scores=True, return_dict_in_generate=True)
+        as_dict = kwargs.get("return_dict_in_generate", False)  # the rollout from generate's forwards asks for it
+        output = original(**{**kwargs, "output_scores": True, "return_dict_in_generate": True})
         recorded["scores"] = torch.stack(output.scores, 1)
-        return output.sequences
+        return output if as_dict else output.sequences
 
     model.generate = generate
     return recorded

@@ -20,6 +20,7 @@ from marllm.studies.aggregate import (
     welch_difference,
 )
 from marllm.studies.report import build_study_report
+from marllm.utils.statistics import linear_trend
 
 N_ITERATIONS = 8
 LAST_K = 3
@@ -65,6 +66,24 @@ def test_welch_difference_hand_computed():
     assert (got.low, got.high) == (pytest.approx(-3.0 - half), pytest.approx(-3.0 + half))
     assert (got.n_a, got.n_b) == (3, 4)
     assert welch_difference([1.0], b).low is None
+
+
+def test_linear_trend_hand_computed():
+    # y = 1 + 2x exactly at x = 0, 1, 2, then one point off the line: residual standard error by hand.
+    x, y = [0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 5.0, 8.0]
+    mx, my = 1.5, 4.25
+    sxx = sum((a - mx) ** 2 for a in x)  # 5
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sxx  # 2.3
+    intercept = my - slope * mx
+    residuals = [b - (intercept + slope * a) for a, b in zip(x, y, strict=True)]
+    half = t_quantile(0.975, 2) * math.sqrt(sum(r * r for r in residuals) / 2 / sxx)
+    got = linear_trend(x, y)
+    assert (got.slope, got.intercept, got.n) == (pytest.approx(2.3), pytest.approx(intercept), 4)
+    assert (got.low, got.high) == (pytest.approx(2.3 - half), pytest.approx(2.3 + half))
+    assert linear_trend([1.0, 1.0, 1.0], [0.0, 1.0, 2.0]).slope is None  # no spread in x: no slope
+    assert linear_trend([0.0, 1.0], [0.0, 1.0]).low is None  # two points: no interval
+    with pytest.raises(ValueError, match="two 1-d sequences of one length"):
+        linear_trend([0.0, 1.0], [0.0])
 
 
 def test_final_value_uses_the_last_k_or_all():
