@@ -18,7 +18,8 @@ from marllm.config.game import parse_seat
 from marllm.envs.games import BatchedGameEnv
 from marllm.loop import run_iteration
 from marllm.players import OpponentPool, RandomMover, TicTacToeMinimax
-from marllm.run.games import build_game_env, game_metrics, seat_players, seat_slots
+from marllm.run.games import build_game_env, game_metrics
+from marllm.run.seats import seat_players, seat_slots
 from marllm.wrappers import RoleBaselines, RolePermutation, SharedReward
 from tests.test_games_training import RecordingLearner, tiny_learner, word_tokenizer
 

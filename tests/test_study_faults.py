@@ -112,6 +112,40 @@ def test_workers_die_with_a_study_killed_by_sigkill_and_checkpoint_first(tmp_pat
 
 
 @on_linux
+def test_a_study_run_again_while_old_workers_hold_their_runs_is_refused_naming_them(tmp_path, base_file, capsys):
+    """A worker of a killed study checkpoints for up to ~20 s holding its run's lock: a study run again meanwhile is
+    refused before it writes or plans anything, naming the run and the holder's PID; once the holder is gone (its lock
+    file left behind) the check passes."""
+    from marllm.cli import main
+    from marllm.studies.processes import check_runs_not_held
+
+    from .test_study_run import write_study
+    from .test_train import ROOT
+
+    study_file = write_study(tmp_path, {"name": "held", "base": "../configs/base.yaml", "seeds": [0, 1]})
+    out = tmp_path / "study"
+    lock = out / "runs" / "base__seed1" / ".marllm.lock"
+    lock.parent.mkdir(parents=True)
+    code = (
+        "import sys, time\nfrom marllm.utils.files import exclusive_lock\n"
+        "with exclusive_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(lock)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert main(["study", str(study_file), "--workers", "1", "--out", str(out)]) == 2
+        error = capsys.readouterr().err
+        assert f"runs/base__seed1 (process {holder.pid})" in error and f"kill {holder.pid}" in error, error
+        assert "up to about 20 s" in error and "base__seed0" not in error and error.count("\n") == 1
+        assert not (out / "study.json").exists() and not (out / "runs" / "base__seed0").exists()
+    finally:
+        holder.kill()  # the process this test started
+        holder.wait(timeout=10)
+    assert lock.is_file()  # a killed holder leaves its file, not its lock
+    check_runs_not_held(out, ["runs/base__seed0", "runs/base__seed1"])
+
+
+@on_linux
 def test_a_worker_whose_parent_is_already_gone_ends_itself():
     """The race ``die_with_parent`` closes: a parent that died before the request leaves no signal to come, so the
     worker sends it to itself; with its parent alive the request is just set."""

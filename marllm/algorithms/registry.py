@@ -66,6 +66,4 @@ def build_learner(algorithm: str, learner_id: str, options: AlgorithmOptions, **
 
 def _load_builtin_learners() -> None:
     # Importing the learner modules registers them; done on first use so that this module stays free of torch.
-    import marllm.algorithms.action_ppo  # noqa: F401
-    import marllm.algorithms.critic_free_learner  # noqa: F401
-    import marllm.algorithms.ppo  # noqa: F401
+    from marllm.algorithms import action_ppo, critic_free_learner, ppo  # noqa: F401

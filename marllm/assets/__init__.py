@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from marllm.assets import offline  # its names load on first use (lazy exports): torch stays out of the config
+
 PREFIX = "marllm:"
 
 KINDS = {
@@ -51,9 +53,7 @@ def offline_assets(name: str, expected: str, key: str) -> Any | None:
     if not name.startswith(PREFIX):
         return None
     check_asset_name(name, expected, key)
-    from marllm.assets.offline import ensure_assets
-
-    return ensure_assets()
+    return offline.ensure_assets()
 
 
 def resolve_model(name: str, key: str = "model.name_or_path") -> str:
@@ -63,12 +63,10 @@ def resolve_model(name: str, key: str = "model.name_or_path") -> str:
         return name
     check_asset_name(name, CAUSAL_LMS, key)
     if name == PREFIX + "smollm2-135m-instruct":
-        from marllm.assets.offline.gguf_model import SMOLLM2, ensure_gguf_model
+        from marllm.assets.offline.gguf_model import SMOLLM2, ensure_gguf_model  # torch: kept out of the config
 
         return str(ensure_gguf_model(SMOLLM2).model_dir)
-    from marllm.assets.offline import ensure_assets
-
-    return str(ensure_assets().base_model_dir)
+    return str(offline.ensure_assets().base_model_dir)
 
 
 def resolve_dataset(name: str, split: str, key: str = "task.dataset") -> str:

@@ -10,17 +10,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from marllm.assets import offline
 from marllm.cli.arguments import positive_int as _positive_int
 from marllm.cli.evaluate import add_eval as _add_eval
 from marllm.cli.train import train_command
 from marllm.config.loading import ConfigError
 from marllm.run.interrupts import TrainingInterrupted
 from marllm.run.run_dir import DirectoryInUseError, WrongDirectoryError
+from marllm.studies.execute import Executor, LocalExecutor, run_study, stopping_signal
+from marllm.studies.spec import load_study
 from marllm.utils.threads import wait_briefly_when_idle
 
 
 def _report(args: argparse.Namespace) -> int:
-    from marllm.reporting import build_report
+    from marllm.reporting import build_report  # matplotlib: kept out of `marllm --help`
 
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
     path = build_report([Path(d) for d in args.run_dirs], out)
@@ -31,20 +34,18 @@ def _report(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     """``marllm prepare`` builds the offline assets; ``marllm prepare smollm2-135m-instruct`` that model."""
     if args.asset == "smollm2-135m-instruct":
-        from marllm.assets.offline import SMOLLM2, prepare_gguf_model
-
-        model = prepare_gguf_model(SMOLLM2, home=args.home, source=args.source, force=args.force, progress=True)
-        print(f"marllm:{SMOLLM2.asset} ready in {model.model_dir}")
+        model = offline.prepare_gguf_model(
+            offline.SMOLLM2, home=args.home, source=args.source, force=args.force, progress=True
+        )
+        print(f"marllm:{offline.SMOLLM2.asset} ready in {model.model_dir}")
         return 0
-    from marllm.assets.offline import prepare
-
-    assets = prepare(home=args.home, force=args.force, progress=True, corpus_source=args.source)
+    assets = offline.prepare(home=args.home, force=args.force, progress=True, corpus_source=args.source)
     print(f"offline assets ready in {assets.home}")
     return 0
 
 
 def _main_job(args: argparse.Namespace) -> int:
-    from marllm.cli.main_job import run_main_job
+    from marllm.cli.main_job import run_main_job  # torch: kept out of `marllm --help`
 
     try:
         report = run_main_job(Path(args.out), iterations=args.iterations, overwrite=args.overwrite)
@@ -77,14 +78,11 @@ def _study(args: argparse.Namespace) -> int:
         )
     if engine == "local" and args.address is not None:
         raise ConfigError("--address names a Ray cluster: give it with --engine ray")
-    from marllm.studies.execute import Executor, LocalExecutor, run_study
-    from marllm.studies.spec import load_study
-
     study = load_study(args.study)
     study_dir = Path(args.out) if args.out else Path("runs") / "studies" / study.name
     executor: Executor
     if engine == "ray":
-        from marllm.studies.ray_executor import RayExecutor
+        from marllm.studies.ray_executor import RayExecutor  # ray: an optional extra, imported only when asked for
 
         executor = RayExecutor(args.address)
     else:
@@ -92,8 +90,6 @@ def _study(args: argparse.Namespace) -> int:
     try:
         outcomes = run_study(study, study_dir, executor, overwrite=args.overwrite)
     except KeyboardInterrupt as stop:
-        from marllm.studies.execute import stopping_signal
-
         stopped_by = stopping_signal(stop)
         again = ["marllm", "study", args.study, "--out", str(study_dir)]
         if args.workers is not None:
@@ -119,7 +115,7 @@ def _study(args: argparse.Namespace) -> int:
 
 def _study_report(study_dir: Path) -> int:
     try:
-        from marllm.studies.report import build_study_report
+        from marllm.studies.report import build_study_report  # matplotlib: kept out of `marllm --help`
     except ImportError as error:
         print(f"marllm: no study report (marllm.studies.report is not available: {error})", file=sys.stderr)
         return 0

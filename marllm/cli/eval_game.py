@@ -1,4 +1,7 @@
-"""``marllm eval`` of a game config: each model against each fixed opponent, in each seat; or a rated round-robin."""
+"""``marllm eval`` of a game config: each model against each fixed opponent, in each seat; or a rated round-robin.
+
+Imported only when a game is evaluated (:mod:`marllm.cli.evaluate`): it loads torch.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,9 @@ from pathlib import Path
 
 from marllm.config import TrainConfig
 from marllm.config.loading import ConfigError
+from marllm.evaluation.games import check_opponents, evaluate_game
+from marllm.evaluation.model_strategy import evaluate_exploitability
+from marllm.evaluation.round_robin import round_robin
 
 
 def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
@@ -29,8 +35,6 @@ def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
         return _exploitability(config, args)
     if args.round_robin:
         return _round_robin(config, args)
-    from marllm.evaluation.games import check_opponents, evaluate_game
-
     if args.opponent:
         try:
             check_opponents(config.game, args.opponent)
@@ -52,8 +56,6 @@ def _exploitability(config: TrainConfig, args: argparse.Namespace) -> int:
     if args.round_robin or args.opponent or args.games is not None:
         raise ConfigError("--exploitability measures each model's policy exactly; it takes no --opponent, --games or "
                           "--round-robin")  # fmt: skip
-    from marllm.evaluation.model_strategy import evaluate_exploitability
-
     try:
         reports = evaluate_exploitability(config, args.checkpoint or ["base"], args.batch_size)
     except ValueError as error:
@@ -67,8 +69,6 @@ def _exploitability(config: TrainConfig, args: argparse.Namespace) -> int:
 
 
 def _round_robin(config: TrainConfig, args: argparse.Namespace) -> int:
-    from marllm.evaluation.round_robin import round_robin
-
     checkpoints = args.checkpoint or ["base"]
     try:
         result = round_robin(

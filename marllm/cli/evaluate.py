@@ -3,35 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 from marllm.cli.arguments import positive_int as _positive_int
+from marllm.config import load_config
 from marllm.config.loading import ConfigError
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    import json
-
-    from marllm.config import load_config
+    from marllm.cli.eval_game import eval_game  # torch: kept out of `marllm --help`
+    from marllm.evaluation import cross_play, deployed, task_rewards  # torch: kept out of `marllm --help`
 
     config = load_config(args.config, args.overrides)
     if args.checkpoint:  # a run directory stands for every learner it saved, in every mode
-        from marllm.evaluation.cross_play import expand_checkpoints
-
-        args.checkpoint = expand_checkpoints(args.checkpoint)
+        args.checkpoint = cross_play.expand_checkpoints(args.checkpoint)
     game_flags = args.games is not None or args.opponent is not None or args.round_robin or args.exploitability
     if config.game is not None or game_flags:
-        from marllm.cli.eval_game import eval_game
-
         return eval_game(config, args)
     if args.cross_play and (args.pass_k is not None or args.samples is not None):
         raise ConfigError("--pass-k and --samples belong to pass@k; --cross-play scores one answer per query")
     config.check_references()
     if args.cross_play:
-        from marllm.evaluation.cross_play import cross_play_of_checkpoints
-
-        result = cross_play_of_checkpoints(
+        result = cross_play.cross_play_of_checkpoints(
             config, args.checkpoint or ["base"], args.limit, args.batch_size, config.seed
         )
         print(f"task reward over {result.num_queries} {result.queries} queries, mean (standard error); columns: the "
@@ -39,17 +34,13 @@ def run_eval(args: argparse.Namespace) -> int:
         print(result.to_markdown())
         results: Any = result.to_dict()
     elif args.pass_k is None and args.samples is None:
-        from marllm.evaluation.task_rewards import task_rewards_of_checkpoints
-
-        rewards = task_rewards_of_checkpoints(
+        rewards = task_rewards.task_rewards_of_checkpoints(
             config, args.checkpoint or ["base"], args.limit, args.batch_size, config.seed
         )
         print(rewards.describe())
         print(rewards.to_markdown())
         results = rewards.to_dict()
     else:
-        from marllm.evaluation.deployed import evaluate_pass_at_k
-
         pass_k = args.pass_k or "1"
         try:
             ks = [int(k) for k in pass_k.split(",")]
@@ -57,7 +48,7 @@ def run_eval(args: argparse.Namespace) -> int:
             raise ConfigError(f"--pass-k must be comma-separated integers like 1,5,10, got {pass_k!r}") from error
         results = []
         for checkpoint in args.checkpoint or ["base"]:
-            result = evaluate_pass_at_k(
+            result = deployed.evaluate_pass_at_k(
                 config, checkpoint, ks, args.samples or 1, args.limit, args.batch_size, config.seed
             )
             results.append(result.to_dict())

@@ -16,9 +16,11 @@ from typing import Any
 
 import yaml
 
+from marllm.assets import offline
 from marllm.config import TrainConfig, load_config, resume_differences
 from marllm.config.loading import ConfigError
 from marllm.reporting import build_report
+from marllm.run.checkpoint import latest_checkpoint
 from marllm.run.run_dir import CONFIG_FILE, hold_directory, read_run_state, write_atomic
 from marllm.run.train import train
 
@@ -61,11 +63,9 @@ def run_main_job(
 
 
 def _run_main_job(out_dir: Path, iterations: int | None, configs: dict[str, Path], overwrite: bool) -> Path:
-    from marllm.assets.offline import ensure_assets
-
     timings: dict[str, Any] = {"runs": {}}
     started = time.perf_counter()
-    ensure_assets(progress=True)
+    offline.ensure_assets(progress=True)
     timings["prepare_s"] = time.perf_counter() - started
     run_dirs = []
     for name, path in configs.items():
@@ -93,8 +93,6 @@ def _run_main_job(out_dir: Path, iterations: int | None, configs: dict[str, Path
 def _plan(config: TrainConfig, run_dir: Path, overwrite: bool) -> tuple[str, int]:
     """What to do with the run of ``config`` in ``run_dir``, and from which iteration: ``trained`` (nothing there),
     ``overwritten``, ``skipped`` (finished), ``resumed`` or ``restarted`` (no checkpoint to resume from)."""
-    from marllm.run.checkpoint import latest_checkpoint
-
     state = read_run_state(run_dir)
     if state is None:
         return "trained", 0

@@ -8,25 +8,26 @@ import shlex
 import sys
 from pathlib import Path
 
+from marllm.config import load_config
 from marllm.config.loading import ConfigError
 from marllm.run.interrupts import TrainingInterrupted
+from marllm.run.run_dir import DirectoryInUseError, WrongDirectoryError, read_run_info
+from marllm.studies.files import EXPANSION_FILE, STUDY_FILE
 
 
 def train_command(args: argparse.Namespace) -> int:
     """``marllm train CONFIG``: train (or resume) a run; with ``--nproc N``, launch it on N data-parallel ranks."""
-    from marllm.config import load_config
-    from marllm.parallel.distributed import launched_world_size
-    from marllm.run.train import train
+    from marllm.parallel import distributed, launcher  # torch: kept out of `marllm --help`
+    from marllm.run.train import train  # torch: kept out of `marllm --help`
 
     config = load_config(args.config, args.overrides)
     run_dir = _train_run_dir(args) or config.resolved_run_dir()
     _refuse_study_dir(run_dir)
     if args.nproc > 1:
-        from marllm.parallel.launcher import launch_ranks
-
         config.check_data_parallel(args.nproc)
-        return launch_ranks(args.nproc, _train_arguments(args))
-    ranks = ["--nproc", str(launched_world_size())] if launched_world_size() > 1 else []
+        return launcher.launch_ranks(args.nproc, _train_arguments(args))
+    world_size = distributed.launched_world_size()
+    ranks = ["--nproc", str(world_size)] if world_size > 1 else []
     resume_command = shlex.join(["marllm", "train", args.config, *args.overrides, *ranks, "--resume", str(run_dir)])
     try:
         result = train(config, run_dir, resume=args.resume is not None, overwrite=args.overwrite)
@@ -75,9 +76,6 @@ def _refuse_study_dir(run_dir: Path) -> None:
     Raises:
         WrongDirectoryError: naming the study file found and what to give instead.
     """
-    from marllm.run.run_dir import WrongDirectoryError
-    from marllm.studies.files import EXPANSION_FILE, STUDY_FILE
-
     found = [name for name in (STUDY_FILE, EXPANSION_FILE) if (run_dir / name).is_file()]
     if found:
         raise WrongDirectoryError(
@@ -97,8 +95,6 @@ def _next_step(stop: TrainingInterrupted, resume_command: str, args: argparse.Na
 
 def _add_resume_note(error: Exception, run_dir: Path, resume_command: str) -> None:
     """After a failure, say which checkpoint of the run stays and how to resume from it."""
-    from marllm.run.run_dir import DirectoryInUseError, read_run_info
-
     if isinstance(error, ConfigError | DirectoryInUseError):
         return
     info = read_run_info(run_dir) if run_dir.is_dir() else {}

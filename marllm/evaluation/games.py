@@ -27,18 +27,16 @@ import torch
 
 from marllm.config import TrainConfig
 from marllm.config.game import GameConfig
-from marllm.envs.games import BatchedGameEnv
-from marllm.envs.games.catalog import TIC_TAC_TOE, game_factory
+from marllm.envs.games.catalog import TIC_TAC_TOE
 from marllm.envs.games.info_states import NotEnumerableError, enumerate_info_states
 from marllm.envs.games.keys import LEGAL_MOVES, OUTCOMES, PAYOFFS, PROMPT
 from marllm.evaluation.deployed import load_deployed_model
+from marllm.evaluation.game_parts import fixed_player, game_env
 from marllm.loop import play_episode
 from marllm.models.generation import generate_responses
 from marllm.models.legal_moves import generate_moves, pack_moves, score_logprobs
 from marllm.models.policy import context_length
-from marllm.players import RandomMover, TicTacToeMinimax
 from marllm.players.fixed import FixedPlayer
-from marllm.players.tabular import CFRPlayer
 from marllm.utils.statistics import estimate
 
 Z_95 = 1.959963984540054
@@ -206,7 +204,7 @@ def default_opponents(game: GameConfig) -> list[str]:
 
 
 def _has_cooperative_move(game: GameConfig) -> bool:
-    environment = BatchedGameEnv(game_factory(game.name, game.options), 1, templates=game.templates)
+    environment = game_env(game, 1)
     environment.reset(seed=0)
     first = environment.possible_agents[0]
     try:
@@ -229,21 +227,6 @@ def check_opponents(game: GameConfig, opponents: Sequence[str]) -> None:
                 enumerate_info_states(game.info.openspiel if game.info.openspiel is not None else game.name)
             except NotEnumerableError as error:
                 raise ValueError(f"cfr solves small OpenSpiel games: {error}") from None
-
-
-def make_eval_opponent(game: GameConfig, opponent: str, seed: int) -> FixedPlayer:
-    """A fresh fixed opponent (not ``self``), seeded."""
-    if opponent == "random":
-        return RandomMover("random", seed=seed)
-    if opponent == "minimax":
-        return TicTacToeMinimax("minimax", seed=seed)
-    if opponent == "mcts":
-        from marllm.players.mcts import MCTSPlayer
-
-        return MCTSPlayer(game.info.mcts_game(), "mcts", simulations=game.mcts_simulations, seed=seed)
-    if opponent == "cfr":
-        return CFRPlayer(game.info.openspiel, game.cfr_iterations, "cfr", seed=seed)
-    raise ValueError(f"unknown opponent {opponent!r}; the opponents are {list(OPPONENTS)}")
 
 
 def evaluate_game(
@@ -299,7 +282,7 @@ def player_source(game: GameConfig, name: str, player: ModelPlayer | None = None
     """The player named ``name``: ``player`` (a model, the same object for every batch) or a fixed opponent."""
     if player is not None:
         return lambda seed: player
-    return lambda seed: make_eval_opponent(game, name, seed)
+    return lambda seed: fixed_player(game, name, name, seed)
 
 
 def _play(
@@ -328,22 +311,11 @@ def play_matches(
     game = config.game
     assert game is not None
     torch.manual_seed(seed)
-    factory = game_factory(game.name, game.options)
     payoffs, outcomes, answers, illegal, cooperative, legal = [], [], 0, 0, 0, 0
     has_cooperation = False
     for start in range(0, games, batch_size):
         count = min(batch_size, games - start)
-        environment = BatchedGameEnv(
-            factory,
-            count,
-            templates=game.templates,
-            parser=game.parser,
-            illegal=game.illegal,
-            discount=game.discount,
-            illegal_penalty=game.illegal_penalty,
-            max_moves=game.max_moves,
-            seed=seed + start,
-        )
+        environment = game_env(game, count, seed + start)
         player, other = source(seed + start), opponent_source(seed + start)
         players = {s: (player if s == seat else other) for s in environment.possible_agents}
         episode = play_episode(environment, players, seed=seed + start)

@@ -69,7 +69,7 @@ def load_causal_lm(
     if load_in_4bit:
         from transformers import BitsAndBytesConfig
 
-        from marllm.models.lora import check_4bit_available
+        from marllm.models.lora import check_4bit_available  # peft: loaded only by runs that ask for it
 
         check_4bit_available()
         quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=resolve_dtype(dtype))

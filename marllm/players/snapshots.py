@@ -12,8 +12,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from marllm.envs.games.keys import PROMPT
+from marllm.models.generation import generate_responses
+from marllm.models.policy import context_length
+from marllm.models.state_dicts import check_tensors
 from marllm.players.fixed import FixedPlayer
 from marllm.utils.errors import CheckpointError
 from marllm.utils.generators import restore_generator
@@ -42,11 +46,6 @@ class FrozenSnapshot(FixedPlayer):
         self._rng = np.random.default_rng(seed)
 
     def answer(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
-        import torch
-
-        from marllm.models.generation import generate_responses
-        from marllm.models.policy import context_length
-
         prompts = tuple(observation[PROMPT])
         if not prompts:
             return ()
@@ -71,10 +70,6 @@ class FrozenSnapshot(FixedPlayer):
         Raises:
             CheckpointError: names, shapes or dtypes differ.
         """
-        import torch
-
-        from marllm.models.state_dicts import check_tensors
-
         check_tensors(self.policy_tensors(), tensors, f"snapshot {self.name!r}")
         if self.adapter is not None:
             from peft import set_peft_model_state_dict

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from marllm.reporting.evaluation import EvalModel, eval_collapse, eval_models, sample_queries, sample_table
+from marllm.reporting.games import game_rows, games_section
 from marllm.reporting.indicators import final_means, final_window, phase_times
 from marllm.reporting.plots import (
     SMOOTHING_SPAN,
@@ -88,6 +89,7 @@ def build_report(
         "final_k": final_k,
         "smoothing": smoothing,
         "final": finals,
+        "games": game_rows(runs, final_k),
         "wall_time_s": times,
         "eval": collapse,
         "pass_at_k": pass_at_k,
@@ -98,7 +100,7 @@ def build_report(
     sections = [
         _runs_section(runs),
         _figures_section(runs, figures, smoothing),
-        _final_section(finals, final_k),
+        _final_section(finals, final_k, summary["games"]),
         _time_section(times),
         _samples_section(runs, models, queries),
         _collapse_section(collapse, held_out=not _training_queries(runs)),
@@ -274,7 +276,8 @@ def _figure(name: str | None, title: str, why_missing: str) -> str:
     return f"![{title}]({name})" if name else f"*{title}: no figure, {why_missing}.*"
 
 
-def _final_section(finals: Sequence[dict[str, Any]], final_k: int) -> str:
+def _final_section(finals: Sequence[dict[str, Any]], final_k: int, games: Sequence[dict[str, Any]]) -> str:
+    """The final numbers' table, then the games' (:mod:`marllm.reporting.games`) for a game run."""
     header = ["model", "iterations averaged", *(title for _, title in FINAL_METRICS)]
     rows = [
         [
@@ -289,7 +292,8 @@ def _final_section(finals: Sequence[dict[str, Any]], final_k: int) -> str:
         "Task reward is the model's own r(q, a); combined reward is task reward − η·KL (the paper's "
         "objective); the trained-on reward is the shared reward under CORY."
     )
-    return "\n".join(["## Final numbers", "", intro, "", markdown_table(header, rows)])
+    section = "\n".join(["## Final numbers", "", intro, "", markdown_table(header, rows)])
+    return "\n\n".join([section, games_section(games, final_k)]) if games else section
 
 
 def _time_section(times: dict[str, dict[str, float]]) -> str:

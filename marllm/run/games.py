@@ -1,12 +1,11 @@
-"""A game run built from a config's ``game`` section: the batched game env, its wrappers, and who sits where.
+"""A game run built from a config's ``game`` section: the wrapped game env, its setup and what it measures.
 
 The env is :class:`~marllm.envs.games.BatchedGameEnv` over the game, wrapped like the text env: by
 :class:`~marllm.wrappers.SharedReward` over the game's seats when ``agents.reward_coefficients`` is set, then by
 :class:`~marllm.wrappers.RolePermutation`, whose agents are the *slots* of ``game.seats``: slot i starts in seat i and
-moves on to the next seat every ``agents.role_period`` iterations (never when it is null). A slot's id is its player's:
-the learner id, or ``random``, ``minimax``, ``mcts``, ``pool-<learner>``; a player named in several seats has its
-later slots numbered, ``llm#2``. One learner in several slots (self-play) is one learner, updated once per iteration
-on the moves of all of them. With ``game.role_baselines`` the env is wrapped, outermost, by
+moves on to the next seat every ``agents.role_period`` iterations (never when it is null); who sits in which slot is
+:mod:`marllm.run.seats`'s. One learner in several slots (self-play) is one learner, updated once per iteration on the
+moves of all of them. With ``game.role_baselines`` the env is wrapped, outermost, by
 :class:`~marllm.wrappers.RoleBaselines`, one baseline per (learner, seat) for every learner's slots.
 
 After each iteration :func:`game_metrics` adds what the env measured of each learner's games:
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,30 +24,14 @@ from pettingzoo import AECEnv
 from pettingzoo.utils.wrappers import BaseWrapper
 
 from marllm.config import TrainConfig
-from marllm.config.game import Seat
-from marllm.envs.games import BatchedGameEnv
-from marllm.envs.games.catalog import game_factory
-from marllm.evaluation.model_strategy import ExploitabilityMetrics, learner_policy
+from marllm.evaluation.game_parts import game_env
+from marllm.evaluation.model_strategy import ExploitabilityMetrics
 from marllm.parallel.distributed import reseed_sampling
-from marllm.players import OpponentPool, RandomMover, TicTacToeMinimax
-from marllm.players.tabular import BestResponsePlayer, CFRPlayer
+from marllm.players import OpponentPool
 from marllm.run.learners import learners_from_config
-from marllm.run.setup import Setup, wrap_for_agents
+from marllm.run.parts import Setup, wrap_for_agents
+from marllm.run.seats import learner_slots, seat_players, seat_slots
 from marllm.wrappers import RoleBaselines, RolePermutation
-
-OPPONENT_SEED_OFFSET = 10_000
-"""A fixed opponent in seat i draws its moves from ``seed + OPPONENT_SEED_OFFSET + i``."""
-
-
-def seat_slots(seats: Sequence[Seat]) -> list[str]:
-    """The agent id of each seat's slot: its player's id, numbered ``#2``, ``#3`` from its second seat on."""
-    counts: Counter[str] = Counter()
-    slots = []
-    for seat in seats:
-        counts[seat.player_id] += 1
-        n = counts[seat.player_id]
-        slots.append(seat.player_id if n == 1 else f"{seat.player_id}#{n}")
-    return slots
 
 
 def build_game_env(config: TrainConfig) -> AECEnv:
@@ -58,77 +40,10 @@ def build_game_env(config: TrainConfig) -> AECEnv:
     game = config.game
     if game is None:
         raise ValueError("build_game_env needs a config with a game section")
-    env: AECEnv = BatchedGameEnv(
-        game_factory(game.name, game.options),
-        game.batch_size,
-        templates=game.templates,
-        parser=game.parser,
-        illegal=game.illegal,
-        discount=game.discount,
-        illegal_penalty=game.illegal_penalty,
-        max_moves=game.max_moves,
-        seed=config.seed,
-    )
-    env = wrap_for_agents(env, config, seat_slots(game.parsed_seats()))
+    env = wrap_for_agents(game_env(game, game.batch_size, config.seed), config, seat_slots(game.parsed_seats()))
     if game.role_baselines is not None:
         env = RoleBaselines(env, game.role_baselines, learner_slots(config))
     return env
-
-
-def learner_slots(config: TrainConfig) -> dict[str, str]:
-    """slot -> learner id, for the slots of ``game.seats`` that a learner plays."""
-    assert config.game is not None
-    seats = config.game.parsed_seats()
-    return {slot: seat.learner for slot, seat in zip(seat_slots(seats), seats, strict=True) if seat.kind == "learner"}
-
-
-def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping[str, Any]) -> Any:
-    """The fixed player of a seat that is not a learner (``index``: the seat's position, which seeds it)."""
-    game = config.game
-    assert game is not None
-    seed = config.seed + OPPONENT_SEED_OFFSET + index
-    if seat.kind == "random":
-        return RandomMover(seat.player_id, seed=seed)
-    if seat.kind == "minimax":
-        return TicTacToeMinimax(seat.player_id, seed=seed)
-    if seat.kind == "mcts":
-        from marllm.players.mcts import MCTSPlayer
-
-        return MCTSPlayer(game.info.mcts_game(), seat.player_id, simulations=game.mcts_simulations, seed=seed)
-    if seat.kind == "snapshot_pool":
-        learner = learners[seat.learner]
-        return OpponentPool(learner, size=game.pool_size, every=game.pool_every, name=seat.player_id, seed=seed)
-    if seat.kind == "cfr":
-        return CFRPlayer(game.info.openspiel, game.cfr_iterations, seat.player_id, seed=seed)
-    if seat.kind == "best_response":  # the config checked that the run has one learner
-        target = learner_policy(config, game.learner_ids[0], learners[game.learner_ids[0]])
-        return BestResponsePlayer(game.info.openspiel, target, game.best_response_every, seat.player_id, seed=seed)
-    raise ValueError(f"seat {seat.spec!r} is a learner, not a fixed opponent")
-
-
-def seat_players(config: TrainConfig, learners: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(players by slot, fixed opponents by id)``: the loop's mapping (the learners' slots first, so that a
-    snapshot pool, updated after its learner, snapshots the updated weights) and the opponents, one per id."""
-    game = config.game
-    assert game is not None
-    seats = game.parsed_seats()
-    slots = seat_slots(seats)
-    opponents: dict[str, Any] = {}
-    for index, seat in enumerate(seats):
-        if seat.kind != "learner" and seat.player_id not in opponents:
-            opponents[seat.player_id] = make_opponent(config, seat, index, learners)
-    players: dict[str, Any] = {}
-    for learner_id in game.learner_ids:
-        own = [
-            slot
-            for slot, seat in zip(slots, seats, strict=True)
-            if seat.kind == "learner" and seat.learner == learner_id
-        ]
-        players.update(dict.fromkeys(own, learners[learner_id]))
-    for slot, seat in zip(slots, seats, strict=True):
-        if seat.kind != "learner":
-            players[slot] = opponents[seat.player_id]
-    return players, opponents
 
 
 AGGREGATED = (
@@ -194,7 +109,7 @@ def _wrappers(env: AECEnv) -> list[AECEnv]:
 
 
 def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
-    """The :class:`~marllm.run.setup.Setup` of a game config (``config.game``): the learners its seats name (and
+    """The :class:`~marllm.run.parts.Setup` of a game config (``config.game``): the learners its seats name (and
     their reference), the fixed opponents, the wrapped env and the per-seat metrics."""
     game = config.game
     assert game is not None

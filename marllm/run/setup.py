@@ -2,64 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 from pettingzoo import AECEnv
 
-from marllm.algorithms.learner import Learner
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.envs.text_env import env as text_env
 from marllm.models.policy import load_tokenizer
 from marllm.parallel.distributed import DataParallel, reseed_sampling
+from marllm.run.games import build_game_setup
 from marllm.run.learners import learners_from_config
+from marllm.run.parts import Setup, wrap_for_agents
 from marllm.tasks.base import TaskParts
-from marllm.wrappers import RolePermutation, SharedReward
-
-
-@dataclass
-class Setup:
-    """Everything a run needs, built from a config."""
-
-    config: TrainConfig
-    env: AECEnv
-    learners: dict[str, Learner]
-    """Every player with a state, by id: the learners, then (a game's) the fixed opponents; what a checkpoint
-    saves."""
-    task: TaskParts | None
-    """The text task; None for a game."""
-    reference: Any
-    tokenizer: Any
-    concurrent_updates: bool = False
-    """Whether the learners update at the same time: full-model learners, each on its own device."""
-    seat_players: dict[str, Any] | None = None
-    """A game's players by the env's agent ids (:mod:`marllm.run.games`), what the loop drives; None: ``learners``,
-    whose ids are the text env's agents."""
-    metrics_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    """Adds what the env measured to an iteration's metrics (a game's per-seat results); None: nothing."""
-
-    @property
-    def trained_learners(self) -> dict[str, Learner]:
-        """The learners that train (``config.learner_ids``), what the run exports to ``checkpoints/``."""
-        return {learner_id: self.learners[learner_id] for learner_id in self.config.learner_ids}
-
-    @property
-    def players(self) -> dict[str, Any]:
-        """The loop's agent id -> player mapping (:func:`~marllm.loop.run_iteration`)."""
-        return self.learners if self.seat_players is None else self.seat_players
-
-    def iteration_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """An iteration's metrics, with what the env measured added (unchanged for the text env)."""
-        return metrics if self.metrics_hook is None else self.metrics_hook(metrics)
-
-    @property
-    def sharded(self) -> bool:
-        """Whether the models are sharded over the data-parallel ranks (``model.fsdp``): every rank then joins every
-        forward, including the end-of-run evaluation's, and every gathering of a state to save."""
-        return self.config.model.fsdp
 
 
 def build_env(config: TrainConfig, task: TaskParts, data_parallel: DataParallel | None = None) -> AECEnv:
@@ -79,15 +33,6 @@ def build_env(config: TrainConfig, task: TaskParts, data_parallel: DataParallel 
     return wrap_for_agents(env, config, config.learner_ids)
 
 
-def wrap_for_agents(env: AECEnv, config: TrainConfig, agent_ids: list[str]) -> AECEnv:
-    """``env`` wrapped by SharedReward (when ``agents.reward_coefficients`` shares rewards) and by RolePermutation,
-    whose agents are ``agent_ids`` rotating over the roles every ``agents.role_period`` episodes."""
-    coefficients = config.coefficient_matrix()
-    if coefficients is not None:
-        env = SharedReward(env, coefficients)
-    return RolePermutation(env, config.agents.role_period, agent_ids)
-
-
 def build(config: TrainConfig, data_parallel: DataParallel | None = None) -> Setup:
     """Load the base model once per learner plus one shared reference per base, the task, and the wrapped env.
 
@@ -101,8 +46,6 @@ def build(config: TrainConfig, data_parallel: DataParallel | None = None) -> Set
     model_path = resolve_model(config.model.name_or_path)
     tokenizer = load_tokenizer(model_path, trust_remote_code=config.model.trust_remote_code)
     if config.game is not None:
-        from marllm.run.games import build_game_setup
-
         return build_game_setup(config, tokenizer)
     task = config.task.build(tokenizer, config.seed, config.model.device)
     env = build_env(config, task, data_parallel)

@@ -32,6 +32,7 @@ from marllm.parallel.distributed import (
 )
 from marllm.run.checkpoint import CheckpointInfo, save_checkpoint
 from marllm.run.interrupts import StopSignals, TrainingInterrupted
+from marllm.run.parts import Setup
 from marllm.run.resume import checkpoint_to_resume, load_to_resume
 from marllm.run.run_dir import (
     CONFIG_FILE,
@@ -57,7 +58,7 @@ from marllm.run.run_dir import (
     write_run_info,
 )
 from marllm.run.run_log import RunLog, sample_rows
-from marllm.run.setup import Setup, build
+from marllm.run.setup import build
 from marllm.run.skip_streaks import count_skips, skip_streaks
 
 KL_METRIC = "full-vocabulary KL(policy || reference) summed over response tokens, batch mean"

@@ -5,9 +5,10 @@ The study directory holds ``study.yaml`` (the study file, base inline), ``study.
 
 One process at a time runs a study directory (:func:`hold_study_dir`: ``marllm study`` holds its lock while it runs),
 and one at a time each of its runs (the worker that trains a run holds its run directory's lock): a study run again
-while a worker of an earlier one still trains a run refuses that run. Workers die with the study that started them
-(on Linux, :mod:`marllm.studies.processes`: a training run then checkpoints and stops), so that worker is an orphan
-still checkpointing, or one on another platform, training its run to the end.
+while a worker of an earlier one still holds a run is refused, naming it
+(:func:`~marllm.studies.processes.check_runs_not_held`). Workers die with the study that started them (on Linux,
+:mod:`marllm.studies.processes`: a training run then checkpoints and stops), so that worker is an orphan still
+checkpointing, or one on another platform, training its run to the end.
 
 Locally each run trains in a spawned process of its own (:class:`LocalExecutor`): one that dies (a signal, the
 out-of-memory killer) fails only its run, which is tried once more from its checkpoint, as on Ray.
@@ -33,8 +34,11 @@ from typing import Any, Literal, Protocol
 
 import yaml
 
+from marllm.config import config_from_dict, resume_differences
 from marllm.config.loading import ConfigError
+from marllm.run.interrupts import TrainingInterrupted
 from marllm.run.run_dir import (
+    CONFIG_FILE,
     DirectoryInUseError,
     hold_directory,
     hold_run_dir,
@@ -43,7 +47,7 @@ from marllm.run.run_dir import (
     write_atomic,
 )
 from marllm.studies.files import ERROR_FILE, EXPANSION_FILE, STUDY_FILE
-from marllm.studies.processes import die_with_parent, exit_description
+from marllm.studies.processes import check_runs_not_held, die_with_parent, exit_description
 from marllm.studies.spec import Study, StudyRun, expansion_changed
 
 Action = Literal["skip", "resume", "start"]
@@ -130,9 +134,6 @@ def check_run_configs(runs: Sequence[StudyRun], study_dir: Path) -> None:
     Raises:
         ConfigError: naming the first such run and its changed keys.
     """
-    from marllm.config import resume_differences
-    from marllm.run.run_dir import CONFIG_FILE
-
     for run in runs:
         path = study_dir / run.relative_dir / CONFIG_FILE
         if not path.is_file() or plan(run, path.parent) == "start":  # a run started over may change
@@ -160,7 +161,7 @@ def plan(run: StudyRun, run_dir: Path, overwrite: bool = False) -> Action:
         return "skip"
     if status == "failed" or (run_dir / ERROR_FILE).exists():
         return "start"
-    from marllm.run.checkpoint import latest_checkpoint
+    from marllm.run.checkpoint import latest_checkpoint  # torch: kept out of the study's own process
 
     return "resume" if latest_checkpoint(run_dir) is not None else "start"
 
@@ -169,9 +170,7 @@ def run_one(config_data: dict[str, Any], run_dir: str, action: Action) -> RunOut
     """Train one run (in a worker process) owning its run directory; a failure is written to ``error.txt`` and
     returned, not raised. A run directory another process owns (a worker of an earlier study, still training it) is
     left as it is and the run failed."""
-    from marllm.config import config_from_dict
-    from marllm.run.interrupts import TrainingInterrupted
-    from marllm.run.train import train
+    from marllm.run.train import train  # torch: loaded in the worker, not in the study's own process
 
     global _busy
     path = Path(run_dir)
@@ -512,12 +511,15 @@ def run_study(
     Raises:
         ConfigError: an override of some run is invalid, a model, dataset or device it names is missing, or
             ``study_dir`` holds another study.
-        DirectoryInUseError: another process runs a study in ``study_dir``.
+        DirectoryInUseError: another process runs a study in ``study_dir``, or holds one of its run directories
+            (a worker of an earlier run of it, still checkpointing; see
+            :func:`~marllm.studies.processes.check_runs_not_held`).
         KeyboardInterrupt: Ctrl-C, after the running runs have checkpointed and stopped.
     """
     runs = study.runs()
     study.check_references(runs)
     with hold_study_dir(study_dir):
+        check_runs_not_held(study_dir, [run.relative_dir for run in runs])
         prepare_study_dir(study, runs, study_dir, overwrite)
         executor = executor or LocalExecutor()
         display = StudyProgress(len(runs), lambda: getattr(executor, "workers", len(runs)), progress)

@@ -42,6 +42,7 @@ from marllm.studies.aggregate import (
 from marllm.studies.cells import MEAN, METRICS, ROLE_PREFIX, Cell, show
 from marllm.studies.figures import plot_axis, plot_curves, plot_reward_vs_kl
 from marllm.studies.files import EXPANSION_FILE, STUDY_FILE
+from marllm.studies.games import cell_games, games_lines
 
 REPORT_DIR = "report"
 
@@ -176,6 +177,7 @@ def _summarize_cell(cell: Cell, last_k: int) -> dict[str, Any]:
         "final": finals,
         "curves": curves,
         "role_gaps": _role_gaps(cell, last_k),
+        "games": cell_games(cell, last_k),
     }
 
 
@@ -307,6 +309,7 @@ def _markdown(summary: dict[str, Any], figures: list[tuple[str, str]]) -> str:
     ]
     header = ["cell", "metric", "learner", "mean ± std", "95% interval", "n"]
     lines += [markdown_table(header, _final_rows(summary), escape=False), ""]
+    lines += games_lines(summary["cells"], k)
     lines += ["## Comparisons (Welch: difference of means, Welch–Satterthwaite t interval)", ""]
     lines += _comparison_lines(summary)
     gap_lines = [

@@ -33,6 +33,50 @@ MCTS_GAMES = {"tictactoe_v3": "tic_tac_toe", "connect_four_v3": "connect_four"}
 other's transpose, a symmetry of the game): what OpenSpiel's MCTS searches for them."""
 
 
+_LIMIT_HOLDEM = (
+    "openspiel:universal_poker(betting=limit,numPlayers=2,numRounds=4,blind=10 5,firstPlayer=2 1 1 1,numSuits=4,"
+    "numRanks=13,numHoleCards=2,numBoardCards=0 3 1 1,raiseSize=10 10 20 20,maxRaises=3 4 4 4)"
+)
+_NO_LIMIT_HOLDEM = (
+    "openspiel:universal_poker(betting=nolimit,numPlayers=2,numRounds=4,blind=100 50,firstPlayer=2 1 1 1,"
+    "numSuits=4,numRanks=13,numHoleCards=2,numBoardCards=0 3 1 1,stack=20000 20000)"
+)
+
+UNPLAYABLE: dict[str, tuple[str, str]] = {
+    "chess_v6": (
+        "needs the python-chess package (pip install chess), and marllm has no text view of its observation (an "
+        "8×8×111 array)",
+        "openspiel:chess (the board as FEN, moves in SAN: e4, Nf3)",
+    ),
+    "go_v5": (
+        "has no text view in marllm: its observation is a 19×19×17 array (about 2,900 tokens as text)",
+        "openspiel:go(board_size=9) (a text board, moves named like 'B d4')",
+    ),
+    "hanabi_v5": (
+        "has no text view in marllm: its observation is a vector of 658 numbers (about 2,100 tokens as text)",
+        "openspiel:hanabi (hands, hints and fireworks as text) or openspiel:tiny_hanabi",
+    ),
+    "leduc_holdem_v4": (
+        "needs the rlcard package, and marllm has no text view of its observation (a vector of 36 numbers)",
+        "openspiel:leduc_poker (your card, the public card and the betting as text)",
+    ),
+    "texas_holdem_v4": (
+        "needs the rlcard package, and marllm has no text view of its observation (a vector of 72 numbers)",
+        f"OpenSpiel's limit hold'em, {_LIMIT_HOLDEM}",
+    ),
+    "texas_holdem_no_limit_v6": (
+        "needs the rlcard package, and marllm has no text view of its observation (a vector of 54 numbers)",
+        f"OpenSpiel's no-limit hold'em, {_NO_LIMIT_HOLDEM}",
+    ),
+}
+"""PettingZoo classic games marllm refuses: name -> (why it cannot be played, the OpenSpiel game to play instead)."""
+
+
+def playable_classic_games() -> tuple[str, ...]:
+    """The PettingZoo classic games a config may name: those installed, less :data:`UNPLAYABLE`."""
+    return tuple(name for name in classic_games() if name not in UNPLAYABLE)
+
+
 @functools.cache
 def classic_games() -> tuple[str, ...]:
     """The PettingZoo classic env names installed (``chess_v6``, ``connect_four_v3``, ``rps_v2``, ``tictactoe_v3``,
@@ -54,16 +98,22 @@ def openspiel_string(name: str) -> str:
 
 
 def check_game_name(name: str) -> None:
-    """Raise ``ValueError`` unless ``name`` is an installed PettingZoo classic env or ``openspiel:<string>``."""
+    """Raise ``ValueError`` unless ``name`` is an installed, playable PettingZoo classic env (not in
+    :data:`UNPLAYABLE`: those are refused with the reason and the OpenSpiel game to play instead) or
+    ``openspiel:<string>``."""
     if is_openspiel_name(name):
         if not openspiel_string(name):
             raise ValueError("an OpenSpiel game needs its game string after 'openspiel:', e.g. openspiel:kuhn_poker")
         return
+    if name in UNPLAYABLE:
+        why, instead = UNPLAYABLE[name]
+        raise ValueError(f"{name} cannot be played: it {why}; play {instead}")
     if name not in classic_games():
-        close = difflib.get_close_matches(name, classic_games(), n=1)
+        playable = playable_classic_games()
+        close = difflib.get_close_matches(name, playable, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"unknown game {name!r}{hint}; a game is a PettingZoo classic env, one of {list(classic_games())}, or "
+            f"unknown game {name!r}{hint}; a game is a PettingZoo classic env, one of {list(playable)}, or "
             "openspiel:<game string> (e.g. openspiel:kuhn_poker, "
             "openspiel:repeated_game(stage_game=matrix_pd(),num_repetitions=5))"
         )

@@ -86,7 +86,8 @@ def openspiel_factory(game: Any) -> Any:
 
 class OpenSpielView(GameView):
     """The generic view of an OpenSpiel game: for imperfect-information games the seat's information-state string,
-    otherwise its observation string; moves named by ``state.action_to_string``; payoffs ``state.returns()``."""
+    otherwise its observation string, each under a line naming it; moves named by ``state.action_to_string``;
+    payoffs ``state.returns()``."""
 
     @staticmethod
     def game_state(game: AECEnv) -> Any:
@@ -102,13 +103,19 @@ class OpenSpielView(GameView):
         return self.title or str(game.unwrapped.game_type.long_name)
 
     def state(self, game: AECEnv, seat: str, moves: tuple[Move, ...] | list[Move]) -> str:
+        """OpenSpiel's string of what the seat knows, under a line that says which string it is (a bare
+        information state such as liar's dice's ``5`` means nothing without it)."""
         state, player, kind = self.game_state(game), self.player_id(game, seat), game.unwrapped.game_type
         perfect = kind.information == kind.information.PERFECT_INFORMATION
         if kind.provides_information_state_string and not (perfect and kind.provides_observation_string):
-            return str(state.information_state_string(player))
-        if kind.provides_observation_string:
-            return str(state.observation_string(player))
-        return str(state)
+            what = "your information state (your private information and the public history of the game)"
+            text = str(state.information_state_string(player))
+        elif kind.provides_observation_string:
+            what = "the game" if perfect else "your observation (your private information and what is public now)"
+            text = str(state.observation_string(player))
+        else:
+            what, text = "the game", str(state)
+        return f"You are player {player}. {what[0].upper()}{what[1:]}, as OpenSpiel writes it:\n{text or '(empty)'}"
 
     def legal_actions(self, game: AECEnv, seat: str) -> list[int]:
         return [int(a) for a in self.game_state(game).legal_actions(self.player_id(game, seat))]

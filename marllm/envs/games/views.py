@@ -120,7 +120,7 @@ VIEWS: dict[str, GameView] = {}
 MATCHERS: list[tuple[Callable[[str], bool], GameView]] = []
 """(name predicate, view) for families of games (``matrix_*``); tried in order after the exact names."""
 
-_BUILTIN = ("board_views", "matrix_views", "poker_views")
+_BUILTIN = ("board_views", "dice_views", "matrix_views", "poker_views")
 
 
 def register_view(name: str | Callable[[str], bool], view: GameView) -> GameView:

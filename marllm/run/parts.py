@@ -1,0 +1,66 @@
+"""What a built run is made of (:class:`Setup`), and the wrapping every run's env gets for its agents
+(:func:`wrap_for_agents`); :mod:`marllm.run.setup` builds a text run, :mod:`marllm.run.games` a game run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pettingzoo import AECEnv
+
+from marllm.algorithms.learner import Learner
+from marllm.config import TrainConfig
+from marllm.tasks.base import TaskParts
+from marllm.wrappers import RolePermutation, SharedReward
+
+
+@dataclass
+class Setup:
+    """Everything a run needs, built from a config."""
+
+    config: TrainConfig
+    env: AECEnv
+    learners: dict[str, Learner]
+    """Every player with a state, by id: the learners, then (a game's) the fixed opponents; what a checkpoint
+    saves."""
+    task: TaskParts | None
+    """The text task; None for a game."""
+    reference: Any
+    tokenizer: Any
+    concurrent_updates: bool = False
+    """Whether the learners update at the same time: full-model learners, each on its own device."""
+    seat_players: dict[str, Any] | None = None
+    """A game's players by the env's agent ids (:mod:`marllm.run.seats`), what the loop drives; None: ``learners``,
+    whose ids are the text env's agents."""
+    metrics_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """Adds what the env measured to an iteration's metrics (a game's per-seat results); None: nothing."""
+
+    @property
+    def trained_learners(self) -> dict[str, Learner]:
+        """The learners that train (``config.learner_ids``), what the run exports to ``checkpoints/``."""
+        return {learner_id: self.learners[learner_id] for learner_id in self.config.learner_ids}
+
+    @property
+    def players(self) -> dict[str, Any]:
+        """The loop's agent id -> player mapping (:func:`~marllm.loop.run_iteration`)."""
+        return self.learners if self.seat_players is None else self.seat_players
+
+    def iteration_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """An iteration's metrics, with what the env measured added (unchanged for the text env)."""
+        return metrics if self.metrics_hook is None else self.metrics_hook(metrics)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the models are sharded over the data-parallel ranks (``model.fsdp``): every rank then joins every
+        forward, including the end-of-run evaluation's, and every gathering of a state to save."""
+        return self.config.model.fsdp
+
+
+def wrap_for_agents(env: AECEnv, config: TrainConfig, agent_ids: list[str]) -> AECEnv:
+    """``env`` wrapped by SharedReward (when ``agents.reward_coefficients`` shares rewards) and by RolePermutation,
+    whose agents are ``agent_ids`` rotating over the roles every ``agents.role_period`` episodes."""
+    coefficients = config.coefficient_matrix()
+    if coefficients is not None:
+        env = SharedReward(env, coefficients)
+    return RolePermutation(env, config.agents.role_period, agent_ids)

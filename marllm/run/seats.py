@@ -1,0 +1,84 @@
+"""Who sits where in a game run: each seat's slot (the env's agent id), the learner of each learner's slot, and the
+player of every slot, the fixed ones built by :func:`~marllm.evaluation.game_parts.fixed_player` as evaluation
+builds them.
+
+A slot's id is its player's: the learner id, or ``random``, ``minimax``, ``mcts``, ``pool-<learner>``; a player named
+in several seats has its later slots numbered, ``llm#2``. One learner in several slots (self-play) is one learner.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from marllm.config import TrainConfig
+from marllm.config.game import Seat
+from marllm.evaluation.game_parts import FIXED_PLAYERS, fixed_player
+from marllm.evaluation.model_strategy import learner_policy
+from marllm.players import OpponentPool
+from marllm.players.tabular import BestResponsePlayer
+
+OPPONENT_SEED_OFFSET = 10_000
+"""A fixed opponent in seat i draws its moves from ``seed + OPPONENT_SEED_OFFSET + i``."""
+
+
+def seat_slots(seats: Sequence[Seat]) -> list[str]:
+    """The agent id of each seat's slot: its player's id, numbered ``#2``, ``#3`` from its second seat on."""
+    counts: Counter[str] = Counter()
+    slots = []
+    for seat in seats:
+        counts[seat.player_id] += 1
+        n = counts[seat.player_id]
+        slots.append(seat.player_id if n == 1 else f"{seat.player_id}#{n}")
+    return slots
+
+
+def learner_slots(config: TrainConfig) -> dict[str, str]:
+    """slot -> learner id, for the slots of ``game.seats`` that a learner plays."""
+    assert config.game is not None
+    seats = config.game.parsed_seats()
+    return {slot: seat.learner for slot, seat in zip(seat_slots(seats), seats, strict=True) if seat.kind == "learner"}
+
+
+def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping[str, Any]) -> Any:
+    """The player of a seat that is not a learner (``index``: the seat's position, which seeds it): a fixed player
+    (:func:`~marllm.evaluation.game_parts.fixed_player`), or one made from a learner (a snapshot pool, a best
+    response to the run's learner)."""
+    game = config.game
+    assert game is not None
+    seed = config.seed + OPPONENT_SEED_OFFSET + index
+    if seat.kind in FIXED_PLAYERS:
+        return fixed_player(game, seat.kind, seat.player_id, seed)
+    if seat.kind == "snapshot_pool":
+        learner = learners[seat.learner]
+        return OpponentPool(learner, size=game.pool_size, every=game.pool_every, name=seat.player_id, seed=seed)
+    if seat.kind == "best_response":  # the config checked that the run has one learner
+        target = learner_policy(config, game.learner_ids[0], learners[game.learner_ids[0]])
+        return BestResponsePlayer(game.info.openspiel, target, game.best_response_every, seat.player_id, seed=seed)
+    raise ValueError(f"seat {seat.spec!r} is a learner, not a fixed opponent")
+
+
+def seat_players(config: TrainConfig, learners: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(players by slot, fixed opponents by id)``: the loop's mapping (the learners' slots first, so that a
+    snapshot pool, updated after its learner, snapshots the updated weights) and the opponents, one per id."""
+    game = config.game
+    assert game is not None
+    seats = game.parsed_seats()
+    slots = seat_slots(seats)
+    opponents: dict[str, Any] = {}
+    for index, seat in enumerate(seats):
+        if seat.kind != "learner" and seat.player_id not in opponents:
+            opponents[seat.player_id] = make_opponent(config, seat, index, learners)
+    players: dict[str, Any] = {}
+    for learner_id in game.learner_ids:
+        own = [
+            slot
+            for slot, seat in zip(slots, seats, strict=True)
+            if seat.kind == "learner" and seat.learner == learner_id
+        ]
+        players.update(dict.fromkeys(own, learners[learner_id]))
+    for slot, seat in zip(slots, seats, strict=True):
+        if seat.kind != "learner":
+            players[slot] = opponents[seat.player_id]
+    return players, opponents
