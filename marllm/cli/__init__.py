@@ -17,7 +17,8 @@ from marllm.cli.train import train_command
 from marllm.config.loading import ConfigError
 from marllm.run.interrupts import TrainingInterrupted
 from marllm.run.run_dir import DirectoryInUseError, WrongDirectoryError
-from marllm.studies.execute import Executor, LocalExecutor, run_study, stopping_signal
+from marllm.studies import execute as study_execution
+from marllm.studies.execute import Executor, run_study, stopping_signal
 from marllm.studies.spec import load_study
 from marllm.utils.threads import wait_briefly_when_idle
 
@@ -86,7 +87,7 @@ def _study(args: argparse.Namespace) -> int:
 
         executor = RayExecutor(args.address)
     else:
-        executor = LocalExecutor(args.workers)
+        executor = study_execution.LocalExecutor(args.workers)  # looked up when used: a test may patch it
     try:
         outcomes = run_study(study, study_dir, executor, overwrite=args.overwrite)
     except KeyboardInterrupt as stop:
