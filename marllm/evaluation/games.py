@@ -34,7 +34,7 @@ from marllm.evaluation.deployed import load_deployed_model
 from marllm.evaluation.game_parts import fixed_player, game_env
 from marllm.loop import play_episode
 from marllm.models.generation import generate_responses
-from marllm.models.legal_moves import generate_moves, pack_moves, score_logprobs
+from marllm.models.legal_moves import constrained_logprobs, generate_moves, pack_moves, per_prompt, score_logprobs
 from marllm.models.policy import context_length
 from marllm.players.fixed import FixedPlayer
 from marllm.utils.statistics import estimate
@@ -178,10 +178,8 @@ class ModelPlayer(FixedPlayer):
             )
             return sample.generated.texts
         if self.actions == "score":
-            device = next(self.model.parameters()).device
-            packed = pack_moves(self.tokenizer, prompts, legal_moves, self.generation.chat_template, False, device)
-            logprobs, _ = score_logprobs(self.model, packed, self.normalization)
-            drawn = torch.multinomial(packed.per_row(logprobs).exp(), 1)[:, 0].tolist()
+            probabilities = torch.tensor(_padded(self.move_probabilities(prompts, legal_moves)))
+            drawn = torch.multinomial(probabilities, 1)[:, 0].tolist()
             return tuple(names[m] for names, m in zip(legal_moves, drawn, strict=True))
         with torch.no_grad():
             generated = generate_responses(
@@ -194,6 +192,29 @@ class ModelPlayer(FixedPlayer):
                 self.name,
             )
         return tuple(generated.texts)
+
+
+    @torch.no_grad()
+    def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
+        """The exact probability of each legal move of each prompt under ``score`` or ``constrained`` answers (what
+        an exploitability evaluation tabulates); ``ValueError`` under ``generate``, whose move probabilities can
+        only be estimated from sampled answers."""
+        if self.actions == "generate":
+            raise ValueError(f"{self.name}: free-text answers have no exact move probabilities; sample them instead")
+        device = next(self.model.parameters()).device
+        chat = self.generation.chat_template
+        if self.actions == "score":
+            packed = pack_moves(self.tokenizer, prompts, legal_moves, chat, False, device)
+            return per_prompt(packed, score_logprobs(self.model, packed, self.normalization)[0])
+        packed = pack_moves(self.tokenizer, prompts, legal_moves, chat, True, device)
+        logprobs = constrained_logprobs(self.model, packed, self.generation, self.tokenizer.eos_token_id)
+        return per_prompt(packed, logprobs)
+
+
+def _padded(rows: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Rows of probabilities padded with 0 to the longest."""
+    width = max(len(row) for row in rows)
+    return [list(row) + [0.0] * (width - len(row)) for row in rows]
 
 
 def default_opponents(game: GameConfig) -> list[str]:
