@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -288,3 +289,15 @@ def test_smollm2_cory_and_ppo_examples_differ_only_in_the_agents(task):
     for config in (cory, ppo):
         del config["name"], config["env"]["roles"], config["env"]["templates"], config["agents"]
     assert cory == ppo
+
+
+@pytest.mark.parametrize(
+    ("override", "valid"),
+    [
+        ("ppo.rollout_from_generate=maybe", "'maybe' matches none of bool or 'auto'"),
+        ("ppo.micro_batch_size=big", "'big' matches none of int or 'auto' or null"),
+    ],
+)
+def test_a_value_of_a_union_type_is_refused_naming_what_is_valid(override, valid):
+    with pytest.raises(ConfigError, match=re.escape(f"{override.split('=')[0]}: {valid}")):
+        load_config(EXAMPLES / "cory_offline.yaml", [override])

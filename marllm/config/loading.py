@@ -228,4 +228,12 @@ def _join(path: str, key: Any) -> str:
 
 
 def _describe(annotation: Any) -> str:
+    """A type as the error says what is valid: ``int or 'auto' or null``, not ``Union``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in args)
+    if origin is typing.Literal:
+        return " or ".join(repr(arg) for arg in args)
+    if annotation is type(None):
+        return "null"
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
