@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
+
+import yaml
 
 from marllm.config import TrainConfig
 from marllm.config.loading import ConfigError
@@ -31,6 +34,8 @@ def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
             "--opponent"
         )
     config.check_references()
+    for checkpoint in args.checkpoint or []:
+        _warn_on_other_actions(config, checkpoint)
     if args.exploitability:
         return _exploitability(config, args)
     if args.round_robin:
@@ -50,6 +55,22 @@ def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
     print(result.to_markdown())
     _write(args.out, result.to_dict())
     return 0
+
+
+def _warn_on_other_actions(config: TrainConfig, checkpoint: str) -> None:
+    """Warn when a learner directory's run (RUN/checkpoints/LEARNER, whose RUN/config.yaml says) played its game with
+    another ``game.actions`` than the config the evaluation plays with: its policy would be read another way."""
+    run_config = Path(checkpoint).parent.parent / "config.yaml"
+    if checkpoint == "base" or not run_config.is_file():
+        return
+    trained = (yaml.safe_load(run_config.read_text()) or {}).get("game", {}).get("actions", "generate")
+    assert config.game is not None
+    if trained != config.game.actions:
+        warnings.warn(
+            f"{checkpoint} was trained with game.actions: {trained}, and this evaluation plays it with "
+            f"{config.game.actions}; add game.actions={trained}, or evaluate with its run's config.yaml",
+            stacklevel=2,
+        )
 
 
 def _exploitability(config: TrainConfig, args: argparse.Namespace) -> int:
