@@ -26,11 +26,10 @@ from marllm.models.devices import autocast_for
 from marllm.models.legal_moves import (
     NORMALIZATIONS,
     PackedMoves,
+    exact_move_probabilities,
     first_token_scores,
     move_tensors,
-    pack_moves,
     packed_from_tensors,
-    per_prompt,
     score_logprobs,
 )
 
@@ -72,10 +71,11 @@ class ActionPPOLearner(PPOLearner):
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
         """π(a | s) of each legal move of each prompt, in the order of ``legal_moves`` (each row sums to 1)."""
         self.activate()
-        packed = pack_moves(self.tokenizer, prompts, legal_moves, self.generation.chat_template, False, self.device)
         with autocast_for(self.model, self.config.autocast_dtype):
-            logprobs, _ = score_logprobs(self.model, packed, self.normalization)
-        return per_prompt(packed, logprobs)
+            model, tokenizer, generation = self.model, self.tokenizer, self.generation
+            return exact_move_probabilities(
+                model, tokenizer, prompts, legal_moves, "score", generation, self.normalization, self.device
+            )
 
     def _packed(self, columns: Mapping[str, torch.Tensor]) -> PackedMoves:
         return packed_from_tensors(

@@ -127,11 +127,12 @@ class PPOSteps:
         failure, pending = None, None
         for one in plan:
             loss, parts = self._loss(one.batch, one.prompt_length)
-            weight = minibatch.weight * (float(masses[one.mine].sum()) / total)
+            mass = float(masses[one.mine].sum())
+            weight = minibatch.weight * (mass / total)
             if deferred or not torch.isfinite(loss):
                 combined = defaultdict(float, parts)  # one pass's parts as they are (a failing pass's too)
             else:
-                mass_share = float(masses[one.mine].sum()) / own_total
+                mass_share = mass / own_total
                 token_share = float(one.batch.mask.sum()) / (tokens or 1.0)
                 for key, value in parts.items():  # the objective's parts are means by its masses, _loss's by tokens
                     combined[key] += value * (token_share if key in _TOKEN_MEANS else mass_share)

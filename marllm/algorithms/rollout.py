@@ -22,7 +22,7 @@ from marllm.models.generation import (
     logprob_logits,
     reference_logprob_logits,
 )
-from marllm.models.legal_moves import constrained_logprobs, generate_moves, pack_moves, per_prompt
+from marllm.models.legal_moves import exact_move_probabilities, generate_moves
 from marllm.models.move_tries import pad_allowed, restrict_logits
 from marllm.models.policy import response_forward
 
@@ -179,12 +179,10 @@ class RolloutCollector:
                 f"{self.actions} (estimate them from sampled answers instead)"
             )
         self.activate()
-        packed = pack_moves(
-            self.tokenizer, prompts, legal_moves, self.generation.chat_template, with_eos=True, device=self.device
-        )
         with autocast_for(self.model, self.config.autocast_dtype):
-            logprobs = constrained_logprobs(self.model, packed, self.generation, self.tokenizer.eos_token_id)
-        return per_prompt(packed, logprobs)
+            return exact_move_probabilities(
+                self.model, self.tokenizer, prompts, legal_moves, self.actions, self.generation, device=self.device
+            )
 
     def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
         """Sample responses without recording anything (evaluation; deploying the agent alone)."""

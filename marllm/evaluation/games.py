@@ -34,7 +34,7 @@ from marllm.evaluation.deployed import load_deployed_model
 from marllm.evaluation.game_parts import fixed_player, game_env
 from marllm.loop import play_episode
 from marllm.models.generation import generate_responses
-from marllm.models.legal_moves import constrained_logprobs, generate_moves, pack_moves, per_prompt, score_logprobs
+from marllm.models.legal_moves import exact_move_probabilities, generate_moves
 from marllm.models.policy import context_length
 from marllm.players.fixed import FixedPlayer
 from marllm.utils.statistics import estimate
@@ -202,13 +202,9 @@ class ModelPlayer(FixedPlayer):
         if self.actions == "generate":
             raise ValueError(f"{self.name}: free-text answers have no exact move probabilities; sample them instead")
         device = next(self.model.parameters()).device
-        chat = self.generation.chat_template
-        if self.actions == "score":
-            packed = pack_moves(self.tokenizer, prompts, legal_moves, chat, False, device)
-            return per_prompt(packed, score_logprobs(self.model, packed, self.normalization)[0])
-        packed = pack_moves(self.tokenizer, prompts, legal_moves, chat, True, device)
-        logprobs = constrained_logprobs(self.model, packed, self.generation, self.tokenizer.eos_token_id)
-        return per_prompt(packed, logprobs)
+        return exact_move_probabilities(
+            self.model, self.tokenizer, prompts, legal_moves, self.actions, self.generation, self.normalization, device
+        )
 
 
 def _padded(rows: Sequence[Sequence[float]]) -> list[list[float]]:

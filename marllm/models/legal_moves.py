@@ -237,6 +237,34 @@ def constrained_logprobs(
     return torch.where(packed.mask > 0, token_logprobs(logits, packed.response), 0.0).sum(1)
 
 
+def exact_move_probabilities(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    legal_moves: Sequence[Sequence[str]],
+    actions: str,
+    generation: GenerationConfig,
+    normalization: str = "token",
+    device: torch.device | str = "cpu",
+) -> list[list[float]]:
+    """Each legal move's exact probability after each prompt (in the order of ``legal_moves``) under ``score``
+    (normalised by ``normalization``) or ``constrained`` answers (the product of the move's restricted token
+    probabilities, its EOS included). Differentiable where the caller allows gradients; no autocast of its own.
+
+    Raises:
+        ValueError: ``actions`` is neither (free-text answers' move probabilities can only be sampled).
+    """
+    if actions == "score":
+        packed = pack_moves(tokenizer, prompts, legal_moves, generation.chat_template, False, device)
+        return per_prompt(packed, score_logprobs(model, packed, normalization)[0])
+    if actions == "constrained":
+        packed = pack_moves(tokenizer, prompts, legal_moves, generation.chat_template, True, device)
+        return per_prompt(packed, constrained_logprobs(model, packed, generation, tokenizer.eos_token_id))
+    raise ValueError(
+        f"exact move probabilities need constrained or score answers, not {actions!r}; sample them instead"
+    )
+
+
 def per_prompt(packed: PackedMoves, logprobs: torch.Tensor) -> list[list[float]]:
     """(N,) log-probs -> each prompt's legal moves' probabilities, in the order of its legal moves."""
     probabilities = logprobs.detach().double().exp().cpu()
