@@ -72,3 +72,29 @@ def test_learners_that_change_role_get_a_by_role_view(tmp_path):
     assert "### Task reward by role" in report.read_text()
     alone = build_report([fixed], tmp_path / "report_fixed", smoothing=1).read_text()
     assert "by role" not in alone
+
+
+def test_a_report_replaces_the_earlier_report_in_its_directory_figures_it_no_longer_draws_included(tmp_path):
+    out = tmp_path / "report"
+    build_report([write_run(tmp_path, "rotating", 6, role_period=2)], out, smoothing=1)
+    assert (out / "task_reward_by_role.png").is_file()
+    (out / "notes.txt").write_text("mine")  # a file under another name is the user's and stays
+    build_report([write_run(tmp_path, "fixed", 6)], out, smoothing=1)
+    assert not (out / "task_reward_by_role.png").exists()  # it would show the rotating run beside a fixed-role report
+    assert json.loads((out / "summary.json").read_text())["runs"][0]["name"] == "fixed"
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_users_file_under_a_reports_name_is_refused_not_written_over(tmp_path, capsys):
+    from marllm.cli import main
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("my notes")
+    run = write_run(tmp_path, "run", 4)
+    assert main(["report", str(run), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"marllm: error: {out} holds report.md but no summary.json of a marllm report: files marllm did not write, "
+        f"which a report never writes over; move them out of {out}, or give the report another --out"
+    )
+    assert [path.name for path in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "my notes"

@@ -20,12 +20,12 @@ from marllm.reporting.plots import (
     plot_reward_vs_kl,
     smooths,
 )
+from marllm.reporting.report_dir import REPORT_KIND, SUMMARY_FILE, claim_report_dir, remove_stale
 from marllm.reporting.runs import EVAL_FILE, HELD_OUT, SAMPLES_FILE, Run, curves, load_runs
 from marllm.reporting.tables import fmt, markdown_table
 
 REPORT_FILE = "report.md"
 PASS_AT_K_FILE = "pass_at_k.json"
-SUMMARY_FILE = "summary.json"
 
 # (metric suffix, figure title); one PNG each, named <metric>.png.
 CURVE_METRICS = (
@@ -59,7 +59,9 @@ def build_report(
     Args:
         run_dirs: run directories written by the training loop (see ``marllm.reporting.runs``). Runs sharing a
             name are told apart by their directory name.
-        out_dir: where the report goes; created if missing, earlier report files in it are overwritten.
+        out_dir: where the report goes; created if missing. An earlier report there is replaced (its figures
+            that this one does not draw are deleted); a file of the user's under a report's name is never written
+            over: the directory is refused (:func:`~marllm.reporting.report_dir.claim_report_dir`).
         smoothing: moving-average window of the curves; 1 draws the raw values only, more draws them faint
             under the smoothed line. Smoothing hides noise but also delays and flattens peaks such as a
             reward collapse. A run shorter than 3 windows (:data:`~marllm.reporting.plots.SMOOTHING_SPAN`) is
@@ -74,7 +76,7 @@ def build_report(
     _check_options(smoothing, final_k, n_sample_queries)
     runs = load_runs(run_dirs)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    earlier = claim_report_dir(out_dir)
     all_curves = curves(runs)
     figures = _draw_figures(runs, all_curves, out_dir, smoothing)
     finals = _final_rows(all_curves, final_k)
@@ -85,6 +87,7 @@ def build_report(
     pass_at_k = {run.display: rows for run in runs if (rows := read_pass_at_k(run.path))}
 
     summary = {
+        "kind": REPORT_KIND,
         "runs": [_run_summary(run) for run in runs],
         "final_k": final_k,
         "smoothing": smoothing,
@@ -108,6 +111,7 @@ def build_report(
     ]
     report = out_dir / REPORT_FILE
     report.write_text("\n\n".join(["# marllm run report", *sections]) + "\n", encoding="utf-8")
+    remove_stale(out_dir, earlier, [REPORT_FILE, SUMMARY_FILE, *(name for name in figures.values() if name)])
     return report
 
 
