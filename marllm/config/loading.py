@@ -152,25 +152,7 @@ def convert(annotation: Any, value: Any, path: str) -> Any:
     if annotation is Any:
         return value
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:
-            return convert(options[0], value, path)
-        errors = {}
-        for option in options:
-            try:
-                return convert(option, value, path)
-            except ConfigError as error:
-                errors[option] = error
-        # Report the option of the value's own shape (a mapping for a section, a list for a list) when there is one.
-        for option, error in errors.items():
-            container = typing.get_origin(option) or option
-            if (isinstance(value, Mapping) and dataclasses.is_dataclass(option)) or (
-                isinstance(value, list) and container in (list, Sequence, tuple)
-            ):
-                raise error
-        raise ConfigError(f"{path}: {value!r} matches none of {_describe(annotation)}")
+        return _convert_union(annotation, args, value, path)
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{path} must be one of {list(args)}, got {value!r}")
@@ -187,6 +169,35 @@ def convert(annotation: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path} must be a mapping, got {type(value).__name__} {value!r}")
         key_type, value_type = args if args else (Any, Any)
         return {convert(key_type, k, f"{path}.{k}"): convert(value_type, v, f"{path}.{k}") for k, v in value.items()}
+    return _convert_scalar(annotation, value, path)
+
+
+def _convert_union(annotation: Any, args: tuple[Any, ...], value: Any, path: str) -> Any:
+    """:func:`convert` for a union (``args``: its members): ``None`` where it allows null, else the first member that
+    accepts ``value``; failing all, the error of the member of the value's own shape, or one naming every member."""
+    if value is None and type(None) in args:
+        return None
+    options = [a for a in args if a is not type(None)]
+    if len(options) == 1:
+        return convert(options[0], value, path)
+    errors = {}
+    for option in options:
+        try:
+            return convert(option, value, path)
+        except ConfigError as error:
+            errors[option] = error
+    # Report the option of the value's own shape (a mapping for a section, a list for a list) when there is one.
+    for option, error in errors.items():
+        container = typing.get_origin(option) or option
+        if (isinstance(value, Mapping) and dataclasses.is_dataclass(option)) or (
+            isinstance(value, list) and container in (list, Sequence, tuple)
+        ):
+            raise error
+    raise ConfigError(f"{path}: {value!r} matches none of {_describe(annotation)}")
+
+
+def _convert_scalar(annotation: Any, value: Any, path: str) -> Any:
+    """:func:`convert` for a bool, int, float, str or other plain type (a YAML ``1e-5`` text read as a float)."""
     if annotation is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path} must be true or false, got {value!r}")

@@ -36,7 +36,6 @@ Termination
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -49,8 +48,8 @@ from marllm.envs.info_keys import BATCH_REWARDS, QUERIES, TASK_REWARDS, TURN_BAT
 from marllm.envs.reward_context import RewardContext, reward_name, rewards_by_role, wants_context
 from marllm.envs.spaces import TextBatch
 from marllm.envs.templates import PromptFn, check_templates
-from marllm.envs.text_inputs import check_dataset, describe_action
-from marllm.envs.turns import TURN_REWARDS, check_roles, check_shard, check_turns, describe_turn, turn_names
+from marllm.envs.text_inputs import check_batch_sizes, check_dataset, describe_action, warn_if_queries_repeat
+from marllm.envs.turns import check_roles, check_shard, check_turn_rewards, check_turns, describe_turn, turn_names
 from marllm.utils.errors import CheckpointError
 from marllm.utils.generators import restore_generator
 
@@ -121,33 +120,16 @@ class SequentialTextEnv(AECEnv):
         self.roles = check_roles(roles)
         self.turns = check_turns(turns, self.roles)
         self.turn_names = turn_names(self.turns)
-        if turn_rewards not in TURN_REWARDS:
-            raise ValueError(f"turn_rewards must be one of {list(TURN_REWARDS)}, got {turn_rewards!r}")
-        self.turn_rewards = turn_rewards
+        self.turn_rewards = check_turn_rewards(turn_rewards)
         self.dataset = dataset
         self.query_column = query_column
         self._num_rows, columns = check_dataset(dataset, query_column)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        self.batch_size = batch_size
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-            raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-        if batch_size % group_size:
-            raise ValueError(
-                f"group_size {group_size} must divide batch_size {batch_size} (a batch holds whole groups of one query)"
-            )
+        check_batch_sizes(batch_size, group_size)
         self.group_size = group_size
         self.shard_index, self.shard_count = check_shard(shard, batch_size, group_size)
         self.global_batch_size = batch_size
         batch_size = self.batch_size = batch_size // self.shard_count
-        queries_per_batch = self.global_batch_size // group_size
-        if self._num_rows < queries_per_batch:
-            warnings.warn(
-                f"the dataset has {self._num_rows} row(s) but a batch asks for {queries_per_batch} queries "
-                f"(batch_size {self.global_batch_size} / group_size {group_size}): every batch repeats queries "
-                "(a new shuffled pass starts when one runs out)",
-                stacklevel=2,
-            )
+        warn_if_queries_repeat(self._num_rows, self.global_batch_size, group_size)
         self.templates = check_templates(templates, self.roles, columns, self.turns, dataset)
         self.reward_fn = reward_fn
         self.role_rewards = rewards_by_role(reward_fn, self.roles)

@@ -9,6 +9,13 @@ TURN_REWARDS = ("each", "last")
 """How a role that speaks several times is credited: each turn by its own response, or every turn by its last."""
 
 
+def check_turn_rewards(turn_rewards: str) -> str:
+    """``turn_rewards``, unless it is not one of :data:`TURN_REWARDS`."""
+    if turn_rewards not in TURN_REWARDS:
+        raise ValueError(f"turn_rewards must be one of {list(TURN_REWARDS)}, got {turn_rewards!r}")
+    return turn_rewards
+
+
 def check_roles(roles: Sequence[str]) -> list[str]:
     """The roles as a list; raises unless they are distinct non-empty strings."""
     roles = list(roles)

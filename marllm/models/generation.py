@@ -1,4 +1,8 @@
-"""Batched sampling of responses with left padding and the KV cache."""
+"""Batched sampling of responses with left padding and the KV cache.
+
+The logits processors responses are sampled through, and the log-probs' logits that apply them again, are
+:mod:`marllm.models.logits_processing`'s (importable from here too).
+"""
 
 from __future__ import annotations
 
@@ -12,20 +16,20 @@ from transformers import (
     BatchEncoding,
     LogitsProcessor,
     LogitsProcessorList,
-    MinNewTokensLengthLogitsProcessor,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
 )
 
 from marllm.models.generation_config import GenerationConfig
+from marllm.models.logits_processing import (  # noqa: F401 - the log-probs' processing, re-exported
+    logprob_logits,
+    process_logits,
+    reference_logprob_logits,
+    reference_processors,
+    sampling_processors,
+)
 from marllm.parallel.sharding import whole_for_generation
 
-# Processors that remove tokens by their rank in the distribution they are applied to (see reference_processors).
-_TRUNCATING = (TopKLogitsWarper, TopPLogitsWarper)
 # The settings of a model's own generation_config that may differ from transformers' defaults: token ids, lengths,
 # caching and output options, and the four sampling settings generate_responses passes explicitly. Any other
 # setting (min_new_tokens, num_beams, no_repeat_ngram_size, guidance_scale, ...) could make generate add a
@@ -127,200 +131,6 @@ def check_prompt_lengths(
             )
 
 
-def sampling_processors(
-    generation: GenerationConfig, prompt_mask: torch.Tensor, eos_token_id: int | None, budget: int
-) -> LogitsProcessorList:
-    """The logits processors that turn a model's next-token logits into the distribution responses are drawn from.
-
-    :func:`generate_responses` hands this list to ``generate`` (which then adds none of its own), and the on-policy
-    log-probs (``GenerationConfig.logprobs_from="sampling"``, see :func:`process_logits`) apply the same list at
-    every response position, so sampling and log-probs cannot drift apart. In transformers' own order: repetition
-    penalty, EOS suppression for the first ``budget`` new tokens (only when ``stop_at_eos`` is False), temperature,
-    top-k, top-p.
-
-    Args:
-        generation: the sampling settings.
-        prompt_mask: (B, P) attention mask of the left-padded prompts; padding is no token to penalise.
-        eos_token_id: the EOS token (None: no EOS suppression).
-        budget: the response's token budget (``max_new_tokens`` of this batch).
-    """
-    processors = LogitsProcessorList()
-    if generation.repetition_penalty != 1.0:
-        # Index of each row's first real token: the left padding before it is ignored, as generate does (a per-row
-        # prompt_ignore_length needs transformers >= 5.23, pyproject's floor: with one length for the whole batch a
-        # re-padded row's penalty, and so its log-probs, would change).
-        first_real = (prompt_mask != 0).int().argmax(dim=1)
-        processors.append(
-            RepetitionPenaltyLogitsProcessor(float(generation.repetition_penalty), prompt_ignore_length=first_real)
-        )
-    if not generation.stop_at_eos and eos_token_id is not None:
-        # Without stop_at_eos every response runs to the budget: EOS is suppressed until then.
-        processors.append(
-            MinNewTokensLengthLogitsProcessor(
-                prompt_mask.shape[1], budget, eos_token_id, device=str(prompt_mask.device)
-            )
-        )
-    if generation.temperature != 1.0:
-        processors.append(TemperatureLogitsWarper(float(generation.temperature)))
-    if generation.top_k > 0:
-        processors.append(TopKLogitsWarper(int(generation.top_k)))
-    if generation.top_p < 1.0:
-        processors.append(TopPLogitsWarper(float(generation.top_p)))
-    return processors
-
-
-def reference_processors(processors: LogitsProcessorList) -> LogitsProcessorList:
-    """The processors of ``processors`` that reweight tokens: all but top-k/top-p, which remove tokens by rank.
-
-    Top-k/top-p of the reference's own logits would keep other tokens than the policy's, and a token kept by the
-    policy but not by the reference would have an infinite log-ratio; the reference is instead restricted to the
-    policy's kept tokens (see ``GenerationConfig.logprobs_from``).
-    """
-    return LogitsProcessorList(p for p in processors if not isinstance(p, _TRUNCATING))
-
-
-def _process_into(
-    out: torch.Tensor,
-    processors: LogitsProcessorList,
-    input_ids: torch.Tensor,
-    logits: torch.Tensor,
-    prompt_length: int,
-) -> torch.Tensor:
-    for t in range(logits.shape[1]):
-        out[:, t] = processors(input_ids[:, : prompt_length + t], logits[:, t])
-    return out
-
-
-class _ProcessedLogits(torch.autograd.Function):
-    """:func:`process_logits` with gradient, at the memory of two (B, L, V) tensors.
-
-    Autograd through L processor calls would keep each position's output until they are stacked into a copy, and
-    its backward would gather L per-position gradients into another. Here the forward runs without graph and the
-    backward recomputes one position at a time (as activation checkpointing does): the processors are piecewise
-    linear in the logits (scaled by the temperature and the repetition penalty, or set to −inf), so the recomputed
-    vector-Jacobian product is exact.
-    """
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx,
-        logits: torch.Tensor,
-        input_ids: torch.Tensor,
-        processors: LogitsProcessorList,
-        prompt_length: int,
-        overwrite_logits: bool,
-    ) -> torch.Tensor:
-        ctx.save_for_backward(logits, input_ids)
-        ctx.processors, ctx.prompt_length, ctx.overwrite_logits = processors, prompt_length, overwrite_logits
-        return _process_into(torch.empty_like(logits), processors, input_ids, logits, prompt_length)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_processed: torch.Tensor):  # type: ignore[override]
-        logits, input_ids = ctx.saved_tensors
-        # Position t's gradient needs only position t's logits: it can take their place once computed.
-        grad = logits if ctx.overwrite_logits else torch.empty_like(logits)
-        for t in range(logits.shape[1]):
-            with torch.enable_grad():
-                column = logits[:, t].detach().requires_grad_()
-                processed = ctx.processors(input_ids[:, : ctx.prompt_length + t], column)
-            (grad[:, t],) = torch.autograd.grad(processed, column, grad_processed[:, t])
-        return grad, None, None, None, None
-
-
-def process_logits(
-    processors: LogitsProcessorList,
-    input_ids: torch.Tensor,
-    logits: torch.Tensor,
-    prompt_length: int,
-    inplace: bool = False,
-    overwrite_logits: bool = False,
-) -> torch.Tensor:
-    """The logits of the distributions each response token was sampled from, position by position.
-
-    ``input_ids`` (B, P+L) is ``[left-padded prompt | response]`` and ``logits`` (B, L, V) the model's logits at the
-    positions that predict the response (:func:`marllm.models.policy.response_forward`). Position t is processed
-    given the prefix ``input_ids[:, :P+t]``, as ``generate`` processed step t: the repetition penalty sees the prompt
-    and the response so far, EOS suppression counts the new tokens, top-k/top-p set removed tokens to −inf.
-
-    Differentiable. ``inplace`` (only without gradient) writes the result into ``logits`` instead of a new tensor;
-    ``overwrite_logits`` (with gradient) lets the backward write the logits' gradient over them, for logits nothing
-    else reads after the backward (see :func:`marllm.algorithms.core.logprobs_and_entropy`).
-    """
-    if not processors:
-        return logits
-    if logits.requires_grad and torch.is_grad_enabled():
-        if inplace:
-            raise ValueError("process_logits(inplace=True) needs logits without gradient")
-        return _ProcessedLogits.apply(logits, input_ids, processors, prompt_length, overwrite_logits)
-    return _process_into(logits if inplace else torch.empty_like(logits), processors, input_ids, logits, prompt_length)
-
-
-def logprob_logits(
-    logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    prompt_length: int,
-    generation: GenerationConfig,
-    eos_token_id: int | None,
-    inplace: bool = False,
-    overwrite_logits: bool = False,
-) -> torch.Tensor:
-    """The policy's logits whose log-softmax is its log-probs, as ``generation.logprobs_from`` defines them.
-
-    ``"tempered"``: logits / temperature. ``"sampling"``: the logits generate sampled from, every processor of
-    :func:`sampling_processors` applied at every position (:func:`process_logits`). ``logits`` (B, L, V) come from
-    :func:`marllm.models.policy.response_forward` on ``input_ids``/``attention_mask`` (B, P+L); ``inplace`` (only
-    without gradient) overwrites ``logits`` rather than allocating another (B, L, V) tensor, and
-    ``overwrite_logits`` (with gradient) lets the backward put their gradient in their place. Half-precision logits
-    that need processing are processed in float32, as generate processes them.
-    """
-    sampling = generation.logprobs_from == "sampling"
-    if not sampling and generation.temperature == 1.0:
-        return logits
-    logits = _as_generate_scores(logits)
-    if sampling:
-        prompt_mask = attention_mask[:, :prompt_length]
-        processors = sampling_processors(generation, prompt_mask, eos_token_id, logits.shape[1])
-        return process_logits(processors, input_ids, logits, prompt_length, inplace, overwrite_logits)
-    return logits.div_(generation.temperature) if inplace else logits / generation.temperature
-
-
-def _as_generate_scores(logits: torch.Tensor) -> torch.Tensor:
-    # generate upcasts each step's logits to float32 before its processors; rounding after each processor in bfloat16
-    # would move the log-probs away from the sampler's.
-    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-
-
-def reference_logprob_logits(
-    reference_logits: torch.Tensor,
-    policy_logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    prompt_length: int,
-    generation: GenerationConfig,
-    eos_token_id: int | None,
-    inplace: bool = False,
-) -> torch.Tensor:
-    """The reference's logits to compare with the policy's :func:`logprob_logits` (``policy_logits``).
-
-    ``"tempered"``: reference logits / temperature, like the policy's. ``"sampling"``: the same temperature,
-    repetition penalty and EOS suppression as the policy (:func:`reference_processors`), and −inf wherever the
-    policy's top-k/top-p removed a token, so that both are distributions over the same tokens.
-    """
-    if generation.logprobs_from != "sampling":
-        return logprob_logits(
-            reference_logits, input_ids, attention_mask, prompt_length, generation, eos_token_id, inplace
-        )
-    prompt_mask = attention_mask[:, :prompt_length]
-    processors = reference_processors(
-        sampling_processors(generation, prompt_mask, eos_token_id, reference_logits.shape[1])
-    )
-    processed = process_logits(processors, input_ids, _as_generate_scores(reference_logits), prompt_length, inplace)
-    removed = torch.isneginf(policy_logits)
-    return processed.masked_fill_(removed, -torch.inf) if inplace else processed.masked_fill(removed, -torch.inf)
-
-
 def check_model_sampling_defaults(model: PreTrainedModel, owner: str = "generation") -> None:
     """Refuse a model whose own ``generation_config`` would make ``generate`` filter logits beyond ours.
 
@@ -358,6 +168,31 @@ def _last_hidden_states(model: PreTrainedModel, owner: str) -> Iterator[list[tor
         yield steps
     finally:
         handle.remove()
+
+
+def _stack_captured(
+    step_logits: Sequence[torch.Tensor], hidden_steps: Sequence[torch.Tensor], length: int, owner: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The captured logits and last hidden states of a response of ``length`` tokens, as (B, L, V) and (B, L, H):
+    one of each per sampled token, or a RuntimeError."""
+    if not (len(step_logits) == len(hidden_steps) == length):
+        raise RuntimeError(
+            f"{owner}: generate returned {len(step_logits)} logits and ran {len(hidden_steps)} forwards for "
+            f"{length} response tokens; they cannot be matched to the tokens "
+            "(ppo.rollout_from_generate needs one forward per sampled token)"
+        )
+    logits = torch.stack(step_logits, 1)  # generate's float32 copies of each step's raw logits
+    hidden = torch.stack(hidden_steps, 1)
+    return logits, hidden
+
+
+def _response_mask(response: torch.Tensor, generation: GenerationConfig, eos: int | None) -> torch.Tensor:
+    """1 for a response's tokens: up to and including its first EOS with ``stop_at_eos``, else every token."""
+    if generation.stop_at_eos and eos is not None:
+        is_eos = (response == eos).long()
+        # Keep tokens up to and including the first EOS; what generate appends after it is padding.
+        return ((is_eos.cumsum(1) - is_eos) == 0).long()
+    return torch.ones_like(response)
 
 
 @torch.no_grad()
@@ -415,21 +250,9 @@ def generate_responses(
     response = sequences[:, prompt_ids.shape[1] :]  # (B, L), L <= budget
     logits = hidden = None
     if capture:
-        if not (len(output.logits) == len(hidden_steps) == response.shape[1]):
-            raise RuntimeError(
-                f"{owner}: generate returned {len(output.logits)} logits and ran {len(hidden_steps)} forwards for "
-                f"{response.shape[1]} response tokens; they cannot be matched to the tokens "
-                "(ppo.rollout_from_generate needs one forward per sampled token)"
-            )
-        logits = torch.stack(output.logits, 1)  # generate's float32 copies of each step's raw logits
-        hidden = torch.stack(hidden_steps, 1)
+        logits, hidden = _stack_captured(output.logits, hidden_steps, response.shape[1], owner)
         del output, hidden_steps[:]
-    if generation.stop_at_eos and eos is not None:
-        is_eos = (response == eos).long()
-        # Keep tokens up to and including the first EOS; what generate appends after it is padding.
-        mask = ((is_eos.cumsum(1) - is_eos) == 0).long()
-    else:
-        mask = torch.ones_like(response)
+    mask = _response_mask(response, generation, eos)
     lengths = mask.sum(1).tolist()
     texts = tokenizer.batch_decode(
         [row[:n].tolist() for row, n in zip(response, lengths, strict=True)], skip_special_tokens=True

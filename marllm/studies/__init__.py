@@ -11,9 +11,9 @@ from typing import Any
 
 _EXPORTS = {
     "Executor": "marllm.studies.execute",
-    "LocalExecutor": "marllm.studies.execute",
+    "LocalExecutor": "marllm.studies.local_executor",
     "RayExecutor": "marllm.studies.ray_executor",
-    "RunOutcome": "marllm.studies.execute",
+    "RunOutcome": "marllm.studies.worker",
     "run_study": "marllm.studies.execute",
     "Study": "marllm.studies.spec",
     "StudyRun": "marllm.studies.spec",

@@ -1,6 +1,6 @@
 """Running a study's runs as Ray tasks, on a local Ray instance or a cluster (``marllm study --engine ray``).
 
-Each run is one task that calls :func:`marllm.studies.execute.run_one`, as a local worker does, with the CPUs and
+Each run is one task that calls :func:`marllm.studies.worker.run_one`, as a local worker does, with the CPUs and
 GPUs of the study file's ``resources`` reserved for it. Runs write into the study directory as they do locally, so on
 a cluster that directory must be on a filesystem every node sees (NFS or the like) under the same path.
 
@@ -35,7 +35,10 @@ from marllm.run.run_dir import (
     hold_run_dir,
     overwrite_run_files,
 )
-from marllm.studies.execute import (
+from marllm.studies.files import ERROR_FILE, EXPANSION_FILE, STUDY_FILE
+from marllm.studies.signals import sigterm_interrupts
+from marllm.studies.spec import DEFAULT_RESOURCES, StudyRun
+from marllm.studies.worker import (
     Action,
     RunEvent,
     RunOutcome,
@@ -43,10 +46,7 @@ from marllm.studies.execute import (
     plan,
     record_failure,
     run_one,
-    sigterm_interrupts,
 )
-from marllm.studies.files import ERROR_FILE, EXPANSION_FILE, STUDY_FILE
-from marllm.studies.spec import DEFAULT_RESOURCES, StudyRun
 
 RunFunction = Callable[[dict[str, Any], str, Action], RunOutcome]
 ATTEMPTS = 2  # the first and one retry after a system failure

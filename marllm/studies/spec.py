@@ -24,10 +24,7 @@ that holds brackets, or give the overrides as a mapping of dotted keys (``overri
 from __future__ import annotations
 
 import copy
-import difflib
 import itertools
-import json
-import math
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,12 +33,23 @@ from typing import Any
 
 from marllm.config import TrainConfig, config_from_dict
 from marllm.config.loading import ConfigError, apply_overrides, directory_given, read_yaml
-from marllm.config.paths import absolute_config_paths
 from marllm.studies.files import EXPANSION_FILE
+from marllm.studies.study_keys import (  # noqa: F401 - RESOURCE_KEYS and STUDY_OWNED re-exported
+    RESOURCE_KEYS,
+    STUDY_OWNED,
+    is_empty,
+    no_runs,
+    read_base,
+    read_compare,
+    read_grid,
+    read_overrides,
+    read_resources,
+    read_seeds,
+)
+from marllm.studies.study_keys import hint as _hint
+from marllm.studies.study_keys import inline as _inline
 
-STUDY_OWNED = ("seed", "run_dir")  # config keys a study sets for each of its runs
 STUDY_KEYS = ("name", "base", "overrides", "variants", "grid", "seeds", "compare", "resources")
-RESOURCE_KEYS = ("cpus", "gpus")
 DEFAULT_RESOURCES = {"cpus": 1.0, "gpus": 0.0}
 RUNS_DIR = "runs"
 DEFAULT_VARIANT = "base"
@@ -253,11 +261,6 @@ def _unique(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def _inline(value: Any) -> str:
-    """A grid value as override text (JSON is YAML: ``-0.5``, ``null``, ``[1, 2]``, ``"text"``)."""
-    return json.dumps(value, separators=(",", ":"))
-
-
 def load_study(path: str | Path) -> Study:
     """Read a study file; ``base`` as a path is read relative to the study file.
 
@@ -289,127 +292,21 @@ def study_from_dict(data: Mapping[str, Any], root: Path = Path(".")) -> Study:
     name = data.get("name")
     if not isinstance(name, str) or not name or _UNSAFE.search(name):
         raise ConfigError(f"study name must be a non-empty string of letters, digits and ._=+-, got {name!r}")
-    study = Study(name=name, base=_base(data.get("base"), root))
-    study.overrides = _overrides(data.get("overrides", []), "overrides")
+    study = Study(name=name, base=read_base(data.get("base"), root))
+    study.overrides = read_overrides(data.get("overrides", []), "overrides")
     variants = data.get("variants", {DEFAULT_VARIANT: []})
-    if _empty(variants):
+    if is_empty(variants):
         fix = "give one variant or more (name: [overrides]), or leave variants out for one run of the base config"
-        raise _no_runs("variants", variants, f"{fix} per seed")
+        raise no_runs("variants", variants, f"{fix} per seed")
     if not isinstance(variants, Mapping):
         raise ConfigError(f"study variants must be a non-empty mapping of name: [overrides], got {variants!r}")
     study.variants = {}
     for variant, overrides in variants.items():
         if not isinstance(variant, str) or not variant:
             raise ConfigError(f"study variant names must be non-empty strings, got {variant!r}")
-        study.variants[variant] = _overrides(overrides if overrides is not None else [], f"variants.{variant}")
-    study.grid = _grid(data.get("grid", {}))
-    study.seeds = _seeds(data.get("seeds", [0]))
-    study.compare = _compare(data.get("compare", []), list(study.variants))
-    study.resources = _resources(data.get("resources", {}))
+        study.variants[variant] = read_overrides(overrides if overrides is not None else [], f"variants.{variant}")
+    study.grid = read_grid(data.get("grid", {}))
+    study.seeds = read_seeds(data.get("seeds", [0]))
+    study.compare = read_compare(data.get("compare", []), list(study.variants))
+    study.resources = read_resources(data.get("resources", {}))
     return study
-
-
-def _base(base: Any, root: Path) -> dict[str, Any]:
-    if isinstance(base, str):  # its paths are relative to it, as for marllm train
-        return absolute_config_paths(read_yaml(root / base), (root / base).resolve().parent)
-    if isinstance(base, Mapping) and base:
-        return copy.deepcopy(dict(base))
-    raise ConfigError(f"study base must be a config file path (relative to the study file) or a mapping, got {base!r}")
-
-
-def _overrides(value: Any, key: str) -> list[str]:
-    if isinstance(value, Mapping):  # {dotted.key: value, ...}
-        overrides = [f"{name}={_inline(item)}" for name, item in value.items()]
-    elif isinstance(value, list) and all(isinstance(item, str) and "=" in item for item in value):
-        overrides = list(value)
-    else:
-        raise ConfigError(
-            f"study {key} must be a list of dotted overrides like iterations=50, or a mapping like "
-            f"{{iterations: 50}}, got {value!r}"
-        )
-    for override in overrides:
-        _refuse_study_owned(override.split("=", 1)[0].strip(), key)
-    return overrides
-
-
-def _refuse_study_owned(name: str, where: str) -> None:
-    """``seed`` and ``run_dir`` belong to the study: a variant, override or grid setting them would be overridden."""
-    if name in STUDY_OWNED:
-        raise ConfigError(
-            f"study {where} sets {name!r}, which the study decides: seeds come from the study's `seeds` list and "
-            "each run's directory from the study directory; remove it"
-        )
-
-
-def _grid(grid: Any) -> dict[str, list[Any]]:
-    if grid is None:
-        return {}
-    if not isinstance(grid, Mapping):
-        raise ConfigError(f"study grid must be a mapping of dotted key: [values], got {grid!r}")
-    for key, values in grid.items():
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"study grid keys must be dotted config keys, got {key!r}")
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"study grid.{key} must be a non-empty list of values, got {values!r}")
-        _refuse_study_owned(key, "grid")
-    return {key: list(values) for key, values in grid.items()}
-
-
-def _empty(value: Any) -> bool:
-    """Whether a study key is given empty: ``null``, ``{}`` or ``[]``."""
-    return value is None or (isinstance(value, Mapping | list) and not value)
-
-
-def _no_runs(key: str, value: Any, fix: str) -> ConfigError:
-    """The error for an empty ``variants`` or ``seeds``: the study would have no runs."""
-    shown = "null" if value is None else json.dumps(value)
-    return ConfigError(
-        f"study {key} is empty ({shown}): a study runs each variant once per seed, so it would have no runs; {fix}"
-    )
-
-
-def _seeds(seeds: Any) -> list[int]:
-    if _empty(seeds):
-        raise _no_runs("seeds", seeds, "give one seed or more, e.g. seeds: [0] (the default when seeds is left out)")
-    valid = isinstance(seeds, list) and seeds and all(type(s) is int and s >= 0 for s in seeds)
-    if not valid or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"study seeds must be a non-empty list of distinct integers >= 0, got {seeds!r}")
-    return list(seeds)
-
-
-def _compare(pairs: Any, variants: list[str]) -> list[list[str]]:
-    if pairs is None:
-        return []
-    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
-        raise ConfigError(f"study compare must be a list of [variant, variant] pairs, got {pairs!r}")
-    for pair in pairs:
-        for variant in pair:
-            if variant not in variants:
-                raise ConfigError(f"study compare names variant {variant!r}, which is not one of {variants}")
-    return [list(pair) for pair in pairs]
-
-
-def _resources(resources: Any) -> dict[str, float]:
-    if resources is None:
-        return {}
-    if not isinstance(resources, Mapping):
-        raise ConfigError(f"study resources must be a mapping like {{cpus: 1, gpus: 0}}, got {resources!r}")
-    for key, value in resources.items():
-        if key not in RESOURCE_KEYS:
-            raise ConfigError(
-                f"unknown study key 'resources.{key}'{_hint(str(key), RESOURCE_KEYS)}; valid: {list(RESOURCE_KEYS)}"
-            )
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ConfigError(f"study resources.{key} must be a number, got {value!r}")
-        if key == "cpus" and value <= 0:
-            raise ConfigError(f"study resources.cpus must be > 0 (a run needs a CPU; 0.5 shares one), got {value!r}")
-        if key == "gpus" and (value < 0 or (value > 1 and value != int(value))):
-            raise ConfigError(
-                f"study resources.gpus must be 0, a fraction of one GPU (0.5) or a whole number, got {value!r}"
-            )
-    return dict(resources)
-
-
-def _hint(key: str, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -179,19 +179,7 @@ class SentimentClassifier:
             recipe: hyperparameters (default :class:`ClassifierRecipe`).
         """
         recipe = recipe or ClassifierRecipe()
-        n = len(texts)
-        y = np.asarray(labels, dtype=np.int64)
-        if len(y) != n:
-            raise ValueError(f"fit got {n} texts but {len(y)} labels")
-        if n == 0 or not set(np.unique(y)) <= {0, 1} or len(np.unique(y)) != 2:
-            raise ValueError(f"fit needs labels 0 and 1, each at least once; got {sorted(set(y.tolist()))}")
-        w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-        group = np.arange(n) if groups is None else np.asarray(groups)
-        cal_w = w if calibration_weight is None else np.asarray(calibration_weight, dtype=np.float64)
-        if len(w) != n or len(group) != n or len(cal_w) != n:
-            raise ValueError("sample_weight, groups and calibration_weight must have one entry per text")
-        if (w < 0).any() or (cal_w < 0).any() or cal_w.sum() <= 0:
-            raise ValueError("weights must be non-negative and calibration_weight must not be all zero")
+        n, y, w, group, cal_w = _fit_arrays(texts, labels, sample_weight, groups, calibration_weight)
 
         probe = cls([], np.zeros(0), 0.0, recipe.ngram_max)
         grams = [probe.ngrams(text) for text in texts]
@@ -288,6 +276,28 @@ class SentimentClassifier:
                        config.get("metadata"))
         except ValueError as error:
             raise ValueError(f"sentiment classifier in {directory} is inconsistent: {error}") from error
+
+
+def _fit_arrays(
+    texts: Sequence[str], labels: Sequence[int], sample_weight: Sequence[float] | None,
+    groups: Sequence[int] | None, calibration_weight: Sequence[float] | None,
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:meth:`SentimentClassifier.fit`'s inputs checked, as arrays: ``(n, labels, sample weights, groups, calibration
+    weights)``, the defaults filled in."""
+    n = len(texts)
+    y = np.asarray(labels, dtype=np.int64)
+    if len(y) != n:
+        raise ValueError(f"fit got {n} texts but {len(y)} labels")
+    if n == 0 or not set(np.unique(y)) <= {0, 1} or len(np.unique(y)) != 2:
+        raise ValueError(f"fit needs labels 0 and 1, each at least once; got {sorted(set(y.tolist()))}")
+    w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    group = np.arange(n) if groups is None else np.asarray(groups)
+    cal_w = w if calibration_weight is None else np.asarray(calibration_weight, dtype=np.float64)
+    if len(w) != n or len(group) != n or len(cal_w) != n:
+        raise ValueError("sample_weight, groups and calibration_weight must have one entry per text")
+    if (w < 0).any() or (cal_w < 0).any() or cal_w.sum() <= 0:
+        raise ValueError("weights must be non-negative and calibration_weight must not be all zero")
+    return n, y, w, group, cal_w
 
 
 def _platt(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
