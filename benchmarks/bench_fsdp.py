@@ -36,7 +36,7 @@ from marllm.assets import resolve_model
 from marllm.loop import run_iteration
 from marllm.models.policy import load_tokenizer
 from marllm.parallel.distributed import close_data_parallel, init_data_parallel
-from marllm.run.learners import make_learners
+from marllm.run.learners import ModelPlacement, make_learners
 
 MIB = 2**20
 MODES = ("one process", "replicated", "sharded")
@@ -76,10 +76,8 @@ def measure(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
         ["llm1", "llm2"],
         PPOConfig(mini_batch_size=args.batch_size // 2, ppo_epochs=1),
         GenerationConfig(min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens, stop_at_eos=False),
-        device=args.device,
+        placement=ModelPlacement(device=args.device, fsdp=mode == "sharded", data_parallel=data_parallel),
         tokenizer=tokenizer,
-        data_parallel=data_parallel,
-        fsdp=mode == "sharded",
     )
     seconds, phases = [], {phase: [] for phase in PHASES}
     for iteration in range(args.iterations):

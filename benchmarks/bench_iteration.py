@@ -41,7 +41,7 @@ from transformers.utils import logging as hf_logging
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.loop import run_iteration
 from marllm.models.policy import load_tokenizer
-from marllm.run.learners import make_learners
+from marllm.run.learners import ModelPlacement, make_learners
 
 PHASES = ("generation", "forwards", "reward", "update")
 MARLLM_KEYS = {
@@ -181,7 +181,9 @@ def measure_mode(model_dir: str, num_agents: int, args: argparse.Namespace) -> d
     dataset = random_queries(tokenizer, 4 * args.batch_size, QUERY_TOKENS, seed=SEED)
     env = chain_env(dataset, num_agents, args.batch_size)
     ids = learner_ids(num_agents)
-    learners, _ = make_learners(model_dir, ids, ppo, generation, seed=SEED, device="cpu", tokenizer=tokenizer)
+    learners, _ = make_learners(
+        model_dir, ids, ppo, generation, seed=SEED, placement=ModelPlacement(device="cpu"), tokenizer=tokenizer
+    )
     floor = Floor(model_dir, num_agents, tokenizer, generation, ppo)
     marllm_runs, floor_runs = [], []
     prompt_tokens: dict[str, int] = {}

@@ -33,7 +33,7 @@ from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.loop import run_iteration
 from marllm.models.lora import LoraSettings
 from marllm.models.policy import load_tokenizer, resolve_device
-from marllm.run.learners import make_learners
+from marllm.run.learners import ModelPlacement, make_learners
 
 MODES = ("full", "lora")
 MAX_AGENTS = 3
@@ -100,9 +100,8 @@ def measure_one(mode: str, num_agents: int, model_dir: str, args: argparse.Names
         learner_ids(num_agents),
         PPOConfig(mini_batch_size=args.batch_size, ppo_epochs=1),
         GenerationConfig(min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens, stop_at_eos=False),
-        device=device,
+        placement=ModelPlacement(device=device, lora=lora),
         tokenizer=tokenizer,
-        lora=lora,
     )
     run_iteration(env, learners, seed=0)
     trainable = sum(

@@ -46,7 +46,7 @@ from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.loop import run_iteration
 from marllm.models.policy import load_tokenizer
-from marllm.run.learners import make_learners
+from marllm.run.learners import ModelPlacement, make_learners
 
 QUERY_TOKENS = 8
 MIB = 2**20
@@ -240,7 +240,8 @@ def measure(kind: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
     )
 
     def build() -> dict[str, PPOLearner]:
-        return make_learners(model_dir, learner_ids(args.agents), ppo, generation, seed=SEED, device="cpu")[0]
+        placement = ModelPlacement(device="cpu")
+        return make_learners(model_dir, learner_ids(args.agents), ppo, generation, seed=SEED, placement=placement)[0]
 
     return run_phases(kind, build, env, args.iterations, SEED, args.top)
 

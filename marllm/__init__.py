@@ -35,6 +35,8 @@ _EXPORTS = {
     "PPOConfig": "marllm.algorithms.ppo_config",
     "GenerationConfig": "marllm.models.generation_config",
     "make_learners": "marllm.run.learners",
+    "ModelPlacement": "marllm.run.learners",
+    "AlgorithmOptions": "marllm.algorithms.registry",
     "run_iteration": "marllm.loop",
     "train": "marllm.run.train",
     "TrainConfig": "marllm.config",
@@ -43,8 +45,10 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AlgorithmOptions",
     "ConfigError",
     "GenerationConfig",
+    "ModelPlacement",
     "PPOConfig",
     "PPOLearner",
     "RewardFunctionError",
@@ -62,12 +66,13 @@ __all__ = [
 if TYPE_CHECKING:
     from marllm.algorithms.ppo import PPOLearner
     from marllm.algorithms.ppo_config import PPOConfig
+    from marllm.algorithms.registry import AlgorithmOptions
     from marllm.config import TrainConfig, load_config
     from marllm.config.loading import ConfigError
     from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
     from marllm.loop import run_iteration
     from marllm.models.generation_config import GenerationConfig
-    from marllm.run.learners import make_learners
+    from marllm.run.learners import ModelPlacement, make_learners
     from marllm.run.train import train
     from marllm.wrappers.role_permutation import RolePermutation
     from marllm.wrappers.shared_reward import SharedReward

@@ -9,7 +9,7 @@ from marllm.config.loading import ConfigError
 from marllm.evaluation.cross_play import cross_play_of_checkpoints
 from marllm.evaluation.deployed import load_deployed_model
 from marllm.loop import run_iteration
-from marllm.run.learners import make_learners
+from marllm.run.learners import ModelPlacement, make_learners
 from marllm.run.setup import build
 from marllm.run.train import train
 from tests.conftest import make_tiny_gpt2, make_tokenizer
@@ -85,11 +85,12 @@ def test_lora_learners_of_two_bases_get_one_shared_base_each(tiny_lm_dir, other_
 
     lora = LoraSettings(r=2, alpha=4, target_modules=["c_attn"])
     models = {"m1": str(tiny_lm_dir), "m2": str(tiny_lm_dir), "m3": str(other_lm_dir)}
-    learners, reference = make_learners(models, ["m1", "m2", "m3"], lora=lora, device="cpu")
+    placement = ModelPlacement(device="cpu", lora=lora)
+    learners, reference = make_learners(models, ["m1", "m2", "m3"], placement=placement)
     assert learners["m1"].model is learners["m2"].model and learners["m3"].model is not learners["m1"].model
     assert reference is None and len(learners["m3"].tokenizer) == 280
     with pytest.raises(ValueError, match=r"no model for learner\(s\) \[.m4.\]"):
-        make_learners(models, ["m1", "m4"], device="cpu")
+        make_learners(models, ["m1", "m4"], placement=ModelPlacement(device="cpu"))
 
 
 def test_agents_models_are_checked(tiny_lm_dir, other_lm_dir, tiny_classifier_dir, reviews_file, tmp_path):
@@ -99,3 +100,16 @@ def test_agents_models_are_checked(tiny_lm_dir, other_lm_dir, tiny_classifier_di
     config = hetero_config(tiny_lm_dir, tmp_path / "missing", tiny_classifier_dir, reviews_file)
     with pytest.raises(ConfigError, match="agents.models.llm2"):
         config.check_references()
+
+
+def test_model_placement_is_checked_when_made():
+    from marllm.models.lora import LoraSettings
+
+    with pytest.raises(ValueError, match="fsdp_compute_dtype is the compute dtype of sharded models"):
+        ModelPlacement(fsdp_compute_dtype="bfloat16")
+    with pytest.raises(ValueError, match="fsdp shards full models"):
+        ModelPlacement(fsdp=True)  # no data-parallel ranks to shard over
+    with pytest.raises(ValueError, match="fsdp shards full models"):
+        ModelPlacement(fsdp=True, lora=LoraSettings(r=2, alpha=4, target_modules=["c_attn"]))
+    placement = ModelPlacement(device="cpu", devices={"llm2": "meta"})
+    assert (placement.device_of("llm1"), placement.device_of("llm2")) == ("cpu", "meta")

@@ -26,6 +26,8 @@ PUBLIC = {
         "PPOConfig",
         "GenerationConfig",
         "make_learners",
+        "ModelPlacement",
+        "AlgorithmOptions",
         "run_iteration",
         "train",
         "TrainConfig",
@@ -35,7 +37,14 @@ PUBLIC = {
     ],
     "marllm.envs": ["SequentialTextEnv", "env", "raw_env", "TextBatch", "RewardFn", "RewardFunctionError"],
     "marllm.wrappers": ["SharedReward", "RolePermutation", "cooperation_matrix", "check_coefficients"],
-    "marllm.algorithms": ["PPOLearner", "PPOConfig", "GenerationConfig", "AdaptiveKLController", "FixedKLController"],
+    "marllm.algorithms": [
+        "PPOLearner",
+        "PPOConfig",
+        "GenerationConfig",
+        "AdaptiveKLController",
+        "FixedKLController",
+        "AlgorithmOptions",
+    ],
 }
 
 
@@ -51,12 +60,15 @@ def test_every_public_name_imports_and_is_listed(module_name):
 
 def test_top_level_names_are_the_defining_objects():
     from marllm.algorithms.ppo import PPOLearner
+    from marllm.algorithms.registry import AlgorithmOptions
     from marllm.envs.text_env import SequentialTextEnv
-    from marllm.run.learners import make_learners
+    from marllm.run.learners import ModelPlacement, make_learners
     from marllm.wrappers.role_permutation import RolePermutation
 
     assert marllm.PPOLearner is PPOLearner and marllm.SequentialTextEnv is SequentialTextEnv
     assert marllm.make_learners is make_learners and marllm.RolePermutation is RolePermutation
+    assert marllm.ModelPlacement is ModelPlacement and marllm.AlgorithmOptions is AlgorithmOptions
+    assert marllm.algorithms.AlgorithmOptions is AlgorithmOptions
     assert marllm.envs.raw_env is SequentialTextEnv
     with pytest.raises(AttributeError, match="no attribute 'PPOTrainer'"):
         marllm.PPOTrainer  # noqa: B018

@@ -14,6 +14,7 @@ from marllm.utils.lazy_exports import lazy_exports
 _EXPORTS = {
     "ActionPPOLearner": "marllm.algorithms.action_ppo",
     "AdaptiveKLController": "marllm.algorithms.kl_controller",
+    "AlgorithmOptions": "marllm.algorithms.registry",
     "CriticFreeConfig": "marllm.algorithms.critic_free_config",
     "CriticFreeLearner": "marllm.algorithms.critic_free_learner",
     "FixedKLController": "marllm.algorithms.kl_controller",
@@ -31,6 +32,7 @@ _EXPORTS = {
 __all__ = [
     "ActionPPOLearner",
     "AdaptiveKLController",
+    "AlgorithmOptions",
     "CriticFreeConfig",
     "CriticFreeLearner",
     "FixedKLController",
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
     from marllm.algorithms.ppo import PPOLearner
     from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
     from marllm.algorithms.ppo_steps import NonFiniteLossError
-    from marllm.algorithms.registry import LEARNERS, register_learner
+    from marllm.algorithms.registry import LEARNERS, AlgorithmOptions, register_learner
     from marllm.algorithms.rollout import Rollout
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

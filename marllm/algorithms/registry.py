@@ -8,7 +8,7 @@ registered under, the :class:`AlgorithmOptions` that only some algorithms read, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +24,30 @@ LEARNERS: dict[str, LearnerBuilder] = {}
 
 @dataclass(frozen=True)
 class AlgorithmOptions:
-    """What some algorithms need beyond every learner's options: the critic-free settings, the env's group size
-    (the answers to one query that GRPO and RLOO compare), and how a game's answers become moves (``actions``:
-    ``generate``, ``constrained`` or ``score``, with ``score``'s ``action_normalization``)."""
+    """Each learner's algorithm, and what some algorithms need beyond every learner's options.
 
+    Attributes:
+        algorithm: the algorithm name of every learner, or learner id -> name (``ppo`` where not named); a name
+            registered in :data:`LEARNERS` (``ppo``, ``grpo``, ``rloo``, ``reinforce_pp``, ...).
+        critic_free: the critic-free learners' settings (None: their defaults).
+        group_size: the env's group size, the answers to one query that GRPO and RLOO compare.
+        actions: how a game's answers become moves: ``generate``, ``constrained`` or ``score`` (``score``: the
+            algorithm's action-level learner, registered as ``<algorithm>:score``).
+        action_normalization: how ``score`` normalises a move's log-likelihood: ``none`` (the sum over its
+            tokens), ``token`` (the mean per token) or ``word`` (the sum divided by the move's words).
+    """
+
+    algorithm: str | Mapping[str, str] = "ppo"
     critic_free: CriticFreeConfig | None = None
     group_size: int = 1
     actions: str = "generate"
     action_normalization: str = "token"
+
+    def algorithm_of(self, learner_id: str) -> str:
+        """The algorithm name of ``learner_id``."""
+        if isinstance(self.algorithm, str):
+            return self.algorithm
+        return self.algorithm.get(learner_id, "ppo")
 
 
 def register_learner(*names: str) -> Callable[[LearnerBuilder], LearnerBuilder]:
