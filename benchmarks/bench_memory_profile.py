@@ -167,8 +167,8 @@ def instrument(learner: PPOLearner, phases: Phases, shapes: list[str]) -> None:
         phases.enter(f"{name} forwards")
 
     # _rollout = _generate, then the forwards; act returns to the loop, which steps the env.
-    learner._generate = _around(  # type: ignore[method-assign]
-        learner._generate, lambda: phases.enter(f"{name} generation"), generated
+    learner.collector._generate = _around(  # type: ignore[method-assign]
+        learner.collector._generate, lambda: phases.enter(f"{name} generation"), generated
     )
     learner.act = _around(learner.act, lambda: None, lambda _: phases.enter("env step"))  # type: ignore[method-assign]
     learner.update = _around(  # type: ignore[method-assign]

@@ -273,7 +273,7 @@ def test_one_token_moves_are_scored_from_one_forward_of_each_distinct_prompt(tok
     forwards = []
     hook = learner.model.register_forward_hook(lambda module, args, output: forwards.append(len(output.logits)))
     with torch.no_grad():
-        table, values = learner._scores(learner.model, columns, with_values=True)
+        table, values = learner.collector.scores(learner.model, columns, with_values=True)
     hook.remove()
     assert forwards == [2]  # one forward, of the two distinct prompts
     for row, (prompt, names) in enumerate(zip(prompts, moves, strict=True)):

@@ -18,7 +18,7 @@ from tests.test_ppo_learner import make_learner
 def step_weights(learner, batch_size):
     """Each optimiser step's mini-batch weights of one epoch over ``batch_size`` samples of 3 tokens each."""
     masses = torch.full((batch_size,), 3.0)
-    return [[mb.weight for mb in step] for step in learner._step_plan(masses, np.arange(batch_size))]
+    return [[mb.weight for mb in step] for step in learner._optimisation().plan(masses, np.arange(batch_size))]
 
 
 @pytest.mark.parametrize(

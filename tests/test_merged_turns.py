@@ -80,6 +80,21 @@ class CountingController:
         self.calls.append((kl, n_steps))
 
 
+def record_steps(learner):
+    """The list that each optimiser step of ``learner``'s updates (its mini-batches) is appended to as it runs."""
+    steps = []
+    optimisation = learner._optimisation
+
+    def recording():
+        runner = optimisation()
+        plan = runner.plan
+        runner.plan = lambda *args: (step for step in plan(*args) if not steps.append(step))
+        return runner
+
+    learner._optimisation = recording
+    return steps
+
+
 def test_a_learner_with_two_turns_takes_one_controller_step_and_one_shuffled_pass_over_both(tokenizer):
     controller = CountingController()
     learner = make_learner(
@@ -91,9 +106,7 @@ def test_a_learner_with_two_turns_takes_one_controller_step_and_one_shuffled_pas
         score_transform="normalize",
     )
     played(learner, SHORT * 2, LONG * 2)
-    plan = learner._step_plan
-    steps = []
-    learner._step_plan = lambda *args: (s for s in plan(*args) if not steps.append(s))
+    steps = record_steps(learner)
     metrics = learner.update()
     assert len(controller.calls) == 1 and controller.calls[0][1] == 8  # one step, over both turns' 8 responses
     assert learner.score_statistics.count == 8  # the score statistics took both turns at once
@@ -108,9 +121,7 @@ def test_an_epoch_shuffles_both_turns_together(tokenizer):
     1); merged, an epoch's steps draw from both turns: here the first step of 8 holds rows of each."""
     learner = make_learner(tokenizer, 0, mini_batch_size=8, ppo_epochs=2)
     played(learner, SHORT * 4, LONG * 4)
-    plan = learner._step_plan
-    steps = []
-    learner._step_plan = lambda *args: (s for s in plan(*args) if not steps.append(s))
+    steps = record_steps(learner)
     learner.update()
     assert len(steps) == 4  # 2 epochs of 16 responses in steps of 8
     for step in steps:

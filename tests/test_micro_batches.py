@@ -56,7 +56,7 @@ def rollout_pair(tokenizer, learner_class=None, learner_kwargs=None, micro_batch
         tensors.mask[row, tensors.mask.shape[1] - row % 4 :] = 0.0
     tensors.kl = tensors.kl * tensors.mask
     micro.rollouts = copy.deepcopy(whole.rollouts)
-    micro._rng = copy.deepcopy(whole._rng)
+    micro._rng.bit_generator.state = whole._rng.bit_generator.state  # the generator its parts hold, in place
     return whole, micro
 
 
@@ -122,8 +122,15 @@ def test_a_mini_batch_skipped_by_the_ratio_threshold_gives_no_gradient_in_micro_
         ratio_threshold=1.01, micro_batch_size=1,
     )  # fmt: skip
     skips = []
-    accumulate = whole._accumulate
-    whole._accumulate = lambda mb, *args: (lambda out: (skips.append(not out[0]), out)[1])(accumulate(mb, *args))
+    optimisation = whole._optimisation
+
+    def recording():
+        steps = optimisation()
+        accumulate = steps.accumulate
+        steps.accumulate = lambda mb, *args: (lambda out: (skips.append(not out[0]), out)[1])(accumulate(mb, *args))
+        return steps
+
+    whole._optimisation = recording
     metrics = assert_same_update(whole, micro)
     assert 0 < metrics[0]["skipped_minibatch_fraction"] < 1
     # Some optimiser step holds a skipped mini-batch beside one that counts: its gradient must be the second's alone.

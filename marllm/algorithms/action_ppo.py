@@ -14,58 +14,47 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Unpack
 
 import torch
 from tianshou.data import Batch
 
+from marllm.algorithms.learner_arguments import LearnerArguments
 from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.registry import AlgorithmOptions, register_learner
-from marllm.algorithms.rollout import Rollout
+from marllm.algorithms.rollout import Rollout, RolloutCollector
 from marllm.models.devices import autocast_for
 from marllm.models.legal_moves import (
     NORMALIZATIONS,
-    PackedMoves,
     exact_move_probabilities,
     first_token_scores,
     move_tensors,
     packed_from_tensors,
     score_logprobs,
 )
+from marllm.models.policy import ValueHead
 
 
-class ActionPPOLearner(PPOLearner):
-    """PPO over legal moves scored by the model (see the module docstring).
+@dataclass(eq=False, kw_only=True)
+class MoveScoreCollector(RolloutCollector):
+    """Acting for :class:`ActionPPOLearner`: one legal move per row drawn from π(· | s), the softmax of the moves'
+    ``normalization``-normalised log-likelihoods (:func:`move_scores`); free-text answers are refused."""
 
-    Takes :class:`PPOLearner`'s arguments (``actions`` is ``"score"``), and ``normalization``: how a move's
-    log-likelihood is normalised, ``"none"`` (its sum: short names are favoured), ``"token"`` (the mean per token)
-    or ``"word"`` (the sum per word of its name). ``generation`` is used for its ``chat_template`` only: nothing is
-    sampled token by token. Acting needs ``observation["legal_moves"]``.
-    """
+    normalization: str
 
-    supported_actions = ("score",)
-
-    def __init__(self, name: str, *, normalization: str = "token", actions: str = "score", **kwargs: Any):
-        if normalization not in NORMALIZATIONS:
-            raise ValueError(
-                f"learner {name!r}: action_normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}"
-            )
-        super().__init__(name, actions=actions, **kwargs)
-        self.normalization = normalization
+    def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
+        """Draw one legal move per row from π(· | s), as a rollout whose responses are the moves' names."""
+        legal_moves = self.legal_moves(observation)
+        assert legal_moves is not None
+        return self._rollout(tuple(observation["prompt"]), role, legal_moves)
 
     def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
+        """Refused: scored moves need a game's legal moves."""
         raise ValueError(
             f"learner {self.name!r} scores a game's legal moves (game.actions: score) and cannot answer prompts "
             "without them"
         )
-
-    def act(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:
-        """Draw one legal move per row from π(· | s) and record the rollout; returns the moves' names."""
-        legal_moves = self._legal_moves(observation)
-        assert legal_moves is not None
-        rollout = self._rollout(tuple(observation["prompt"]), role, legal_moves)
-        self.rollouts.append(rollout)
-        return rollout.responses
 
     @torch.no_grad()
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
@@ -77,38 +66,20 @@ class ActionPPOLearner(PPOLearner):
                 model, tokenizer, prompts, legal_moves, "score", generation, self.normalization, self.device
             )
 
-    def _packed(self, columns: Mapping[str, torch.Tensor]) -> PackedMoves:
-        return packed_from_tensors(
-            columns["input_ids"],
-            columns["attention_mask"],
-            columns["moves"],
-            columns["move_words"],
-            self.tokenizer.pad_token_id,
-        )
-
-    def _scores(
+    def scores(
         self, model: Any, columns: Mapping[str, torch.Tensor], with_values: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, M) log π(· | s) over each row's legal moves (−inf past them) and (B, 1) V(s), or None.
-
-        Each distinct (prompt, legal moves) is computed once (a game's batch repeats its information states: Kuhn
-        poker has 12), and where every move is one token, from one forward of the prompt alone
-        (:func:`~marllm.models.legal_moves.first_token_scores`); else every move is a packed row of its own.
-        """
-        first, inverse = _distinct_rows(columns)
-        distinct = {key: columns[key][first] for key in ("input_ids", "attention_mask", "moves", "move_words")}
-        value_head = self.value_head if with_values else None
-        with autocast_for(model, self.config.autocast_dtype):
-            if distinct["moves"].shape[-1] == 1:
-                table, values = first_token_scores(model, *distinct.values(), self.normalization, value_head)
-            else:
-                packed = self._packed(distinct)
-                logprobs, packed_values = score_logprobs(model, packed, self.normalization, value_head)
-                table = packed.per_row(logprobs)
-                start = torch.tensor([0, *packed.counts[:-1]], device=logprobs.device).cumsum(0)  # each row's first
-                values = None if packed_values is None else packed_values[start].float().unsqueeze(1)
-        table = table.to(self.device)[inverse]
-        return table, None if values is None else values.to(self.device)[inverse]
+        """:func:`move_scores` under ``model`` (the policy or the reference) with these settings, and the value head
+        if ``with_values``."""
+        return move_scores(
+            model,
+            columns,
+            value_head=self.value_head if with_values else None,
+            normalization=self.normalization,
+            autocast_dtype=self.config.autocast_dtype,
+            device=self.device,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
 
     @torch.no_grad()
     def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
@@ -116,12 +87,12 @@ class ActionPPOLearner(PPOLearner):
         assert legal_moves is not None
         self.activate()
         columns = move_tensors(self.tokenizer, prompts, legal_moves, self.generation.chat_template, self.device)
-        table, values = self._scores(self.model, columns, with_values=True)
+        table, values = self.scores(self.model, columns, with_values=True)
         action = torch.multinomial(table.exp(), 1)  # (B, 1): one move per row
         with self.reference_model() as reference:
             on = next(reference.parameters()).device
             ref_columns = {key: value.to(on) for key, value in columns.items()}
-            ref_table, _ = self._scores(reference, ref_columns, with_values=False)
+            ref_table, _ = self.scores(reference, ref_columns, with_values=False)
         legal = torch.isfinite(table)
         kl_full = torch.where(legal, table.exp() * (table - ref_table), 0.0).sum(1, keepdim=True)  # exact, (B, 1)
         logprobs, ref_logprobs = table.gather(1, action), ref_table.gather(1, action)
@@ -141,8 +112,49 @@ class ActionPPOLearner(PPOLearner):
         timings = {"generation_s": 0.0, "forward_s": elapsed}
         return Rollout(prompts, texts, columns["input_ids"].shape[1], tensors, role=role, timings=timings)
 
+
+class ActionPPOLearner(PPOLearner):
+    """PPO over legal moves scored by the model (see the module docstring).
+
+    Takes :class:`PPOLearner`'s arguments (``actions`` is ``"score"``; the others are :class:`LearnerArguments`),
+    and ``normalization``: how a move's log-likelihood is normalised, ``"none"`` (its sum: short names are
+    favoured), ``"token"`` (the mean per token) or ``"word"`` (the sum per word of its name). ``generation`` is used
+    for its ``chat_template`` only: nothing is sampled token by token. Acting (a :class:`MoveScoreCollector`) needs
+    ``observation["legal_moves"]``.
+    """
+
+    supported_actions = ("score",)
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        normalization: str = "token",
+        actions: str = "score",
+        **learner_kwargs: Unpack[LearnerArguments],
+    ):
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"learner {name!r}: action_normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}"
+            )
+        self.normalization = normalization  # before PPOLearner's constructor, which builds the collector
+        super().__init__(name, actions=actions, **learner_kwargs)
+
+    def _new_collector(
+        self, collector_class: type[RolloutCollector] = MoveScoreCollector, **options: Any
+    ) -> RolloutCollector:
+        return super()._new_collector(collector_class, normalization=self.normalization, **options)
+
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
-        table, values = self._scores(self.model, mb, with_values=True)
+        table, values = move_scores(
+            self.model,
+            mb,
+            value_head=self.value_head,
+            normalization=self.normalization,
+            autocast_dtype=self.config.autocast_dtype,
+            device=self.device,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
         logprobs = table.gather(1, mb.response)  # (b, 1): the moves drawn
         loss, parts = self._objective(mb, logprobs, values)
         with torch.no_grad():
@@ -150,6 +162,38 @@ class ActionPPOLearner(PPOLearner):
             parts["entropy"] = (-plogp.sum(1)).mean().item()
             parts["ratio"] = torch.exp(logprobs - mb.logprobs).mean().item()
         return loss, parts
+
+
+def move_scores(
+    model: Any,
+    columns: Mapping[str, torch.Tensor],
+    *,
+    value_head: ValueHead | None,
+    normalization: str,
+    autocast_dtype: str | None,
+    device: torch.device,
+    pad_token_id: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, M) log π(· | s) over each row's legal moves (−inf past them) under ``model``, and (B, 1) V(s) from
+    ``value_head`` (None without one), on ``device``. ``columns``: :func:`~marllm.models.legal_moves.move_tensors`'.
+
+    Each distinct (prompt, legal moves) is computed once (a game's batch repeats its information states: Kuhn
+    poker has 12), and where every move is one token, from one forward of the prompt alone
+    (:func:`~marllm.models.legal_moves.first_token_scores`); else every move is a packed row of its own.
+    """
+    first, inverse = _distinct_rows(columns)
+    distinct = {key: columns[key][first] for key in ("input_ids", "attention_mask", "moves", "move_words")}
+    with autocast_for(model, autocast_dtype):
+        if distinct["moves"].shape[-1] == 1:
+            table, values = first_token_scores(model, *distinct.values(), normalization, value_head)
+        else:
+            packed = packed_from_tensors(*distinct.values(), pad_token_id)
+            logprobs, packed_values = score_logprobs(model, packed, normalization, value_head)
+            table = packed.per_row(logprobs)
+            start = torch.tensor([0, *packed.counts[:-1]], device=logprobs.device).cumsum(0)  # each row's first
+            values = None if packed_values is None else packed_values[start].float().unsqueeze(1)
+    table = table.to(device)[inverse]
+    return table, None if values is None else values.to(device)[inverse]
 
 
 def _distinct_rows(columns: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

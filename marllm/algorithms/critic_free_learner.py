@@ -8,11 +8,10 @@ RLOO) or from the whole batch (REINFORCE++). The math is in :mod:`marllm.algorit
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from tianshou.data import Batch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marllm.algorithms.core import masked_mean
 from marllm.algorithms.critic_free import (
@@ -26,12 +25,10 @@ from marllm.algorithms.critic_free import (
     rloo_advantages,
 )
 from marllm.algorithms.critic_free_config import CRITIC_FREE, CriticFreeConfig
-from marllm.algorithms.kl_controller import KLController
+from marllm.algorithms.learner_arguments import LearnerArguments
 from marllm.algorithms.ppo import PPOLearner
-from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.ppo_update import UpdateBatch
 from marllm.algorithms.registry import AlgorithmOptions, register_learner
-from marllm.parallel.distributed import DataParallel
 
 
 class CriticFreeLearner(PPOLearner):
@@ -39,25 +36,17 @@ class CriticFreeLearner(PPOLearner):
 
     Args:
         name: the learner id (metric prefix).
-        model: the trainable causal LM, or the peft model that carries ``adapter``.
-        tokenizer: its tokenizer (left padding is set here).
-        reference: the frozen π_0; None when ``adapter`` is set (the shared base with adapters disabled).
-        config: the optimiser, epoch, mini-batch, clip-range, KL-coefficient and score-transform settings, which it
-            shares with PPO (None: :class:`PPOConfig`'s defaults; the value-function settings are not used).
-        generation: sampling settings (None: :class:`GenerationConfig`'s defaults).
-        seed: seeds the response-length sampler and the mini-batch shuffling.
-        adapter: the LoRA adapter of ``model`` that this learner trains; None trains all of ``model``'s trainable
-            parameters.
-        kl_controller: the KL coefficient controller (``value`` and ``update(kl, n_steps)``); None builds it from
-            ``config``. See :class:`PPOLearner`.
-        data_parallel: this process's rank in a data-parallel run, None for one process (see :class:`PPOLearner`).
-            Each rank's slice of the batch must hold whole groups.
         algorithm: ``"grpo"``, ``"rloo"`` or ``"reinforce_pp"``.
         group_size: responses per query in a batch (the env's ``group_size``: consecutive dialogues share a query).
             GRPO and RLOO compare the responses of a group and need at least 2; REINFORCE++ ignores groups.
         settings: where the KL goes, its estimator, the loss aggregation and GRPO's std scaling (None:
             :class:`CriticFreeConfig`'s defaults).
         actions: ``"generate"`` or ``"constrained"`` answers (see :class:`PPOLearner`).
+        **learner_kwargs: :class:`PPOLearner`'s other arguments (:class:`LearnerArguments`: ``model``,
+            ``tokenizer``, ``reference``, ``config``, ``generation``, ``seed``, ``adapter``, ``kl_controller``,
+            ``data_parallel``). ``config`` holds the optimiser, epoch, mini-batch, clip-range, KL-coefficient and
+            score-transform settings, which it shares with PPO (its value-function settings are not used);
+            data-parallel, each rank's slice of the batch must hold whole groups.
 
     Everything after ``name`` is keyword-only.
     """
@@ -68,19 +57,11 @@ class CriticFreeLearner(PPOLearner):
         self,
         name: str,
         *,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerBase,
-        reference: PreTrainedModel | None,
-        config: PPOConfig | None = None,
-        generation: GenerationConfig | None = None,
-        seed: int = 0,
-        adapter: str | None = None,
-        kl_controller: KLController | None = None,
-        data_parallel: DataParallel | None = None,
         algorithm: str = "grpo",
         group_size: int = 1,
         settings: CriticFreeConfig | None = None,
         actions: str = "generate",
+        **learner_kwargs: Unpack[LearnerArguments],
     ):
         if algorithm not in CRITIC_FREE:
             raise ValueError(f"a critic-free learner's algorithm must be one of {list(CRITIC_FREE)}, got {algorithm!r}")
@@ -89,19 +70,7 @@ class CriticFreeLearner(PPOLearner):
                 f"{algorithm} compares the responses to the same query: it needs env.group_size >= 2, got "
                 f"{group_size}"
             )
-        super().__init__(
-            name,
-            model=model,
-            tokenizer=tokenizer,
-            reference=reference,
-            config=config,
-            generation=generation,
-            seed=seed,
-            adapter=adapter,
-            kl_controller=kl_controller,
-            data_parallel=data_parallel,
-            actions=actions,
-        )
+        super().__init__(name, actions=actions, **learner_kwargs)
         self.algorithm = algorithm
         self.group_size = group_size
         self.settings = settings or CriticFreeConfig()

@@ -1,13 +1,49 @@
-"""The checks a learner's constructor makes on what it is given, before it builds anything."""
+"""A learner's constructor arguments: the ones every token-level learner takes (:class:`LearnerArguments`), the
+checks made on them before anything is built, and the parts built from them (value head, optimiser)."""
 
-from __future__ import annotations
-
-from typing import Any
+# Annotations evaluated (no ``from __future__ import annotations``), so that LearnerArguments' optional keys are
+# known at runtime (``__optional_keys__``), not only to a type checker.
+from typing import Any, NotRequired, TypedDict
 
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marllm.algorithms.kl_controller import KLController
+from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.models.activations import fuse_tanh_gelus, recompute_activations_in_backward
+from marllm.models.generation import check_chat_template
 from marllm.models.legal_moves import check_constrained
+from marllm.models.lora import adapter_parameters
+from marllm.models.policy import ValueHead
+from marllm.parallel.distributed import DataParallel
+from marllm.parallel.sharding import compute_dtype_of, shard_module
+
+
+class LearnerArguments(TypedDict):
+    """The keyword arguments of :class:`~marllm.algorithms.ppo.PPOLearner` that its subclasses take as they are and
+    pass on (``**learner_kwargs``); :class:`~marllm.algorithms.ppo.PPOLearner` documents each.
+
+    Attributes:
+        model: the trainable causal LM, or the peft model that carries ``adapter``.
+        tokenizer: its tokenizer (left padding is set).
+        reference: the frozen π_0; None when ``adapter`` is set.
+        config: the PPO settings (None: :class:`~marllm.algorithms.ppo_config.PPOConfig`'s defaults).
+        generation: the sampling settings (None: their defaults).
+        seed: seeds the response-length sampler and the mini-batch shuffling.
+        adapter: the LoRA adapter of ``model`` that the learner trains; None: all of ``model``'s trainable parameters.
+        kl_controller: the KL coefficient controller; None builds it from ``config``.
+        data_parallel: this process's rank of a data-parallel run; None for one process.
+    """
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    reference: PreTrainedModel | None
+    config: NotRequired[PPOConfig | None]
+    generation: NotRequired[GenerationConfig | None]
+    seed: NotRequired[int]
+    adapter: NotRequired[str | None]
+    kl_controller: NotRequired[KLController | None]
+    data_parallel: NotRequired[DataParallel | None]
 
 
 def check_learner_arguments(
@@ -37,6 +73,30 @@ def check_learner_arguments(
             f"learner {name!r}: a sharded (FSDP) model trains data-parallel as a full model: give data_parallel, "
             "and no adapter"
         )
+
+
+def check_learner_settings(
+    learner: Any,
+    name: str,
+    config: PPOConfig,
+    generation: GenerationConfig,
+    tokenizer: Any,
+    actions: str,
+    sharded: bool,
+) -> None:
+    """Refuse, in this order, settings a sharded model cannot train with, a chat template the tokenizer cannot apply,
+    and ``actions`` the learner does not play (:func:`check_actions`).
+
+    Raises:
+        ValueError: naming the learner and what is wrong.
+    """
+    whole_model_only = config.whole_model_settings() if sharded else []
+    if whole_model_only:
+        raise ValueError(
+            f"learner {name!r}: {'; '.join(whole_model_only)}: leave these at their defaults for a sharded model"
+        )
+    check_chat_template(tokenizer, generation.chat_template, f"learner {name!r}")
+    check_actions(learner, name, actions, tokenizer, generation)
 
 
 def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
@@ -70,3 +130,48 @@ def check_full_precision(name: str, trainable: list[torch.nn.Parameter], adapter
             "optimiser updates round away; use model.dtype: float32, or model.lora, whose adapters peft keeps "
             "in float32 on a half-precision base"
         )
+
+
+def prepare_networks(model: PreTrainedModel, reference: PreTrainedModel | None, fused: bool) -> None:
+    """Ready a learner's networks, in place: GELUs fused into one kernel (``fused``: ``ppo.fused_kernels``) in the
+    policy and the reference, and the policy's activations recomputed in the backward (bit-identical, with a fraction
+    of the activations' memory)."""
+    if fused:
+        for network in (model, reference):
+            if network is not None:
+                fuse_tanh_gelus(network)
+    recompute_activations_in_backward(model)
+
+
+def new_value_head(
+    model: PreTrainedModel, device: torch.device, sharded: bool, data_parallel: DataParallel | None
+) -> ValueHead:
+    """A value head for ``model`` on ``device``; for a ``sharded`` model, sharded like it over ``data_parallel``'s
+    ranks, so that every trained parameter is a DTensor whose gradient FSDP reduces."""
+    value_head = ValueHead(model.config.hidden_size).to(device)
+    if sharded:
+        shard_module(value_head, data_parallel, compute_dtype_of(model))
+    return value_head
+
+
+def new_optimizer(
+    name: str,
+    model: PreTrainedModel,
+    adapter: str | None,
+    value_head: ValueHead | None,
+    config: PPOConfig,
+    sharded: bool,
+) -> torch.optim.Adam:
+    """Adam over the trained parameters, in this order: ``adapter``'s (or every trainable one of ``model``), then the
+    value head's; refused for half-precision parameters (:func:`check_full_precision`)."""
+    if adapter is not None:
+        trainable = adapter_parameters(model, adapter)
+    else:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+    check_full_precision(name, trainable, adapter)
+    return torch.optim.Adam(
+        trainable + (list(value_head.parameters()) if value_head is not None else []),
+        lr=config.learning_rate,
+        eps=config.adam_eps,
+        fused=True if config.fused_kernels and not sharded else None,
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from marllm.algorithms.kl_controller import KLController
-    from marllm.algorithms.rollout import Rollout
     from marllm.models.policy import ValueHead
     from marllm.parallel.distributed import DataParallel
 
@@ -37,27 +37,43 @@ EXPORT_FORMAT = "marllm-learner-export"
 LEARNER_STATE_META = "learner_state.json"
 
 
+@dataclass(frozen=True, eq=False, kw_only=True)
 class LearnerCheckpoint:
-    """Saving and restoring for :class:`~marllm.algorithms.ppo.PPOLearner`: :meth:`state_dict`,
+    """Saving and restoring one learner's training state, from explicit inputs: :meth:`state_dict`,
     :meth:`load_state_dict`, :meth:`save` and :meth:`load_state`.
 
-    A mixin: the learner's constructor sets the attributes declared here.
+    :class:`~marllm.algorithms.ppo.PPOLearner` builds one from its parts for each call (its own methods of these
+    names are the public ones); the restoring methods change those parts in place and return the update count.
+
+    Attributes:
+        name: the learner's id, for messages.
+        model: the trained model (or the peft model that carries ``adapter``).
+        tokenizer: its tokenizer (exported with the policy).
+        adapter: the LoRA adapter the learner trains; None: the whole model.
+        value_head: the value head, or None (critic-free learners).
+        optimizer: the optimiser of the policy's trained parameters and the value head.
+        kl_controller: the KL coefficient controller (its ``value`` is saved and restored).
+        score_statistics: the running score statistics.
+        rng: the learner's generator (response lengths, mini-batch shuffles).
+        num_updates: the updates the learner has made (saved; restored by the restoring methods' return value).
+        pending: the rollouts the learner holds and has not trained on yet; saving refuses while there are any.
+        sharded: whether ``model`` is sharded (FSDP): its tensors are gathered whole to save them.
+        data_parallel: this process's rank of a data-parallel run, or None.
     """
 
     name: str
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     adapter: str | None
-    device: torch.device
     value_head: ValueHead | None
     optimizer: torch.optim.Optimizer
     kl_controller: KLController
     score_statistics: RunningMeanStd
-    num_updates: int
-    rollouts: list[Rollout]
-    sharded: bool
-    data_parallel: DataParallel | None
-    _rng: np.random.Generator
+    rng: np.random.Generator
+    num_updates: int = 0
+    pending: int = 0
+    sharded: bool = False
+    data_parallel: DataParallel | None = None
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Everything that changes as this learner trains, as (tensors, JSON-able meta), for a checkpoint.
@@ -86,8 +102,9 @@ class LearnerCheckpoint:
         tensors.update({f"policy/{name}": tensor for name, tensor in self._policy_tensors().items()})
         return tensors, meta
 
-    def load_state_dict(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned into a learner built like the one that saved it.
+    def load_state_dict(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> int:
+        """Restore what :meth:`state_dict` returned into a learner built like the one that saved it; return the
+        update count it was saved at.
 
         Raises:
             CheckpointError: the state does not fit (a full model against a LoRA adapter, parameter names, shapes or
@@ -103,7 +120,7 @@ class LearnerCheckpoint:
         rest = {key: t for key, t in tensors.items() if not key.startswith("policy/")}
         optimizer = self._checked_training_state(rest, meta)
         self._set_policy(policy)
-        self._set_training_state(rest, meta, optimizer)
+        return self._set_training_state(rest, meta, optimizer)
 
     def save(self, directory: str | Path) -> None:
         """Export the policy and the training state.
@@ -134,8 +151,9 @@ class LearnerCheckpoint:
         write_json(directory / LEARNER_STATE_META, meta)
         write_directory_manifest(directory, EXPORT_FORMAT)
 
-    def load_state(self, directory: str | Path) -> None:
-        """Restore the training state written by :meth:`save` (the policy loads via ``from_pretrained``).
+    def load_state(self, directory: str | Path) -> int:
+        """Restore the training state written by :meth:`save` (the policy loads via ``from_pretrained``); return the
+        update count it was saved at.
 
         Raises:
             CheckpointError: the state is missing, refused, or does not fit this learner.
@@ -148,13 +166,13 @@ class LearnerCheckpoint:
             message = f"learner {self.name!r}: no readable training state in {directory}: {error}"
             raise CheckpointError(message) from error
         optimizer = self._checked_training_state(tensors, meta)
-        self._set_training_state(tensors, meta, optimizer)
+        return self._set_training_state(tensors, meta, optimizer)
 
     def _training_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """:meth:`state_dict` without the policy weights."""
-        if self.rollouts:
+        if self.pending:
             raise RuntimeError(
-                f"learner {self.name!r} holds {len(self.rollouts)} rollout(s) not trained on yet; save its state "
+                f"learner {self.name!r} holds {self.pending} rollout(s) not trained on yet; save its state "
                 "between iterations (after update())"
             )
         head = self.value_head.state_dict() if self.value_head is not None else {}
@@ -171,7 +189,7 @@ class LearnerCheckpoint:
                 "count": int(statistics.count),
             },
             "num_updates": self.num_updates,
-            "rng": self._rng.bit_generator.state,
+            "rng": self.rng.bit_generator.state,
         }
         return tensors, meta
 
@@ -183,12 +201,13 @@ class LearnerCheckpoint:
         if unknown:
             raise CheckpointError(f"the learner state has entries this learner does not know: {unknown[:5]}")
         optimizer = {key: t for key, t in tensors.items() if key.startswith("optimizer/")}
-        restore_generator(np.random.Generator(type(self._rng.bit_generator)()), meta["rng"], "learner")
+        restore_generator(np.random.Generator(type(self.rng.bit_generator)()), meta["rng"], "learner")
         return optimizer_state_dict(self.optimizer, self._optimizer_names(), optimizer, meta["optimizer"])
 
     def _set_training_state(
         self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], optimizer: dict[str, Any]
-    ) -> None:
+    ) -> int:
+        """Restore a checked training state in place; return its update count."""
         if self.value_head is not None:
             head = {key.removeprefix("value_head/"): t for key, t in tensors.items() if key.startswith("value_head/")}
             load_full_state_(self.value_head, head)
@@ -199,8 +218,8 @@ class LearnerCheckpoint:
         self.score_statistics.mean = np.float64(statistics["mean"])
         self.score_statistics.var = np.float64(statistics["var"])
         self.score_statistics.count = int(statistics["count"])
-        self.num_updates = int(meta["num_updates"])
-        restore_generator(self._rng, meta["rng"], "learner")
+        restore_generator(self.rng, meta["rng"], "learner")
+        return int(meta["num_updates"])
 
     def _policy_tensors(self) -> dict[str, torch.Tensor]:
         """The trained weights: the whole model's, or this learner's adapter's alone (under peft's names)."""
@@ -228,6 +247,7 @@ class LearnerCheckpoint:
         if self.value_head is not None:
             names.update({id(p): f"value_head/{name}" for name, p in self.value_head.named_parameters()})
         return [[names[id(p)] for p in group["params"]] for group in self.optimizer.param_groups]
+
 
 def _laid_out_like_parameters(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimiser ``state`` of full tensors with each parameter-shaped one laid out as its parameter: sharded

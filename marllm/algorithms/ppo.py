@@ -5,8 +5,9 @@ actions with a per-token KL-penalised reward over a padded batch, so the loss is
 :mod:`marllm.algorithms.core`. tianshou still serves the running score statistics and the rollout container
 (:class:`tianshou.data.Batch`). As in tianshou's policies, an update is split in two: :meth:`PPOLearner._preprocess`
 computes, without gradients, everything its epochs need from a rollout (scores, token rewards, advantages, returns),
-and :mod:`marllm.algorithms.ppo_steps` runs the epochs on that. Acting is in :mod:`marllm.algorithms.rollout`,
-saving and restoring in :mod:`marllm.algorithms.learner_checkpoint`.
+and a :class:`~marllm.algorithms.ppo_steps.PPOSteps` runs the epochs on that. The learner is composed of parts with
+explicit inputs: acting is a :class:`~marllm.algorithms.rollout.RolloutCollector` it owns, the objective is in
+:mod:`marllm.algorithms.ppo_objective`, checkpoints a :class:`~marllm.algorithms.learner_checkpoint.LearnerCheckpoint`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import copy
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,33 +26,24 @@ from tianshou.data import Batch
 from tianshou.utils.statistics import RunningMeanStd
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from marllm.algorithms.core import (
-    clipped_policy_loss,
-    clipped_value_loss,
-    explained_variance,
-    floor_logprobs,
-    gae,
-    logprobs_and_entropy,
-    masked_mean,
-    masked_whiten,
-    token_rewards,
-)
 from marllm.algorithms.kl_controller import KLController, kl_controller_from
-from marllm.algorithms.learner_arguments import check_actions, check_full_precision, check_learner_arguments
+from marllm.algorithms.learner_arguments import (
+    check_learner_arguments,
+    check_learner_settings,
+    new_optimizer,
+    new_value_head,
+    prepare_networks,
+)
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.algorithms.ppo_objective import ppo_objective, ppo_target_stats, ppo_targets, token_loss
 from marllm.algorithms.ppo_steps import NonFiniteLossError, PPOSteps
-from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_scores
+from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_scores, update_stats
 from marllm.algorithms.registry import AlgorithmOptions, register_learner
-from marllm.algorithms.rollout import Rollout, RolloutCollector, merge_rollouts
-from marllm.models.activations import fuse_tanh_gelus, recompute_activations_in_backward
-from marllm.models.devices import autocast_for
-from marllm.models.generation import check_chat_template, logprob_logits
-from marllm.models.lora import adapter_parameters
-from marllm.models.move_tries import restrict_logits
-from marllm.models.policy import ValueHead, context_length, ready_for_generation, response_forward
+from marllm.algorithms.rollout import Rollout, RolloutCollector, finish_rollout, merge_rollouts
+from marllm.models.policy import context_length, ready_for_generation
 from marllm.parallel.distributed import DataParallel
-from marllm.parallel.sharding import compute_dtype_of, is_sharded, shard_module
+from marllm.parallel.sharding import is_sharded
 
 __all__ = ["LEARNER_ACTIONS", "NonFiniteLossError", "PPOLearner", "Rollout"]
 
@@ -57,7 +51,7 @@ LEARNER_ACTIONS = ("generate", "constrained")
 """How a token-level learner's answers are sampled (``game.actions``' token-level modes)."""
 
 
-class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
+class PPOLearner:
     """An independent PPO learner: it generates for its agent, keeps its rollout, and updates its own policy.
 
     Args:
@@ -86,12 +80,16 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
 
     Everything after ``name`` is keyword-only. Subclasses change the algorithm through :meth:`_advantages` (what the
     update trains towards) and :meth:`_objective` (the loss of a mini-batch); ``uses_critic = False`` drops the
-    value head.
+    value head. It acts through its :attr:`collector`, runs each update's optimiser steps with a :class:`PPOSteps`
+    (:meth:`_optimisation`) and saves and restores through a :class:`LearnerCheckpoint` of its parts.
     """
 
     uses_critic: bool = True
     supported_actions: tuple[str, ...] = LEARNER_ACTIONS
     """The ``actions`` this class plays (an action-level subclass plays ``score``)."""
+    collector: RolloutCollector
+    """What acts for this learner (sampling, scoring the rollout): :meth:`act`, :meth:`respond`,
+    :meth:`move_probabilities`, :meth:`sample_length`, :meth:`activate` and :meth:`reference_model` delegate to it."""
 
     def __init__(
         self,
@@ -111,11 +109,7 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         self.name = name
         self.model = model
         self.actions = actions
-        if config is not None and config.fused_kernels:
-            for network in (model, reference):
-                if network is not None:
-                    fuse_tanh_gelus(network)
-        recompute_activations_in_backward(model)  # bit-identical, with a fraction of the activations' memory
+        prepare_networks(model, reference, fused=config is not None and config.fused_kernels)
         self.tokenizer = ready_for_generation(tokenizer, f"learner {name}")
         self.sharded = is_sharded(model)
         check_learner_arguments(
@@ -129,32 +123,13 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         self.reference = reference
         self.adapter = adapter
         self.config = config or PPOConfig()
-        whole_model_only = self.config.whole_model_settings() if self.sharded else []
-        if whole_model_only:
-            raise ValueError(
-                f"learner {name!r}: {'; '.join(whole_model_only)}: leave these at their defaults for a sharded model"
-            )
         self.generation = generation or GenerationConfig()
-        check_chat_template(self.tokenizer, self.generation.chat_template, f"learner {name!r}")
-        check_actions(self, name, actions, self.tokenizer, self.generation)
+        check_learner_settings(self, name, self.config, self.generation, self.tokenizer, actions, self.sharded)
         self.device = next(model.parameters()).device
-        self.value_head = ValueHead(model.config.hidden_size).to(self.device) if self.uses_critic else None
-        if self.sharded and self.value_head is not None:
-            # Sharded like the policy, so that every trained parameter is a DTensor whose gradient FSDP reduces.
-            shard_module(self.value_head, data_parallel, compute_dtype_of(model))
+        self.value_head = new_value_head(model, self.device, self.sharded, data_parallel) if self.uses_critic else None
         # Dropout stays off in rollout and update alike, so the first PPO ratio of a batch is exactly 1.
         self.model.eval()
-        if adapter is not None:
-            trainable = adapter_parameters(model, adapter)
-        else:
-            trainable = [p for p in model.parameters() if p.requires_grad]
-        check_full_precision(name, trainable, adapter)
-        self.optimizer = torch.optim.Adam(
-            trainable + (list(self.value_head.parameters()) if self.value_head is not None else []),
-            lr=self.config.learning_rate,
-            eps=self.config.adam_eps,
-            fused=True if self.config.fused_kernels and not self.sharded else None,
-        )
+        self.optimizer = new_optimizer(name, model, adapter, self.value_head, self.config, self.sharded)
         self.kl_controller = kl_controller if kl_controller is not None else kl_controller_from(self.config)
         self.data_parallel = data_parallel
         if data_parallel is not None and not self.sharded:  # shard_module started sharded ones from rank 0's
@@ -164,6 +139,117 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         self._rng = np.random.default_rng(seed)
         self.rollouts: list[Rollout] = []
         self.num_updates = 0
+        self.collector = self._new_collector()
+
+    def _new_collector(
+        self, collector_class: type[RolloutCollector] = RolloutCollector, **options: Any
+    ) -> RolloutCollector:
+        """The :attr:`collector` this learner acts through: ``collector_class`` on this learner's parts (a subclass
+        that acts otherwise passes its own class and ``options``)."""
+        return collector_class(
+            name=self.name,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            reference=self.reference,
+            adapter=self.adapter,
+            config=self.config,
+            generation=self.generation,
+            value_head=self.value_head,
+            context_length=self.context_length,
+            actions=self.actions,
+            device=self.device,
+            sharded=self.sharded,
+            rng=self._rng,
+            **options,
+        )
+
+    # ------------------------------------------------------------------------------------------------- acting
+    def act(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:
+        """Sample one response per prompt of ``observation["prompt"]`` and record the rollout for PPO; constrained
+        answers (``actions="constrained"``) are restricted to the names of ``observation["legal_moves"]``."""
+        rollout = self.collector.collect(observation, role)
+        self.rollouts.append(rollout)
+        return rollout.responses
+
+    def finish(self, rewards: Sequence[float] | np.ndarray, task_rewards: Sequence[float] | None = None) -> None:
+        """Give the oldest unrewarded rollout its per-response rewards (the ones to train on); ``task_rewards`` (the
+        agent's own task reward, possibly not the one it is trained on) is kept for the metrics only."""
+        finish_rollout(self.rollouts, rewards, task_rewards, self.name)
+
+    def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
+        """Sample responses without recording anything (evaluation; deploying the agent alone)."""
+        return self.collector.respond(prompts, max_new_tokens)
+
+    def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
+        """Each legal move's exact probability of each prompt, in the order of ``legal_moves`` (constrained or scored
+        moves; see :meth:`RolloutCollector.move_probabilities`)."""
+        return self.collector.move_probabilities(prompts, legal_moves)
+
+    def sample_length(self) -> int:
+        """The per-batch response budget, uniform over [min_new_tokens, max_new_tokens]."""
+        return self.collector.sample_length()
+
+    def activate(self) -> None:
+        """Make this learner's adapter the active one of a shared LoRA model (no-op for a full model)."""
+        self.collector.activate()
+
+    def reference_model(self) -> AbstractContextManager[PreTrainedModel]:
+        """π_0: the separate frozen reference, or the shared base with every adapter disabled."""
+        return self.collector.reference_model()
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Everything that changes as this learner trains, as (tensors, JSON-able meta), for a checkpoint (see
+        :meth:`LearnerCheckpoint.state_dict`); the tensors share memory with the live ones.
+
+        Raises:
+            RuntimeError: the learner holds a rollout it has not trained on yet (save between iterations).
+        """
+        return self._checkpoint().state_dict()
+
+    def share_state(self) -> None:
+        """On a rank of a sharded run that does not write: take part in the gathers of the :meth:`state_dict` that
+        rank 0 takes (for its checkpoint) at the same time, keeping nothing."""
+        self._checkpoint().share_state()
+
+    def load_state_dict(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned into a learner built like the one that saved it.
+
+        Raises:
+            CheckpointError: the state does not fit; it is checked before anything changes.
+        """
+        self.num_updates = self._checkpoint().load_state_dict(tensors, meta)
+
+    def save(self, directory: str | Path) -> None:
+        """Export the policy (Hugging Face format, with its tokenizer) and the training state to ``directory`` (see
+        :meth:`LearnerCheckpoint.save`)."""
+        self._checkpoint().save(directory)
+
+    def load_state(self, directory: str | Path) -> None:
+        """Restore the training state written by :meth:`save` (the policy loads via ``from_pretrained``).
+
+        Raises:
+            CheckpointError: the state is missing, refused, or does not fit this learner.
+        """
+        self.num_updates = self._checkpoint().load_state(directory)
+
+    def _checkpoint(self) -> LearnerCheckpoint:
+        """This learner's parts that a checkpoint saves and restores."""
+        return LearnerCheckpoint(
+            name=self.name,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            adapter=self.adapter,
+            value_head=self.value_head,
+            optimizer=self.optimizer,
+            kl_controller=self.kl_controller,
+            score_statistics=self.score_statistics,
+            rng=self._rng,
+            num_updates=self.num_updates,
+            pending=len(self.rollouts),
+            sharded=self.sharded,
+            data_parallel=self.data_parallel,
+        )
 
     # ----------------------------------------------------------------------------------------------- learning
     def update(self) -> dict[str, float]:
@@ -198,6 +284,29 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
     def _trained_parameters(self) -> list[torch.nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
+    def _ppo_steps(self, data: UpdateBatch, losses: dict[str, list[float]]) -> None:
+        """The update's epochs of optimiser steps on ``data``, each mini-batch's loss parts appended to ``losses``."""
+        self._optimisation().run(data, losses)
+
+    def _optimisation(self) -> PPOSteps:
+        """The optimiser steps of this update: this learner's settings, optimiser, loss, masses and generator."""
+        return PPOSteps(
+            config=self.config,
+            optimizer=self.optimizer,
+            parameters=self._trained_parameters(),
+            loss=self._loss,
+            sample_masses=self._sample_masses,
+            rng=self._rng,
+            data_parallel=self.data_parallel,
+            sharded=self.sharded,
+            name=self.name,
+            update=self.num_updates,
+        )
+
+    def _sample_masses(self, mask: torch.Tensor) -> torch.Tensor:
+        """Each response's weight in a mini-batch loss's normaliser, (B, L) -> (B,): its tokens (token means)."""
+        return mask.sum(1)
+
     def _update_with(self, rollout: Rollout) -> UpdateStats:
         started = time.perf_counter()
         self.activate()
@@ -215,32 +324,15 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
             nonfinite = str(error)
             self.score_statistics = score_statistics
         self.last_nonfinite = nonfinite
-
         b = data.batch
-        mask = b.mask
-        kl_full_sum = (b.kl_full * mask).sum(1).mean().item()
-        kl_penalty_sum = b.kl.sum(1).mean().item()
         if nonfinite is None:
             # Ziegler et al.'s controller is fed the KL that the penalty actually uses, per sample of the batch (the
             # global batch: every rank's controller takes the same step).
             controlled = self._controlled_kl(b)
             kl_batch = controlled if self.data_parallel is None else self.data_parallel.mean(controlled)
             self.kl_controller.update(kl_batch, len(data) * self._world_size)
-        return UpdateStats(
-            task_reward=float(np.mean(rollout.task_rewards)),
-            received_reward=float(np.mean(rollout.received_rewards)),
-            score=float(np.mean(data.scores)),
-            kl=kl_full_sum,
-            kl_penalty=kl_penalty_sum,
-            kl_coef=data.kl_coef,
-            response_length=mask.sum(1).mean().item(),
-            advantage_stats=self._advantage_stats(b),
-            generation_s=rollout.timings["generation_s"],
-            forward_s=rollout.timings["forward_s"],
-            update_s=time.perf_counter() - started,
-            losses={key: float(np.mean(values)) for key, values in losses.items()},
-            nonfinite_skipped=nonfinite is not None if cfg.on_nonfinite == "skip" else None,
-        )
+        skipped = nonfinite is not None if cfg.on_nonfinite == "skip" else None
+        return update_stats(rollout, data, losses, self._advantage_stats(b), started, skipped)
 
     @torch.no_grad()
     def _preprocess(self, rollout: Rollout) -> UpdateBatch:
@@ -271,66 +363,34 @@ class PPOLearner(RolloutCollector, LearnerCheckpoint, PPOSteps):
         PPO: token ``rewards`` (the score at the last response token, −η·KL at every token), GAE against the value
         head (Schulman et al., 2016) and, if ``whiten_advantages``, whitening over the batch's response tokens.
         """
-        cfg = self.config
-        rewards = token_rewards(scores, b.kl, b.mask, kl_coef)
-        advantages, returns = gae(rewards, b.values, b.mask, cfg.gamma, cfg.lam)
-        if cfg.whiten_advantages:
-            advantages = masked_whiten(advantages, b.mask, all_reduce=self._all_reduce())
-        return {"rewards": rewards, "advantages": advantages, "returns": returns}
+        return ppo_targets(b, scores, kl_coef, self.config, self._all_reduce())
 
     def _controlled_kl(self, b: Batch) -> float:
         """The batch's mean summed KL that the penalty uses, which the KL controller steers: the reward's."""
         return b.kl.sum(1).mean().item()
 
     def _advantage_stats(self, b: Batch) -> dict[str, float]:
-        return {
-            "returns/mean": masked_mean(b.returns, b.mask).item(),
-            "values/mean": masked_mean(b.values, b.mask).item(),
-            "explained_variance": explained_variance(b.values, b.returns, b.mask),
-        }
+        """The reported statistics of the update's targets (``returns/mean``, …)."""
+        return ppo_target_stats(b)
 
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
-        with autocast_for(self.model, self.config.autocast_dtype):  # the forward only: the backward follows its dtypes
-            logits, values = response_forward(
-                self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head
-            )
-        if "allowed" in mb:  # constrained answers: the restriction they were sampled under, re-applied
-            logits = restrict_logits(logits, mb.allowed, inplace=True)
-        # The LM head's backward does not read its output: the gradient can take the logits' place.
-        sequences = (mb.input_ids, mb.attention_mask, prompt_length)
-        logits = logprob_logits(logits, *sequences, self.generation, self.tokenizer.eos_token_id, overwrite_logits=True)
-        # One pass over the logits for both. Nothing but the log-probs' backward reads the logits after this, so it
-        # writes their gradient over them: one (b, L, V) buffer for the forward and the backward.
-        logprobs, token_entropy = logprobs_and_entropy(logits, mb.response, overwrite_logits=True)
-        del logits
-        # With logprobs_from="sampling" a token the updated policy's top-k/top-p no longer keeps has log-prob −inf.
-        logprobs = floor_logprobs(logprobs)
-        loss, parts = self._objective(mb, logprobs, values)
-        with torch.no_grad():
-            parts["entropy"] = masked_mean(token_entropy, mb.mask).item()
-            parts["ratio"] = masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask).item()
-        return loss, parts
+        """A mini-batch's loss and its parts (:func:`token_loss` of :meth:`_objective`)."""
+        return token_loss(
+            mb,
+            prompt_length,
+            model=self.model,
+            value_head=self.value_head,
+            generation=self.generation,
+            eos_token_id=self.tokenizer.eos_token_id,
+            autocast_dtype=self.config.autocast_dtype,
+            objective=self._objective,
+        )
 
     def _objective(
         self, mb: Batch, logprobs: torch.Tensor, values: torch.Tensor | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """PPO's loss of a mini-batch: the clipped surrogate plus ``vf_coef`` × the clipped value loss."""
-        cfg = self.config
-        pg_loss, clipfrac, approx_kl = clipped_policy_loss(
-            logprobs, mb.logprobs, mb.advantages, mb.mask, cfg.clip_range
-        )
-        assert values is not None  # uses_critic
-        v_loss, v_clipfrac = clipped_value_loss(values.float(), mb.values, mb.returns, mb.mask, cfg.clip_range_value)
-        loss = pg_loss + cfg.vf_coef * v_loss
-        parts = {
-            "loss/policy": pg_loss.item(),
-            "loss/value": v_loss.item(),
-            "loss/total": loss.item(),
-            "clipfrac": clipfrac.item(),
-            "value_clipfrac": v_clipfrac.item(),
-            "approx_kl": approx_kl.item(),
-        }
-        return loss, parts
+        return ppo_objective(mb, logprobs, values, self.config)
 
 
 @register_learner("ppo")

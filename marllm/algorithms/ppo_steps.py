@@ -1,15 +1,18 @@
 """The optimiser steps of a PPO update: which samples each step and mini-batch holds, and how a mini-batch's loss
 gradient is accumulated (this rank's rows, the loss normaliser's share, the ratio guard, non-finite losses).
 
-:class:`PPOSteps` is a part of :class:`~marllm.algorithms.ppo.PPOLearner` (as rollouts and checkpoints are): the
-step plan (:meth:`PPOSteps._step_plan`) is pure bookkeeping over indices; :meth:`PPOSteps._accumulate` runs one
-mini-batch's forward and backward through the learner's ``_loss``.
+:class:`PPOSteps` runs the epochs of one update from explicit inputs: the settings, the optimiser and the parameters
+it steps, the generator that shuffles the mini-batches, and the learner's loss and sample masses as callables; a
+learner builds one for each update (:meth:`~marllm.algorithms.ppo.PPOLearner._ppo_steps`). The step plan
+(:func:`plan_steps`) is pure bookkeeping over indices; :meth:`PPOSteps.accumulate` runs one mini-batch's forward and
+backward through the loss.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -24,13 +27,17 @@ if TYPE_CHECKING:
     from marllm.algorithms.ppo_config import PPOConfig
     from marllm.parallel.distributed import DataParallel
 
+LossFunction = Callable[[Any, int], tuple[torch.Tensor, dict[str, float]]]
+"""``loss(mini_batch, prompt_length) -> (loss, parts)``: a mini-batch's loss and its parts (``loss/policy``,
+``ratio``, ``entropy``, …), as :meth:`~marllm.algorithms.ppo.PPOLearner._loss` computes them."""
+
 
 class NonFiniteLossError(FloatingPointError):
     """A PPO loss or gradient was NaN/inf; the optimiser step it belonged to was not applied."""
 
 
 class _MiniBatch(NamedTuple):
-    """One mini-batch of an optimiser step (see :meth:`PPOLearner._step_plan`)."""
+    """One mini-batch of an optimiser step (see :func:`plan_steps`)."""
 
     epoch: int
     indices: np.ndarray  # (m,) its samples' indices in the global batch
@@ -39,20 +46,35 @@ class _MiniBatch(NamedTuple):
     weight: float  # its loss's share of the step's accumulated gradient
 
 
+@dataclass(eq=False, kw_only=True)
 class PPOSteps:
-    """The epochs of optimiser steps of :class:`~marllm.algorithms.ppo.PPOLearner` (a part of it, not used alone)."""
+    """The epochs of optimiser steps of one PPO update, from explicit inputs.
+
+    Attributes:
+        config: the PPO settings (epochs, mini-batches, micro-batches, ratio threshold, gradient clipping).
+        optimizer: the optimiser it steps.
+        parameters: the parameters ``optimizer`` holds (whose gradients it accumulates, clips and restores).
+        loss: a mini-batch's loss and its parts (:data:`LossFunction`).
+        sample_masses: each response's weight in a mini-batch loss's normaliser, (B, L) mask -> (B,).
+        rng: shuffles each epoch's samples (:func:`plan_steps`).
+        data_parallel: this process's rank of a data-parallel run; None for one process.
+        sharded: whether the trained model is sharded (FSDP).
+        name: the learner's id, for the messages of :class:`NonFiniteLossError`.
+        update: the learner's update count before this update, for the same messages.
+    """
 
     config: PPOConfig
-    data_parallel: DataParallel | None
-    sharded: bool
     optimizer: torch.optim.Optimizer
-    name: str
-    num_updates: int
-    _rng: np.random.Generator
-    _loss: Any
-    _trained_parameters: Any
+    parameters: list[torch.nn.Parameter]
+    loss: LossFunction
+    sample_masses: Callable[[torch.Tensor], torch.Tensor]
+    rng: np.random.Generator
+    data_parallel: DataParallel | None = None
+    sharded: bool = False
+    name: str = ""
+    update: int = 0
 
-    def _ppo_steps(self, data: UpdateBatch, losses: dict[str, list[float]]) -> None:
+    def run(self, data: UpdateBatch, losses: dict[str, list[float]]) -> None:
         """``ppo_epochs`` passes of optimiser steps over ``data.batch``, appending each mini-batch's loss parts to
         ``losses``. Raises :class:`NonFiniteLossError` before applying a step whose loss or gradient is not finite.
 
@@ -61,16 +83,16 @@ class PPOSteps:
         before each step: one process's step, up to float summation order.
         """
         dp = self.data_parallel
-        masses = self._sample_masses(data.batch.mask).float().cpu()  # what each sample weighs in a loss normaliser
+        masses = self.sample_masses(data.batch.mask).float().cpu()  # what each sample weighs in a loss normaliser
         rows = np.arange(len(data)) if data.global_rows is None else data.global_rows  # this rank's global rows
         if dp is not None:
             masses = dp.gather_rows(masses, rows)
-        for step in self._step_plan(masses, rows):
+        for step in self.plan(masses, rows):
             self.optimizer.zero_grad(set_to_none=True)
             applied = 0
             failure: str | None = None
             for minibatch in step:
-                counted, problem = self._accumulate(minibatch, data, masses, losses)
+                counted, problem = self.accumulate(minibatch, data, masses, losses)
                 applied += counted
                 if problem is not None:
                     failure = problem
@@ -84,21 +106,21 @@ class PPOSteps:
             # Every mini-batch skipped: no step at all, so Adam's momentum does not move the weights either.
             if applied:
                 if dp is not None and not self.sharded:  # FSDP has summed a sharded model's gradients
-                    dp.sum_gradients_(self._trained_parameters())
+                    dp.sum_gradients_(self.parameters)
                 self._optimizer_step(step[0].epoch)
 
-    def _step_plan(self, masses: torch.Tensor, global_rows: np.ndarray) -> Iterator[list[_MiniBatch]]:
-        """The optimiser steps of an update (:func:`plan_steps` with this learner's settings and generator)."""
-        return plan_steps(masses, global_rows, self.config, self._rng)
+    def plan(self, masses: torch.Tensor, global_rows: np.ndarray) -> Iterator[list[_MiniBatch]]:
+        """The optimiser steps of the update (:func:`plan_steps` with these settings and generator)."""
+        return plan_steps(masses, global_rows, self.config, self.rng)
 
-    def _accumulate(
+    def accumulate(
         self, minibatch: _MiniBatch, data: UpdateBatch, masses: torch.Tensor, losses: dict[str, list[float]]
     ) -> tuple[bool, str | None]:
         """Add one mini-batch's weighted loss gradient (this rank's rows of it) to the step's gradient, in the passes
         of :func:`passes` (one, unless ``ppo.micro_batch_size`` asks for more).
 
         Each pass's loss (a mean over its own tokens or responses) is weighted by its share of the mini-batch's
-        :meth:`_sample_masses`, so that the passes sum to the mini-batch's loss; data-parallel, by its share of the
+        :attr:`sample_masses`, so that the passes sum to the mini-batch's loss; data-parallel, by its share of the
         *global* mini-batch's mass (the ranks' gradients are summed), while the recorded loss parts are this rank's
         means (the ranks' metrics are averaged). The ratio threshold needs the whole mini-batch's ratio: one pass
         waits for it before its backward; several run their backwards as they go, taken back if it then skips.
@@ -108,16 +130,10 @@ class PPOSteps:
         same: FSDP's reduce-scatter needs every rank) but not the collectives every rank makes per mini-batch, so
         that the ranks stay in step until they agree to fail.
         """
-        cfg = self.config
         b = data.batch
-        plan = passes(minibatch, b, data.prompt_length, cfg.passes_of(self.sharded))
+        plan = passes(minibatch, b, data.prompt_length, self.config.passes_of(self.sharded))
         if not plan:  # this rank holds no row of the mini-batch
-            # Sharded, FSDP needs every rank in every forward and backward (in the same order): a stand-in row.
-            stand_in = self._loss(b[:1], data.prompt_length)[0] if self.sharded else None
-            skipped = self._skips(0.0, 0.0)
-            if stand_in is not None and not skipped:
-                (stand_in * 0.0).backward()
-            return not skipped, None
+            return self._stand_in(b, data.prompt_length), None
         total = float(masses[minibatch.indices].sum()) or 1.0  # the global mini-batch's
         own_total = float(masses[minibatch.mine].sum()) or 1.0  # this rank's rows of it
         tokens = float(b.mask[torch.as_tensor(np.concatenate([one.rows for one in plan]))].sum())
@@ -126,7 +142,7 @@ class PPOSteps:
         combined: dict[str, float] = defaultdict(float)
         failure, pending = None, None
         for one in plan:
-            loss, parts = self._loss(one.batch, one.prompt_length)
+            loss, parts = self.loss(one.batch, one.prompt_length)
             mass = float(masses[one.mine].sum())
             weight = minibatch.weight * (mass / total)
             if deferred or not torch.isfinite(loss):
@@ -158,6 +174,15 @@ class PPOSteps:
             (loss * weight).backward()
         return True, failure
 
+    def _stand_in(self, b: Batch, prompt_length: int) -> bool:
+        """A mini-batch this rank holds no row of: whether it counts towards the step. Sharded, FSDP needs every
+        rank in every forward and backward (in the same order): a stand-in row's loss, times 0."""
+        stand_in = self.loss(b[:1], prompt_length)[0] if self.sharded else None
+        skipped = self._skips(0.0, 0.0)
+        if stand_in is not None and not skipped:
+            (stand_in * 0.0).backward()
+        return not skipped
+
     def _skips(self, ratio: float, tokens: float) -> bool:
         """TRL's ratio_threshold: whether a mini-batch whose mean ratio π/π_old (over ``tokens`` of this rank's) has
         run away gives no gradient. Data-parallel, every rank decides on the global mean, in one all-reduce each."""
@@ -170,13 +195,13 @@ class PPOSteps:
 
     def _nonfinite_loss(self, parts: dict[str, float], epoch: int) -> str:
         return (
-            f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.num_updates}, epoch {epoch}; the "
+            f"learner {self.name!r}: non-finite PPO loss {parts} in update {self.update}, epoch {epoch}; the "
             "optimiser step was not applied"
         )
 
     def _gradients_before(self) -> list[torch.Tensor | None] | None:
         """The step's gradients so far (None: none yet, the step's first mini-batch), to put back after a skip."""
-        grads = [p.grad for p in self._trained_parameters()]
+        grads = [p.grad for p in self.parameters]
         if all(grad is None for grad in grads):
             return None
         return [None if grad is None else grad.detach().clone() for grad in grads]
@@ -185,15 +210,11 @@ class PPOSteps:
         if before is None:
             self.optimizer.zero_grad(set_to_none=True)
             return
-        for parameter, grad in zip(self._trained_parameters(), before, strict=True):
+        for parameter, grad in zip(self.parameters, before, strict=True):
             parameter.grad = grad
 
-    def _sample_masses(self, mask: torch.Tensor) -> torch.Tensor:
-        """Each response's weight in a mini-batch loss's normaliser, (B, L) -> (B,): its tokens (token means)."""
-        return mask.sum(1)
-
     def _optimizer_step(self, epoch: int) -> None:
-        parameters = self._trained_parameters()
+        parameters = self.parameters
         if self.config.max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
         elif self.sharded:
@@ -205,7 +226,7 @@ class PPOSteps:
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(
-                f"learner {self.name!r}: non-finite gradient norm in update {self.num_updates}, epoch {epoch}; "
+                f"learner {self.name!r}: non-finite gradient norm in update {self.update}, epoch {epoch}; "
                 "the optimiser step was not applied"
             )
         self.optimizer.step()

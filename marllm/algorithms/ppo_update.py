@@ -3,11 +3,16 @@ reports."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tianshou.data import Batch
 from tianshou.utils.statistics import RunningMeanStd
+
+if TYPE_CHECKING:
+    from marllm.algorithms.rollout import Rollout
 
 
 def transform_scores(
@@ -122,3 +127,32 @@ class UpdateStats:
         if self.nonfinite_skipped is not None:
             stats["nonfinite_skipped"] = float(self.nonfinite_skipped)
         return stats
+
+
+def update_stats(
+    rollout: Rollout,
+    data: UpdateBatch,
+    losses: dict[str, list[float]],
+    advantage_stats: dict[str, float],
+    started: float,
+    nonfinite_skipped: bool | None = None,
+) -> UpdateStats:
+    """The statistics of an update begun at ``started`` (``time.perf_counter()``) on ``rollout``, which ``data`` was
+    computed from: its batch means, the algorithm's ``advantage_stats`` and each loss part's mean over ``losses``."""
+    b = data.batch
+    mask = b.mask
+    return UpdateStats(
+        task_reward=float(np.mean(rollout.task_rewards)),
+        received_reward=float(np.mean(rollout.received_rewards)),
+        score=float(np.mean(data.scores)),
+        kl=(b.kl_full * mask).sum(1).mean().item(),
+        kl_penalty=b.kl.sum(1).mean().item(),
+        kl_coef=data.kl_coef,
+        response_length=mask.sum(1).mean().item(),
+        advantage_stats=advantage_stats,
+        generation_s=rollout.timings["generation_s"],
+        forward_s=rollout.timings["forward_s"],
+        update_s=time.perf_counter() - started,
+        losses={key: float(np.mean(values)) for key, values in losses.items()},
+        nonfinite_skipped=nonfinite_skipped,
+    )

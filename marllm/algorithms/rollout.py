@@ -126,10 +126,29 @@ def merge_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
     )
 
 
+@dataclass(eq=False, kw_only=True)
 class RolloutCollector:
-    """Acting for :class:`~marllm.algorithms.ppo.PPOLearner`: :meth:`act`, :meth:`respond` and :meth:`finish`.
+    """Acting for a token-level learner, from explicit inputs: :meth:`collect` samples a rollout (recorded by the
+    learner, rewarded by :func:`finish_rollout`), :meth:`respond` samples without recording, and
+    :meth:`move_probabilities` gives constrained answers' exact probabilities.
 
-    A mixin: the learner's constructor sets the attributes declared here.
+    :class:`~marllm.algorithms.ppo.PPOLearner` owns one and delegates its ``act``, ``respond``,
+    ``move_probabilities``, ``sample_length``, ``activate`` and ``reference_model`` to it.
+
+    Attributes:
+        name: the learner's id, for messages.
+        model: the policy (or the peft model that carries ``adapter``).
+        tokenizer: its tokenizer, left-padding.
+        reference: the frozen π_0; None: ``model``'s base with every adapter disabled.
+        adapter: the learner's LoRA adapter of ``model``, or None.
+        config: the PPO settings (autocast, forward batch size, rollout from generate, KL penalty).
+        generation: the sampling settings.
+        value_head: the value head (V_old of the rollout), or None.
+        context_length: the model's context window.
+        actions: ``"generate"`` (free text) or ``"constrained"`` (a game's legal moves, token by token).
+        device: the policy's device.
+        sharded: whether ``model`` is sharded (FSDP).
+        rng: draws each batch's response budget (:meth:`sample_length`).
     """
 
     name: str
@@ -140,21 +159,24 @@ class RolloutCollector:
     config: PPOConfig
     generation: GenerationConfig
     value_head: ValueHead | None
-    context_length: int
-    rollouts: list[Rollout]
+    context_length: int | None
     actions: str
     device: torch.device
     sharded: bool
-    _rng: np.random.Generator
+    rng: np.random.Generator
 
-    def act(self, observation: Mapping[str, Sequence[str]], role: str | None = None) -> tuple[str, ...]:
-        """Sample one response per prompt of ``observation["prompt"]`` and record the rollout for PPO; constrained
-        answers (``actions="constrained"``) are restricted to the names of ``observation["legal_moves"]``."""
-        rollout = self._rollout(tuple(observation["prompt"]), role, self._legal_moves(observation))
-        self.rollouts.append(rollout)
-        return rollout.responses
+    def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
+        """Sample one response per prompt of ``observation["prompt"]``, as a rollout awaiting its rewards;
+        constrained answers (``actions="constrained"``) are restricted to the names of ``observation["legal_moves"]``.
+        """
+        return self._rollout(tuple(observation["prompt"]), role, self.legal_moves(observation))
 
-    def _legal_moves(self, observation: Mapping[str, Sequence[Any]]) -> list[list[str]] | None:
+    def legal_moves(self, observation: Mapping[str, Sequence[Any]]) -> list[list[str]] | None:
+        """Each row's legal moves' names, None for free-text answers.
+
+        Raises:
+            ValueError: the answers need legal moves and ``observation`` has none.
+        """
         if self.actions == "generate":
             return None
         if "legal_moves" not in observation:
@@ -190,10 +212,10 @@ class RolloutCollector:
 
     def sample_length(self) -> int:
         """The per-batch response budget, uniform over [min_new_tokens, max_new_tokens]."""
-        return int(self._rng.integers(self.generation.min_new_tokens, self.generation.max_new_tokens + 1))
+        return int(self.rng.integers(self.generation.min_new_tokens, self.generation.max_new_tokens + 1))
 
     def activate(self) -> None:
-        """Make this learner's adapter the active one of a shared LoRA model (no-op for a full model)."""
+        """Make the learner's adapter the active one of a shared LoRA model (no-op for a full model)."""
         if self.adapter is not None:
             self.model.set_adapter(self.adapter)
 
@@ -284,22 +306,33 @@ class RolloutCollector:
         size = self.config.forward_batch_size or batch_size
         return [slice(start, start + size) for start in range(0, batch_size, size)]
 
-    def finish(self, rewards: Sequence[float] | np.ndarray, task_rewards: Sequence[float] | None = None) -> None:
-        """Give the oldest unrewarded rollout its per-response rewards (the ones to train on).
 
-        ``task_rewards`` (the agent's own task reward, possibly different from the shared reward it is trained on)
-        is kept for the metrics only.
-        """
-        pending = [r for r in self.rollouts if not r.finished]
-        if not pending:
-            raise RuntimeError(f"learner {self.name!r} got a reward but has no rollout waiting for one")
-        rollout = pending[0]
-        received = np.asarray(rewards, dtype=np.float64).reshape(-1)
-        batch = len(rollout.responses)
-        if received.shape != (batch,):
-            raise ValueError(f"learner {self.name!r} got {received.size} rewards for a rollout of {batch} responses")
-        if not np.all(np.isfinite(received)):
-            bad = np.flatnonzero(~np.isfinite(received)).tolist()
-            raise ValueError(f"learner {self.name!r} got non-finite rewards at {bad}")
-        rollout.received_rewards = received
-        rollout.task_rewards = received if task_rewards is None else np.asarray(task_rewards, dtype=np.float64)
+def finish_rollout(
+    rollouts: Sequence[Rollout],
+    rewards: Sequence[float] | np.ndarray,
+    task_rewards: Sequence[float] | None = None,
+    name: str = "",
+) -> None:
+    """Give the oldest unrewarded rollout of ``rollouts`` (learner ``name``'s) its per-response rewards (the ones to
+    train on).
+
+    ``task_rewards`` (the agent's own task reward, possibly different from the shared reward it is trained on)
+    is kept for the metrics only.
+
+    Raises:
+        RuntimeError: no rollout waits for its rewards.
+        ValueError: not one finite reward per response.
+    """
+    pending = [r for r in rollouts if not r.finished]
+    if not pending:
+        raise RuntimeError(f"learner {name!r} got a reward but has no rollout waiting for one")
+    rollout = pending[0]
+    received = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    batch = len(rollout.responses)
+    if received.shape != (batch,):
+        raise ValueError(f"learner {name!r} got {received.size} rewards for a rollout of {batch} responses")
+    if not np.all(np.isfinite(received)):
+        bad = np.flatnonzero(~np.isfinite(received)).tolist()
+        raise ValueError(f"learner {name!r} got non-finite rewards at {bad}")
+    rollout.received_rewards = received
+    rollout.task_rewards = received if task_rewards is None else np.asarray(task_rewards, dtype=np.float64)
