@@ -211,3 +211,19 @@ def test_recipe_from_dict_validates_names():
         OfflineRecipe.from_dict({"base_model": {"layers": 2}})
     with pytest.raises(ValueError, match="unknown offline recipe section"):
         OfflineRecipe.from_dict({"tokenizer": {}})
+
+
+def test_the_recipe_of_marllm_assets_is_the_one_the_environment_names(monkeypatch, tmp_path):
+    from marllm.assets.offline import RECIPE_ENV, RECIPES, OfflineRecipe, default_recipe
+
+    monkeypatch.delenv(RECIPE_ENV, raising=False)
+    assert default_recipe() == OfflineRecipe() == RECIPES["full"]
+    monkeypatch.setenv(RECIPE_ENV, " small ")
+    assert default_recipe() is RECIPES["small"] and RECIPES["small"].key != RECIPES["full"].key
+    with pytest.raises(prepare_module.AssetsNotPreparedError) as missing:  # looked for in the small recipe's directory
+        load_assets(tmp_path / "home")
+    assert RECIPES["small"].directory_name in str(missing.value)
+    monkeypatch.setenv(RECIPE_ENV, "tiny")
+    with pytest.raises(ValueError) as unknown:
+        default_recipe()
+    assert str(unknown.value) == "$MARLLM_OFFLINE_RECIPE='tiny' names no offline recipe; known: ['full', 'small']"

