@@ -28,6 +28,7 @@ from marllm.models.move_tries import (
     restrict_logits,
 )
 from marllm.models.policy import ValueHead, response_forward
+from marllm.models.prefix_forward import last_position_forward
 
 NORMALIZATIONS = ("none", "token", "word")
 """How ``score`` normalises a move's log-likelihood: its sum, its mean per token, or its sum per word."""
@@ -210,14 +211,13 @@ def first_token_scores(
     1) of :func:`move_tensors`), and V(s) (B, 1) or None: one forward of each prompt, whose last position's
     distribution scores every move at once. Differentiable."""
     legal = moves[:, :, 0] >= 0  # (B, M)
-    first = moves[:, :1, 0]  # (B, 1): any token after the prompt; only the logits before it are read
-    input_ids, attention_mask = torch.cat([input_ids, first], 1), torch.cat([attention_mask, torch.ones_like(first)], 1)
-    logits, values = response_forward(model, input_ids, attention_mask, input_ids.shape[1] - 1, value_head)
-    logprobs = torch.log_softmax(logits[:, 0].float(), -1)  # (B, V): the next token after each prompt
+    # The prompts' common beginning (a game's rules) computed once: :mod:`marllm.models.prefix_forward`.
+    logits, values = last_position_forward(model, input_ids, attention_mask, value_head)
+    logprobs = torch.log_softmax(logits.float(), -1)  # (B, V): the next token after each prompt
     likelihood = logprobs.gather(1, moves[:, :, 0].clamp_min(0))  # (B, M)
     scores = normalized_likelihood(likelihood, torch.ones_like(likelihood), move_words[:, :, 0].float(), normalization)
     table = torch.log_softmax(scores.masked_fill(~legal, -torch.inf), dim=1)
-    return table, None if values is None else values.float()
+    return table, None if values is None else values.float().unsqueeze(1)
 
 
 def constrained_logprobs(

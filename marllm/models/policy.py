@@ -134,7 +134,7 @@ def response_forward(
     a model that scales it before its head (MiniCPM3's ``logits_scaling``).
     """
     response_length = input_ids.shape[1] - prompt_length
-    keep = _logits_to_keep_kind(model)
+    keep = logits_to_keep_kind(model)
     extra: dict[str, int | torch.Tensor] = {}
     # Project only the positions that predict response tokens onto the vocabulary: for long prompts (the observer's)
     # most of the (B, T, V) logits would be thrown away. Positions as a tensor give exactly the L rows needed, so
@@ -143,7 +143,7 @@ def response_forward(
         extra["logits_to_keep"] = torch.arange(prompt_length - 1, input_ids.shape[1] - 1, device=input_ids.device)
     elif keep == "count":
         extra["logits_to_keep"] = response_length + 1
-    with _head_inputs(model, value_head is not None) as head_inputs:
+    with head_inputs(model, value_head is not None) as captured:
         outputs = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -154,13 +154,13 @@ def response_forward(
     logits = outputs.logits if keep == "positions" else outputs.logits[:, -(response_length + 1) : -1]  # (B, L, V)
     values = None
     if value_head is not None:
-        [hidden] = head_inputs  # (B, L, H) with positions kept, else (B, L + 1, H) or (B, T, H)
+        [hidden] = captured  # (B, L, H) with positions kept, else (B, L + 1, H) or (B, T, H)
         values = value_head(hidden if keep == "positions" else hidden[:, -(response_length + 1) : -1])  # (B, L)
     return logits, values
 
 
 @contextlib.contextmanager
-def _head_inputs(model: PreTrainedModel, wanted: bool) -> Iterator[list[torch.Tensor]]:
+def head_inputs(model: PreTrainedModel, wanted: bool) -> Iterator[list[torch.Tensor]]:
     """While open (and ``wanted``), each forward of ``model`` appends the input of its LM head (its output
     embeddings), with its autograd history."""
     inputs: list[torch.Tensor] = []
@@ -177,7 +177,7 @@ def _head_inputs(model: PreTrainedModel, wanted: bool) -> Iterator[list[torch.Te
         handle.remove()
 
 
-def _logits_to_keep_kind(model: PreTrainedModel) -> str | None:
+def logits_to_keep_kind(model: PreTrainedModel) -> str | None:
     """``"positions"`` if ``logits_to_keep`` takes a tensor of positions, ``"count"`` if only an int, else None."""
     return _logits_to_keep_kind_of(type(getattr(model, "get_base_model", lambda: model)()))
 
