@@ -120,14 +120,19 @@ def play_episode(env: AECEnv, players: Mapping[str, Player], seed: int | None = 
 
 
 def run_iteration(
-    env: AECEnv, learners: Mapping[str, Learner], seed: int | None = None, concurrent_updates: bool = False
+    env: AECEnv,
+    learners: Mapping[str, Learner],
+    seed: int | None = None,
+    concurrent_updates: bool = False,
+    names: Mapping[str, str] | None = None,
 ) -> IterationResult:
     """One episode (a batch of dialogues) then one independent update per learner (any :class:`Learner`).
 
     Returns the iteration's metrics (``<learner>/<name>`` and ``time/*``; for an agent that spoke several times also
     :data:`ROLE_TASK_REWARD` and one :data:`TURN_TASK_REWARD` per turn) and, per learner, its dialogue record:
     its role, the batch's queries and, per turn it spoke, the prompts, responses and task rewards. A learner
-    object that plays several agents (self-play) is updated once, under the first of its agent ids.
+    object that plays several agents (self-play) is updated once, and its metrics go under ``names[agent]`` for the
+    first of its agent ids that moved (``names``: agent id -> learner id, e.g. a game's seats; default: that agent id).
 
     ``concurrent_updates`` runs the learners' updates at the same time, one thread each: for learners on distinct
     devices (``agents.devices``), which share nothing an update writes. Turns cannot overlap (a turn reads the
@@ -146,13 +151,14 @@ def run_iteration(
         updates = {learner_id: learner.update() for learner_id, learner in to_update.items()}
     metrics: dict[str, Any] = {}
     timings: dict[str, float] = defaultdict(float)
-    for learner_id, stats in updates.items():
+    for agent, stats in updates.items():
+        name = (names or {}).get(agent, agent)
         for key, value in stats.items():
             if key.startswith("time/"):
                 timings[key] += value
             else:
-                metrics[f"{learner_id}/{key}"] = value
-        metrics[f"{learner_id}/role"] = episode.dialogues[learner_id]["role"]
+                metrics[f"{name}/{key}"] = value
+        metrics[f"{name}/role"] = episode.dialogues[agent]["role"]
     for agent, record in episode.dialogues.items():
         metrics.setdefault(f"{agent}/role", record["role"])
     metrics.update(turn_metrics(episode))

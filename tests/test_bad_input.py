@@ -539,12 +539,13 @@ def test_a_programming_error_still_shows_its_traceback(monkeypatch, tmp_path):
 def stub_setup(monkeypatch, failures: list[bool]):
     """build() returns a stand-in; each iteration fails or logs one line, in the order of ``failures``."""
     setup = SimpleNamespace(
-        env=SimpleNamespace(), learners={}, players={}, concurrent_updates=False, iteration_metrics=lambda m: m
+        env=SimpleNamespace(), learners={}, players={}, concurrent_updates=False, metric_names=None,
+        iteration_metrics=lambda m: m,
     )
     monkeypatch.setattr(train_module, "build", lambda config, data_parallel=None: setup)
     steps = iter(failures)
 
-    def run_iteration(env, learners, seed=None, concurrent_updates=False):
+    def run_iteration(env, learners, seed=None, concurrent_updates=False, names=None):
         if next(steps):
             raise RuntimeError("out of memory in iteration")
         return {}, {}

@@ -164,8 +164,8 @@ def interrupt_at(monkeypatch, iteration: int, number: int = signal.SIGINT, times
     real = train_module.run_iteration
     calls = iter(range(10_000))
 
-    def run_iteration(env, learners, seed=None, concurrent_updates=False):
-        result = real(env, learners, seed, concurrent_updates)
+    def run_iteration(env, learners, seed=None, concurrent_updates=False, names=None):
+        result = real(env, learners, seed, concurrent_updates, names)
         if next(calls) == iteration:
             for _ in range(times):
                 os.kill(os.getpid(), number)

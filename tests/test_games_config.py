@@ -217,6 +217,9 @@ def test_self_play_seats_one_learner_and_reports_each_seat():
     first, second = merged["llm/game/player_1/win_rate"], merged["llm/game/player_2/win_rate"]
     assert merged["llm/game/win_rate"] == pytest.approx((first + second) / 2)
     assert merged["llm/game/player_1/win_rate"] == pytest.approx(merged["llm/game/player_2/loss_rate"])
+    # The loop reports a learner under the name its seats give it: nothing is renamed afterwards.
+    named, _ = run_iteration(env, players, seed=1, names={"llm": "main", "llm#2": "main"})
+    assert named["main/updates"] == 2.0 and not any(key.startswith("llm/") and key != "llm/role" for key in named)
 
 
 @pytest.mark.parametrize("seats", [["llm", "llm"], ["llm", "random"]])

@@ -63,18 +63,13 @@ def game_metrics(
         env: the wrapped env of :func:`build_game_env`, after an episode.
         slots: the env's agent ids.
         owners: slot -> learner id, for the learners' slots.
-        metrics: the iteration's metrics (:func:`~marllm.loop.run_iteration`'s), keyed by agent id: a learner whose
-            first slot did not move reports under a later one, which is moved to the learner's id here.
+        metrics: the iteration's metrics (:func:`~marllm.loop.run_iteration`'s, keyed by learner id: its ``names``
+            are ``owners``).
     """
     game_env = env.unwrapped
     permutation = next((part for part in _wrappers(env) if isinstance(part, RolePermutation)), None)
     role_of = permutation.role_of if permutation is not None else {slot: slot for slot in slots}
     merged = dict(metrics)
-    for slot, learner_id in owners.items():
-        if slot == learner_id:
-            continue
-        for key in [k for k in merged if k.startswith(f"{slot}/") and k != f"{slot}/role"]:
-            merged.setdefault(f"{learner_id}/{key[len(slot) + 1 :]}", merged.pop(key))
     by_learner: dict[str, list[dict[str, float]]] = {}
     for slot in slots:
         if slot not in owners:
@@ -131,6 +126,7 @@ def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
         tokenizer,
         concurrent,
         seat_players=players,
+        metric_names=owners,
         metrics_hook=metrics_hook(config, learners, functools.partial(game_metrics, env, slots, owners)),
     )
 

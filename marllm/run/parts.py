@@ -35,6 +35,8 @@ class Setup:
     whose ids are the text env's agents."""
     metrics_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     """Adds what the env measured to an iteration's metrics (a game's per-seat results); None: nothing."""
+    metric_names: dict[str, str] | None = None
+    """The loop's agent id -> the learner id its metrics go under (a game's seats); None: the agent ids."""
 
     @property
     def trained_learners(self) -> dict[str, Learner]:
