@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
 from marllm.envs.games import BatchedGameEnv
 from marllm.loop import run_iteration
-from marllm.players import RandomMover, share_learner
+from marllm.players import RandomMover
 from marllm.wrappers import RoleBaselines, RolePermutation, SharedReward, cooperation_matrix
 from marllm.wrappers.role_baselines import step_baselines
 from tests.conftest import make_tiny_gpt2
@@ -77,7 +77,7 @@ class RecordingLearner:
 def test_one_learner_in_both_seats_is_rewarded_in_act_order_and_updated_once():
     environment = BatchedGameEnv(lambda: CountdownGame(target=5), batch_size=6, seed=3)
     learner = RecordingLearner("shared")
-    seats = share_learner(learner, environment.possible_agents)
+    seats = {seat: learner for seat in environment.possible_agents}  # the loop's mapping: no adapter needed
     metrics, dialogues = run_iteration(environment, seats, seed=3)
     assert learner.updates == 1
     assert metrics["p0/updates"] == 1.0 and not any(k.startswith("p1/") and k != "p1/role" for k in metrics)
@@ -92,19 +92,6 @@ def test_one_learner_in_both_seats_is_rewarded_in_act_order_and_updated_once():
     # a second iteration works the same
     run_iteration(environment, seats, seed=4)
     assert learner.updates == 2
-
-
-def test_shared_seats_need_every_reward_before_updating():
-    learner = RecordingLearner("shared")
-    seats = share_learner(learner, ["a", "b"])
-    observation = {"games": (0,), "legal_moves": (("x",),)}
-    seats["a"].act(observation)
-    seats["b"].act(observation)
-    seats["b"].finish([1.0])
-    with pytest.raises(RuntimeError, match=r"seats \['a'\] acted and were rewarded \(acts, rewards\) \{'a': \(1, 0\)"):
-        seats["a"].update()
-    with pytest.raises(ValueError, match="distinct agent ids"):
-        share_learner(learner, ["a", "a"])
 
 
 def word_tokenizer(words):
@@ -134,7 +121,7 @@ def test_self_play_of_a_tiny_ppo_learner_at_tictactoe():
     tokenizer = word_tokenizer([str(k) for k in range(1, 10)] + ["move"])
     learner = tiny_learner(tokenizer)
     environment = BatchedGameEnv(tictactoe_v3.env, batch_size=4, templates="{move_names} move", illegal="random")
-    seats = share_learner(learner, environment.possible_agents)
+    seats = {seat: learner for seat in environment.possible_agents}
     for iteration in range(2):
         metrics, dialogues = run_iteration(environment, seats, seed=iteration)
         assert learner.num_updates == iteration + 1 and not learner.rollouts
@@ -150,7 +137,7 @@ def test_self_play_with_larger_mini_batches_merges_the_moves_left_over_into_the_
     tokenizer = word_tokenizer([str(k) for k in range(1, 10)] + ["move"])
     learner = tiny_learner(tokenizer, mini_batch_size=5, last_minibatch="merge")
     environment = BatchedGameEnv(tictactoe_v3.env, batch_size=3, templates="{move_names} move", illegal="random")
-    seats = share_learner(learner, environment.possible_agents)
+    seats = {seat: learner for seat in environment.possible_agents}
     sizes = []
     loss = learner._loss
     learner._loss = lambda mb, prompt_length: (sizes.append(len(mb.mask)), loss(mb, prompt_length))[1]
