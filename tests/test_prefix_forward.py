@@ -1,6 +1,6 @@
-"""Prompts that share their beginning: the shared prefix computed once gives the whole forward's next-token logits,
-values and gradients (GPT-2's learned positions, a Llama's rotary ones, a LoRA adapter), and is not used where the
-prompts share too little."""
+"""Prompts that share their beginning: the shared prefix computed once gives the whole forward's logits, values and
+gradients (GPT-2's learned positions, a Llama's rotary ones, a LoRA adapter; responses of several tokens, padded),
+and is not used where the prompts share too little."""
 
 from __future__ import annotations
 
@@ -10,13 +10,18 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from marllm.models import prefix_forward
-from marllm.models.policy import ValueHead
-from marllm.models.prefix_forward import MIN_SHARED_TOKENS, common_prefix_length, last_position_forward
+from marllm.models.policy import ValueHead, response_forward
+from marllm.models.prefix_forward import (
+    MIN_SHARED_TOKENS,
+    common_prefix_length,
+    last_position_forward,
+    shared_prefix_response_forward,
+)
 from tests.conftest import make_tiny_gpt2
 
-WHOLE = prefix_forward._whole_forward
 RULES = "this movie was good and the acting was great , the story is fine and the music is great . "
 ENDINGS = ["i loved the story", "bad", "what a terrible waste of time , bad from start", "good"]
+RESPONSES = ["good", "a boring and sad movie", "", "the plot"]  # one row answers with its first token only
 
 
 def tiny_llama(vocab_size: int) -> LlamaForCausalLM:
@@ -28,39 +33,41 @@ def tiny_llama(vocab_size: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-def models(tokenizer):
-    gpt2 = make_tiny_gpt2(tokenizer).eval()
-    lora = get_peft_model(make_tiny_gpt2(tokenizer, seed=1), LoraConfig(r=4, target_modules=["c_attn"])).eval()
-    return {"gpt2": gpt2, "llama": tiny_llama(len(tokenizer)), "gpt2-lora": lora}
+def make_model(tokenizer, kind):
+    if kind == "gpt2":
+        return make_tiny_gpt2(tokenizer).eval()
+    if kind == "llama":
+        return tiny_llama(len(tokenizer))
+    return get_peft_model(make_tiny_gpt2(tokenizer, seed=1), LoraConfig(r=4, target_modules=["c_attn"])).eval()
 
 
-def batch(tokenizer, endings=ENDINGS, rules=RULES):
+def prompts(tokenizer, endings=ENDINGS, rules=RULES):
     tokenizer.padding_side = "left"
     encoded = tokenizer([rules + ending for ending in endings], return_tensors="pt", padding=True)
     return encoded["input_ids"], encoded["attention_mask"]
 
 
-def forward_and_gradients(model, value_head, ids, mask, shared: bool):
+def with_responses(tokenizer, ids, mask):
+    """``[left-padded prompt | response, right-padded]``, each response at least one token (its first word's)."""
+    tokens = [tokenizer.encode(text or "i") for text in RESPONSES]
+    width = max(len(t) for t in tokens)
+    response = torch.full((len(tokens), width), tokenizer.pad_token_id)
+    response_mask = torch.zeros(len(tokens), width, dtype=mask.dtype)
+    for i, t in enumerate(tokens):
+        response[i, : len(t)], response_mask[i, : len(t)] = torch.tensor(t), 1
+    return torch.cat([ids, response], 1), torch.cat([mask, response_mask], 1), ids.shape[1], response_mask
+
+
+def results(model, value_head, forward, *args):
     model.zero_grad(set_to_none=True)
     value_head.zero_grad(set_to_none=True)
-    forward = last_position_forward if shared else WHOLE
-    logits, values = forward(model, ids, mask, value_head)
-    (logits.log_softmax(-1)[:, :7].sum() + values.square().sum()).backward()
+    logits, values = forward(model, *args, value_head=value_head)
+    (logits.log_softmax(-1)[..., :7].sum() + values.square().sum()).backward()
     trained = [p for p in [*model.parameters(), *value_head.parameters()] if p.requires_grad]
     return logits.detach(), values.detach(), [p.grad.clone() for p in trained]
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "gpt2-lora"])
-def test_the_shared_prefix_gives_the_whole_forwards_logits_values_and_gradients(tokenizer, kind, monkeypatch):
-    model = models(tokenizer)[kind]
-    torch.manual_seed(2)
-    value_head = ValueHead(model.config.hidden_size)
-    ids, mask = batch(tokenizer)
-    rows = [row[m.bool()] for row, m in zip(ids, mask, strict=True)]
-    assert common_prefix_length(rows) >= MIN_SHARED_TOKENS and (mask == 0).any()  # shared rules, padded rows
-    whole = forward_and_gradients(model, value_head, ids, mask, shared=False)
-    monkeypatch.setattr(prefix_forward, "_whole_forward", lambda *args: pytest.fail("the prefix was not shared"))
-    shared = forward_and_gradients(model, value_head, ids, mask, shared=True)
+def assert_same(shared, whole):
     torch.testing.assert_close(shared[0], whole[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(shared[1], whole[1], atol=1e-5, rtol=1e-5)
     assert len(shared[2]) == len(whole[2]) > 0
@@ -68,21 +75,58 @@ def test_the_shared_prefix_gives_the_whole_forwards_logits_values_and_gradients(
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-4)
 
 
+def forbid_the_whole_forward(monkeypatch):
+    monkeypatch.setattr(prefix_forward, "response_forward", lambda *a, **k: pytest.fail("the prefix was not shared"))
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "gpt2-lora"])
+def test_responses_after_a_shared_prefix_get_the_whole_forwards_results(tokenizer, kind, monkeypatch):
+    model = make_model(tokenizer, kind)
+    torch.manual_seed(2)
+    value_head = ValueHead(model.config.hidden_size)
+    ids, mask = prompts(tokenizer)
+    rows = [row[m.bool()] for row, m in zip(ids, mask, strict=True)]
+    assert common_prefix_length(rows) >= MIN_SHARED_TOKENS and (mask == 0).any()  # shared rules, padded prompts
+    ids, mask, prompt_length, response_mask = with_responses(tokenizer, ids, mask)
+    assert (response_mask == 0).any()  # padded responses
+    whole = results(model, value_head, response_forward, ids, mask, prompt_length)
+    forbid_the_whole_forward(monkeypatch)
+    shared = results(model, value_head, shared_prefix_response_forward, ids, mask, prompt_length)
+    assert shared[0].shape == whole[0].shape and shared[1].shape == whole[1].shape
+    assert_same(shared, whole)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_the_next_token_after_prompts_with_a_shared_prefix(tokenizer, kind, monkeypatch):
+    model = make_model(tokenizer, kind)
+    torch.manual_seed(2)
+    value_head = ValueHead(model.config.hidden_size)
+    ids, mask = prompts(tokenizer)
+    placeholder = ids[:, -1:]  # any token after each prompt: its own logits are not read
+    with_placeholder = torch.cat([ids, placeholder], 1), torch.cat([mask, torch.ones_like(placeholder)], 1)
+    whole = results(model, value_head, response_forward, *with_placeholder, ids.shape[1])
+    whole = (whole[0][:, 0], whole[1][:, 0], whole[2])
+    forbid_the_whole_forward(monkeypatch)
+    assert_same(results(model, value_head, last_position_forward, ids, mask), whole)
+
+
 def test_prompts_that_share_little_take_one_whole_forward(tokenizer, monkeypatch):
-    model = make_tiny_gpt2(tokenizer).eval()
-    ids, mask = batch(tokenizer, rules="")  # the endings share no beginning
+    model = make_model(tokenizer, "gpt2")
     calls = []
-    monkeypatch.setattr(prefix_forward, "_whole_forward", lambda *args: calls.append(args) or ("whole", None))
-    assert last_position_forward(model, ids, mask) == ("whole", None) and len(calls) == 1
-    one, one_mask = batch(tokenizer, endings=ENDINGS[:1])  # a lone prompt has nothing to share
-    assert last_position_forward(model, one, one_mask) == ("whole", None) and len(calls) == 2
+    monkeypatch.setattr(prefix_forward, "response_forward", lambda *args: calls.append(args) or ("whole", None))
+    ids, mask = prompts(tokenizer, rules="")  # the endings share no beginning
+    assert shared_prefix_response_forward(model, *with_responses(tokenizer, ids, mask)[:3]) == ("whole", None)
+    one, one_mask = prompts(tokenizer, endings=ENDINGS[:1])  # a lone prompt has nothing to share
+    assert shared_prefix_response_forward(model, one, one_mask, one.shape[1] - 1) == ("whole", None)
+    assert len(calls) == 2
 
 
 def test_a_prompt_that_is_the_prefix_of_another_keeps_its_last_token_out_of_the_prefix(tokenizer, monkeypatch):
-    model = make_tiny_gpt2(tokenizer).eval()
-    ids, mask = batch(tokenizer, endings=["good", "good and the acting was great"])
+    model = make_model(tokenizer, "gpt2")
+    ids, mask = prompts(tokenizer, endings=["good", "good and the acting was great"])
     with torch.no_grad():
-        whole, _ = WHOLE(model, ids, mask, None)
-        monkeypatch.setattr(prefix_forward, "_whole_forward", lambda *args: pytest.fail("the prefix was not shared"))
+        whole, _ = response_forward(model, torch.cat([ids, ids[:, -1:]], 1), torch.cat([mask, mask[:, -1:]], 1),
+                                    ids.shape[1])
+        forbid_the_whole_forward(monkeypatch)
         shared, _ = last_position_forward(model, ids, mask)
-    torch.testing.assert_close(shared, whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared, whole[:, 0], atol=1e-5, rtol=1e-5)

@@ -27,8 +27,8 @@ from marllm.models.move_tries import (
     move_tries,
     restrict_logits,
 )
-from marllm.models.policy import ValueHead, response_forward
-from marllm.models.prefix_forward import last_position_forward
+from marllm.models.policy import ValueHead
+from marllm.models.prefix_forward import last_position_forward, shared_prefix_response_forward
 
 NORMALIZATIONS = ("none", "token", "word")
 """How ``score`` normalises a move's log-likelihood: its sum, its mean per token, or its sum per word."""
@@ -176,7 +176,8 @@ def score_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(a | s) of every packed move under ``score`` (N,), and V(s) of its prompt (N,; the value head on the
     prompt's last hidden state) when ``value_head`` is given. Differentiable; one forward of the packed rows."""
-    logits, values = response_forward(model, packed.input_ids, packed.attention_mask, packed.prompt_length, value_head)
+    ids, mask, prompt_length = packed.input_ids, packed.attention_mask, packed.prompt_length
+    logits, values = shared_prefix_response_forward(model, ids, mask, prompt_length, value_head)  # rules once
     likelihood = (token_logprobs(logits, packed.response) * packed.mask).sum(1)  # (N,)
     likelihood = normalized_likelihood(likelihood, packed.mask.sum(1), packed.words, normalization)
     logprobs = torch.log_softmax(packed.per_row(likelihood), dim=1)  # (B, M): over each prompt's legal moves
@@ -229,7 +230,7 @@ def constrained_logprobs(
     """log π(a | s) of every packed move (packed ``with_eos``) under constrained sampling (N,): the sum of its
     tokens' log-probs, EOS included, as the learner computes them (restricted, then ``generation``'s processing)."""
     allowed, _ = allowed_tokens(packed.response, packed.tries_per_packed_row(), eos_token_id)
-    logits, _ = response_forward(model, packed.input_ids, packed.attention_mask, packed.prompt_length)
+    logits, _ = shared_prefix_response_forward(model, packed.input_ids, packed.attention_mask, packed.prompt_length)
     logits = restrict_logits(logits, allowed, inplace=not logits.requires_grad)
     sequences = (packed.input_ids, packed.attention_mask, packed.prompt_length)
     logits = logprob_logits(logits, *sequences, generation, eos_token_id)
