@@ -15,6 +15,7 @@ from marllm.models.prefix_forward import (
     MIN_SHARED_TOKENS,
     common_prefix_length,
     last_position_forward,
+    prompt_then_moves_forward,
     shared_prefix_response_forward,
 )
 from tests.conftest import make_tiny_gpt2
@@ -58,11 +59,12 @@ def with_responses(tokenizer, ids, mask):
     return torch.cat([ids, response], 1), torch.cat([mask, response_mask], 1), ids.shape[1], response_mask
 
 
-def results(model, value_head, forward, *args):
+def results(model, value_head, forward, *args, read=None):
+    """The logits, values and gradients of ``forward``; the loss reads the logits at ``read`` (a mask) only."""
     model.zero_grad(set_to_none=True)
     value_head.zero_grad(set_to_none=True)
     logits, values = forward(model, *args, value_head=value_head)
-    (logits.log_softmax(-1)[..., :7].sum() + values.square().sum()).backward()
+    (logits[read if read is not None else ...].log_softmax(-1)[..., :7].sum() + values.square().sum()).backward()
     trained = [p for p in [*model.parameters(), *value_head.parameters()] if p.requires_grad]
     return logits.detach(), values.detach(), [p.grad.clone() for p in trained]
 
@@ -130,3 +132,34 @@ def test_a_prompt_that_is_the_prefix_of_another_keeps_its_last_token_out_of_the_
         forbid_the_whole_forward(monkeypatch)
         shared, _ = last_position_forward(model, ids, mask)
     torch.testing.assert_close(shared, whole[:, 0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rules", [RULES, ""], ids=["shared-rules", "nothing-shared"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2-lora"])
+def test_moves_scored_on_their_prompts_cache_get_the_whole_forwards_results(tokenizer, kind, rules):
+    """Each prompt once, its moves (one to three of them, of one to several tokens) on its cache: the logits before
+    every move token, the value after the prompt, and the gradients of [prompt | move] rows computed whole."""
+    model = make_model(tokenizer, kind)
+    torch.manual_seed(2)
+    value_head = ValueHead(model.config.hidden_size)
+    ids, mask = prompts(tokenizer, ENDINGS[:3], rules)
+    moves = [["good", "bad movie"], ["the story is fine"], ["a", "boring and sad", "i loved the story"]]
+    rows = torch.tensor([b for b, names in enumerate(moves) for _ in names])
+    tokens = [tokenizer.encode(name) for names in moves for name in names]
+    width = max(len(t) for t in tokens)
+    move_ids = torch.full((len(tokens), width), tokenizer.pad_token_id)
+    move_mask = torch.zeros(len(tokens), width, dtype=mask.dtype)
+    for i, t in enumerate(tokens):
+        move_ids[i, : len(t)], move_mask[i, : len(t)] = torch.tensor(t), 1
+    packed = torch.cat([ids[rows], move_ids], 1), torch.cat([mask[rows], move_mask], 1), ids.shape[1]
+    valid = move_mask.bool()  # the logits that predict a move's tokens (past its end, padding is predicted)
+    whole = results(model, value_head, lambda *a, value_head: _value_after_prompt(response_forward(*a, value_head)),
+                    *packed, read=valid)
+    shared = results(model, value_head, prompt_then_moves_forward, ids, mask, rows, move_ids, move_mask, read=valid)
+    assert shared[0].shape == whole[0].shape
+    assert_same((shared[0][valid], shared[1], shared[2]), (whole[0][valid], whole[1], whole[2]))
+
+
+def _value_after_prompt(outputs):
+    logits, values = outputs
+    return logits, values[:, 0]

@@ -28,7 +28,11 @@ from marllm.models.move_tries import (
     restrict_logits,
 )
 from marllm.models.policy import ValueHead
-from marllm.models.prefix_forward import last_position_forward, shared_prefix_response_forward
+from marllm.models.prefix_forward import (
+    last_position_forward,
+    prompt_then_moves_forward,
+    shared_prefix_response_forward,
+)
 
 NORMALIZATIONS = ("none", "token", "word")
 """How ``score`` normalises a move's log-likelihood: its sum, its mean per token, or its sum per word."""
@@ -175,14 +179,29 @@ def score_logprobs(
     value_head: ValueHead | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(a | s) of every packed move under ``score`` (N,), and V(s) of its prompt (N,; the value head on the
-    prompt's last hidden state) when ``value_head`` is given. Differentiable; one forward of the packed rows."""
-    ids, mask, prompt_length = packed.input_ids, packed.attention_mask, packed.prompt_length
-    logits, values = shared_prefix_response_forward(model, ids, mask, prompt_length, value_head)  # rules once
+    prompt's last hidden state) when ``value_head`` is given. Differentiable; each prompt computed once, its moves on
+    top of it."""
+    logits, values = _moves_forward(model, packed, value_head)
     likelihood = (token_logprobs(logits, packed.response) * packed.mask).sum(1)  # (N,)
     likelihood = normalized_likelihood(likelihood, packed.mask.sum(1), packed.words, normalization)
     logprobs = torch.log_softmax(packed.per_row(likelihood), dim=1)  # (B, M): over each prompt's legal moves
     columns = torch.cat([torch.arange(n, device=logprobs.device) for n in packed.counts])
-    return logprobs[packed.rows, columns], None if values is None else values[:, 0]
+    return logprobs[packed.rows, columns], values
+
+
+def _moves_forward(
+    model: PreTrainedModel, packed: PackedMoves, value_head: ValueHead | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The logits (N, C, V) that predict each packed move's tokens and V of its prompt (N,): each prompt computed once
+    (the prompts' common beginning once for all), its moves on top of its cache
+    (:func:`~marllm.models.prefix_forward.prompt_then_moves_forward`)."""
+    prompts = torch.arange(len(packed.counts), device=packed.rows.device)
+    first = torch.searchsorted(packed.rows, prompts).clamp_max(len(packed.rows) - 1)  # each prompt's first move
+    prompt_ids = packed.input_ids[first, : packed.prompt_length]
+    prompt_mask = packed.attention_mask[first, : packed.prompt_length]
+    return prompt_then_moves_forward(
+        model, prompt_ids, prompt_mask, packed.rows, packed.response, packed.mask, value_head
+    )
 
 
 def normalized_likelihood(

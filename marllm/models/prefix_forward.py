@@ -6,17 +6,27 @@ common prefix of the batch's prompts once, repeats its key/value cache over the 
 rest of the prompt and its response on top of it: the same positions, the same attended tokens, the same result up
 to float rounding, at a fraction of the tokens (and of the backward's, since the prefix's activations are shared).
 Where the prompts share fewer than :data:`MIN_SHARED_TOKENS` tokens it is :func:`~marllm.models.policy.response_forward`
-itself. :func:`last_position_forward` reads the next-token distribution after each prompt the same way.
+itself. :func:`last_position_forward` reads the next-token distribution after each prompt the same way, and
+:func:`prompt_then_moves_forward` scores several continuations of each prompt (a game's legal moves) on top of the
+prompt's own cache: every prompt computed once, however many moves it has.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from marllm.models.policy import ValueHead, head_inputs, logits_to_keep_kind, position_ids_for, response_forward
 
-__all__ = ["MIN_SHARED_TOKENS", "common_prefix_length", "last_position_forward", "shared_prefix_response_forward"]
+__all__ = [
+    "MIN_SHARED_TOKENS",
+    "common_prefix_length",
+    "last_position_forward",
+    "prompt_then_moves_forward",
+    "shared_prefix_response_forward",
+]
 
 MIN_SHARED_TOKENS = 16
 """Below this many shared tokens the prefix is not worth a forward of its own."""
@@ -103,3 +113,79 @@ def last_position_forward(
     mask = torch.cat([attention_mask, torch.ones_like(placeholder)], 1)
     logits, values = shared_prefix_response_forward(model, ids, mask, input_ids.shape[1], value_head)
     return logits[:, 0], None if values is None else values[:, 0]
+
+
+def prompt_then_moves_forward(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    rows: torch.Tensor,
+    moves: torch.Tensor,
+    move_mask: torch.Tensor,
+    value_head: ValueHead | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The logits (N, C, V) that predict each move's tokens, and the value head's reading after its prompt (N,) or
+    None; differentiable. ``prompt_ids``/``prompt_mask`` (B, P): left-padded prompts, each computed once (their
+    common beginning once for all, as in :func:`shared_prefix_response_forward`); ``rows`` (N,): each move's prompt;
+    ``moves``/``move_mask`` (N, C): its tokens, right-padded. The same as
+    :func:`~marllm.models.policy.response_forward` over ``[prompt of the move | move]`` up to float rounding."""
+    cache, cache_mask, last_logits, last_values = _prompt_cache(model, prompt_ids, prompt_mask, value_head)
+    cache.batch_select_indices(rows)
+    mask = torch.cat([cache_mask[rows], move_mask], 1)
+    outputs = model(
+        input_ids=moves,
+        attention_mask=mask,
+        position_ids=position_ids_for(mask)[:, -moves.shape[1] :],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    # A move's first token is predicted after its prompt; each later one after the move's tokens before it.
+    logits = torch.cat([last_logits[rows].unsqueeze(1), outputs.logits[:, :-1]], 1)
+    return logits, None if last_values is None else last_values[rows]
+
+
+def _prompt_cache(
+    model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, value_head: ValueHead | None
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The key/value cache of the prompts (B rows), the attention mask over its positions, and the logits (B, V) and
+    value (B,) after each prompt's last token."""
+    prompts = [ids[mask.bool()] for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
+    shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1) if len(prompts) > 1 else 0
+    last = {"logits_to_keep": 1} if logits_to_keep_kind(model) is not None else {}
+    device, cache = prompt_ids.device, None
+    if shared >= MIN_SHARED_TOKENS:
+        cache = model(
+            input_ids=prompts[0][:shared].unsqueeze(0),
+            position_ids=torch.arange(shared, device=device).unsqueeze(0),
+            use_cache=True,
+            **last,
+        ).past_key_values
+        cache.batch_repeat_interleave(len(prompts))
+        prompt_ids, prompt_mask = _left_padded([p[shared:] for p in prompts], prompt_ids, prompt_mask)
+    else:
+        shared = 0
+    mask = torch.cat([prompt_mask.new_ones(len(prompts), shared), prompt_mask], 1)
+    with head_inputs(model, value_head is not None) as captured:
+        outputs = model(
+            input_ids=prompt_ids,
+            attention_mask=mask,
+            position_ids=position_ids_for(mask)[:, shared:],
+            past_key_values=cache,
+            use_cache=True,
+            **last,
+        )
+    values = value_head(captured[-1][:, -1:]).squeeze(1) if value_head is not None else None
+    return outputs.past_key_values, mask, outputs.logits[:, -1], values
+
+
+def _left_padded(
+    rows: list[torch.Tensor], like_ids: torch.Tensor, like_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` (1-D token tensors) left-padded into one (B, longest) batch, and its attention mask."""
+    width = max(len(row) for row in rows)
+    ids = like_ids.new_zeros(len(rows), width)
+    mask = like_mask.new_zeros(len(rows), width)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = row
+        mask[i, width - len(row) :] = 1
+    return ids, mask
