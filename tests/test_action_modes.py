@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
-from marllm.algorithms.action_ppo import ActionPPOLearner
+from marllm.algorithms.action_ppo import ActionPPOLearner, ActionReinforceLearner
 from marllm.algorithms.registry import AlgorithmOptions, build_learner
 from marllm.cli import main
 from marllm.config import config_from_dict
@@ -176,11 +176,17 @@ def hand_score(model, tokenizer, prompt, names, normalization):
     return torch.softmax(torch.stack(scores), 0).tolist()
 
 
-def score_learner(tokenizer, normalization="token", **ppo):
+def score_learner(tokenizer, normalization="token", algorithm="ppo", **ppo):
     config = PPOConfig(**{"mini_batch_size": 6, "ppo_epochs": 1, **ppo})
     model, reference = make_tiny_gpt2(tokenizer, seed=1), make_tiny_gpt2(tokenizer, seed=2)
     options = AlgorithmOptions(actions="score", action_normalization=normalization)
-    return build_learner("ppo", "llm", options, model=model, tokenizer=tokenizer, reference=reference, config=config)
+    return build_learner(
+        algorithm, "llm", options, model=model, tokenizer=tokenizer, reference=reference, config=config
+    )
+
+
+def reinforce_score_learner(tokenizer, **ppo):
+    return score_learner(tokenizer, algorithm="reinforce_pp", **ppo)
 
 
 @pytest.mark.parametrize("normalization", ["none", "token", "word"])
@@ -193,10 +199,12 @@ def test_score_probabilities_are_a_softmax_of_the_moves_likelihoods(tokenizer, n
         assert row == pytest.approx(hand_score(learner.model, tokenizer, prompt, names, normalization), abs=1e-5)
 
 
+@pytest.mark.parametrize("algorithm", ["ppo", "reinforce_pp"])
 @pytest.mark.parametrize("ppo", [{}, {"micro_batch_size": 2}])
-def test_action_level_ppo_starts_at_ratio_one_and_learns(tokenizer, ppo):
+def test_action_level_learners_start_at_ratio_one(tokenizer, ppo, algorithm):
     torch.manual_seed(0)
-    learner = score_learner(tokenizer, **ppo)
+    learner = score_learner(tokenizer, algorithm=algorithm, **ppo)
+    assert isinstance(learner, ActionPPOLearner if algorithm == "ppo" else ActionReinforceLearner)
     answers = learner.act({"prompt": PROMPTS, "legal_moves": MOVES})
     assert all(answer in names for answer, names in zip(answers, MOVES, strict=True))
     learner.act({"prompt": PROMPTS[:2], "legal_moves": MOVES[:2]})
@@ -213,7 +221,21 @@ def test_action_level_ppo_starts_at_ratio_one_and_learns(tokenizer, ppo):
     assert metrics["response_length"] == 1.0 and 0 <= metrics["entropy"] <= torch.log(torch.tensor(3.0)).item()
 
 
-@pytest.mark.parametrize("make", [constrained_learner, score_learner])
+@pytest.mark.parametrize("algorithm", ["ppo", "reinforce_pp"])
+def test_action_level_learners_learn_the_rewarded_move(tokenizer, algorithm):
+    """One prompt, two moves, the first paid 1 and the second 0: a few updates raise the first move's probability."""
+    torch.manual_seed(0)
+    learner = score_learner(tokenizer, algorithm=algorithm, mini_batch_size=8, learning_rate=3e-3, init_kl_coef=0.0)
+    prompts, moves = ["i think"] * 8, [["good", "bad"]] * 8
+    before = learner.move_probabilities(prompts[:1], moves[:1])[0][0]
+    for _ in range(6):
+        answers = learner.act({"prompt": prompts, "legal_moves": moves})
+        learner.finish([1.0 if answer == "good" else 0.0 for answer in answers])
+        learner.update()
+    assert learner.move_probabilities(prompts[:1], moves[:1])[0][0] > before + 0.05
+
+
+@pytest.mark.parametrize("make", [constrained_learner, score_learner, reinforce_score_learner])
 def test_a_learner_with_legal_actions_saves_and_restores(tokenizer, make):
     torch.manual_seed(0)
     learner = make(tokenizer, mini_batch_size=4)
@@ -233,8 +255,7 @@ def test_game_actions_are_validated_naming_the_key():
         config_from_dict(game_config({"actions": "sample"}))
     with pytest.raises(ValueError, match=r"game.action_normalization must be one of \['none', 'token', 'word'\]"):
         config_from_dict(game_config({"actions": "score", "action_normalization": "mean"}))
-    with pytest.raises(ValueError, match="game.actions: score trains an action-level policy with ppo"):
-        config_from_dict(game_config({"actions": "score"}, agents={"algorithm": "reinforce_pp"}))
+    assert config_from_dict(game_config({"actions": "score"}, agents={"algorithm": "reinforce_pp"}))
     with pytest.raises(ValueError, match="generation.stop_at_eos: true"):
         config_from_dict(game_config({"actions": "constrained"}, generation={"stop_at_eos": False}))
     with pytest.raises(ValueError, match="snapshot pool plays game.actions: generate only"):
@@ -243,12 +264,15 @@ def test_game_actions_are_validated_naming_the_key():
 
 
 @needs_openspiel
-@pytest.mark.parametrize("actions", ["constrained", "score"])
-def test_a_kuhn_poker_run_with_legal_actions_never_answers_illegally(tmp_path, actions):
+@pytest.mark.parametrize(
+    ("actions", "algorithm"), [("constrained", "ppo"), ("score", "ppo"), ("score", "reinforce_pp")]
+)
+def test_a_kuhn_poker_run_with_legal_actions_never_answers_illegally(tmp_path, actions, algorithm):
     """Self-play Kuhn poker on the offline base for an iteration, checkpointed, then marllm eval with the mode."""
     run_dir = tmp_path / "run"
     config = str(ROOT / "examples" / "games" / "kuhn_poker_offline.yaml")
     overrides = ["iterations=1", "game.batch_size=2", "logging.progress=false", f"game.actions={actions}"]
+    overrides += [f"agents.algorithm={algorithm}"]
     overrides += ["game.illegal=forfeit", "game.illegal_penalty=0.0"]
     assert main(["train", config, "--run-dir", str(run_dir), *overrides]) == 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

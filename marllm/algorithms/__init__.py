@@ -13,6 +13,7 @@ from marllm.utils.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "ActionPPOLearner": "marllm.algorithms.action_ppo",
+    "ActionReinforceLearner": "marllm.algorithms.action_ppo",
     "AdaptiveKLController": "marllm.algorithms.kl_controller",
     "AlgorithmOptions": "marllm.algorithms.registry",
     "CriticFreeConfig": "marllm.algorithms.critic_free_config",
@@ -31,6 +32,7 @@ _EXPORTS = {
 
 __all__ = [
     "ActionPPOLearner",
+    "ActionReinforceLearner",
     "AdaptiveKLController",
     "AlgorithmOptions",
     "CriticFreeConfig",
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from marllm.algorithms.action_ppo import ActionPPOLearner
+    from marllm.algorithms.action_ppo import ActionPPOLearner, ActionReinforceLearner
     from marllm.algorithms.critic_free_config import CriticFreeConfig
     from marllm.algorithms.critic_free_learner import CriticFreeLearner
     from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLController, KLController

@@ -1,5 +1,6 @@
 """ActionPPOLearner: PPO on a categorical policy over a game's legal moves, each scored by the model's likelihood of
-its name (``game.actions: score``; TWOSOME, Tan et al., ICLR 2024; GLAM, Carta et al., ICML 2023).
+its name (``game.actions: score``; TWOSOME, Tan et al., ICLR 2024; GLAM, Carta et al., ICML 2023); and
+ActionReinforceLearner, REINFORCE++ on the same policy.
 
 π(a | s) = softmax over the legal moves a of the (normalised) log-likelihood of a's tokens after the prompt
 (:func:`~marllm.models.legal_moves.score_logprobs`). One move is one action: the rollout keeps each row's prompt,
@@ -20,6 +21,8 @@ from typing import Any, Unpack
 import torch
 from tianshou.data import Batch
 
+from marllm.algorithms.critic_free_config import CriticFreeConfig
+from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.learner_arguments import LearnerArguments
 from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.registry import AlgorithmOptions, register_learner
@@ -101,8 +104,8 @@ class MoveScoreCollector(RolloutCollector):
             mask=torch.ones_like(logprobs),
             logprobs=logprobs,
             ref_logprobs=ref_logprobs,
-            values=values,
             kl_full=kl_full,
+            **({"values": values} if values is not None else {}),  # a critic-free learner has no value head
             **columns,
         )
         sampled = logprobs - ref_logprobs
@@ -133,11 +136,7 @@ class ActionPPOLearner(PPOLearner):
         actions: str = "score",
         **learner_kwargs: Unpack[LearnerArguments],
     ):
-        if normalization not in NORMALIZATIONS:
-            raise ValueError(
-                f"learner {name!r}: action_normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}"
-            )
-        self.normalization = normalization  # before PPOLearner's constructor, which builds the collector
+        self.normalization = checked_normalization(name, normalization)  # before the collector is built
         super().__init__(name, actions=actions, **learner_kwargs)
 
     def _new_collector(
@@ -146,22 +145,67 @@ class ActionPPOLearner(PPOLearner):
         return super()._new_collector(collector_class, normalization=self.normalization, **options)
 
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
-        table, values = move_scores(
-            self.model,
-            mb,
-            value_head=self.value_head,
-            normalization=self.normalization,
-            autocast_dtype=self.config.autocast_dtype,
-            device=self.device,
-            pad_token_id=self.tokenizer.pad_token_id,
+        return action_loss(self, mb)
+
+
+class ActionReinforceLearner(CriticFreeLearner):
+    """REINFORCE++ over legal moves scored by the model: :class:`ActionPPOLearner`'s policy and rollout without a
+    value head, trained as :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` trains REINFORCE++ (the
+    advantage of a move is its reward, KL-penalised, normalised over the batch's moves). Takes ``normalization`` and
+    the critic-free learner's options; ``algorithm`` is ``"reinforce_pp"`` (GRPO and RLOO compare answers to one
+    query, which a game's batch does not hold)."""
+
+    supported_actions = ("score",)
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        normalization: str = "token",
+        settings: CriticFreeConfig | None = None,
+        actions: str = "score",
+        **learner_kwargs: Unpack[LearnerArguments],
+    ):
+        self.normalization = checked_normalization(name, normalization)  # before the collector is built
+        super().__init__(name, algorithm="reinforce_pp", settings=settings, actions=actions, **learner_kwargs)
+
+    def _new_collector(
+        self, collector_class: type[RolloutCollector] = MoveScoreCollector, **options: Any
+    ) -> RolloutCollector:
+        return super()._new_collector(collector_class, normalization=self.normalization, **options)
+
+    def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
+        return action_loss(self, mb)
+
+
+def checked_normalization(name: str, normalization: str) -> str:
+    """``normalization`` if it is one of :data:`~marllm.models.legal_moves.NORMALIZATIONS`, else a ValueError."""
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(
+            f"learner {name!r}: action_normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}"
         )
-        logprobs = table.gather(1, mb.response)  # (b, 1): the moves drawn
-        loss, parts = self._objective(mb, logprobs, values)
-        with torch.no_grad():
-            plogp = torch.where(torch.isfinite(table), table.exp() * table, 0.0)
-            parts["entropy"] = (-plogp.sum(1)).mean().item()
-            parts["ratio"] = torch.exp(logprobs - mb.logprobs).mean().item()
-        return loss, parts
+    return normalization
+
+
+def action_loss(learner: Any, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    """A scored-move learner's loss of a mini-batch: its ``_objective`` on log π(a | s) of the moves drawn (and V(s)
+    where it has a value head), with the exact entropy over the legal moves and the ratio."""
+    table, values = move_scores(
+        learner.model,
+        mb,
+        value_head=learner.value_head,
+        normalization=learner.normalization,
+        autocast_dtype=learner.config.autocast_dtype,
+        device=learner.device,
+        pad_token_id=learner.tokenizer.pad_token_id,
+    )
+    logprobs = table.gather(1, mb.response)  # (b, 1): the moves drawn
+    loss, parts = learner._objective(mb, logprobs, values)
+    with torch.no_grad():
+        plogp = torch.where(torch.isfinite(table), table.exp() * table, 0.0)
+        parts["entropy"] = (-plogp.sum(1)).mean().item()
+        parts["ratio"] = torch.exp(logprobs - mb.logprobs).mean().item()
+    return loss, parts
 
 
 def move_scores(
@@ -215,3 +259,12 @@ def _action_ppo_learner(
     learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any
 ) -> ActionPPOLearner:
     return ActionPPOLearner(learner_id, normalization=options.action_normalization, **learner_kwargs)
+
+
+@register_learner("reinforce_pp:score")
+def _action_reinforce_learner(
+    learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any
+) -> ActionReinforceLearner:
+    return ActionReinforceLearner(
+        learner_id, normalization=options.action_normalization, settings=options.critic_free, **learner_kwargs
+    )

@@ -35,7 +35,7 @@ ACTIONS = ("generate", "constrained", "score")
 ACTION_NORMALIZATIONS = ("none", "token", "word")
 """How ``score`` normalises a move's log-likelihood (``game.action_normalization``)."""
 
-SCORE_ALGORITHMS = ("ppo",)
+SCORE_ALGORITHMS = ("ppo", "reinforce_pp")
 """The algorithms that train ``score`` actions."""
 
 POOL_PREFIX = "snapshot_pool:"
@@ -202,7 +202,8 @@ class GameConfig:
             raise ValueError(f"game.templates: {error}") from None
 
     def check_actions(self, algorithms: dict[str, str], stop_at_eos: bool) -> None:
-        """Refuse an action mode the run's learners cannot play: ``score`` with an algorithm other than ``ppo``,
+        """Refuse an action mode the run's learners cannot play: ``score`` with an algorithm other than ``ppo`` and
+        ``reinforce_pp``,
         ``constrained`` without ``generation.stop_at_eos`` (a move ends with EOS), and either with a snapshot pool
         seat (snapshots answer in free text)."""
         if self.actions == "generate":
@@ -212,7 +213,7 @@ class GameConfig:
             if other:
                 raise ValueError(
                     f"game.actions: score trains an action-level policy with {' or '.join(SCORE_ALGORITHMS)}; "
-                    f"agents.algorithm gives {other} (use ppo, or game.actions: constrained)"
+                    f"agents.algorithm gives {other} (use one of those, or game.actions: constrained)"
                 )
         elif not stop_at_eos:
             raise ValueError(
