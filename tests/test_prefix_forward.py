@@ -163,3 +163,26 @@ def test_moves_scored_on_their_prompts_cache_get_the_whole_forwards_results(toke
 def _value_after_prompt(outputs):
     logits, values = outputs
     return logits, values[:, 0]
+
+
+def test_a_model_that_cannot_share_a_cache_takes_the_whole_forwards(tokenizer, monkeypatch):
+    """A sharded model (its ranks must run the same forwards) or one with recurrent or sliding-window layers."""
+    model = make_model(tokenizer, "gpt2")
+    ids, mask = prompts(tokenizer)
+    rows, moves, move_mask = torch.tensor([0, 0, 1]), ids[[0, 1, 2], -2:], torch.ones(3, 2, dtype=mask.dtype)
+    with torch.no_grad():
+        shared = prompt_then_moves_forward(model, ids, mask, rows, moves, move_mask)[0]
+        monkeypatch.setattr(prefix_forward, "can_share", lambda model: False)
+        calls = []
+        monkeypatch.setattr(
+            prefix_forward, "response_forward", lambda *args: calls.append(args) or response_forward(*args)
+        )
+        whole = prompt_then_moves_forward(model, ids, mask, rows, moves, move_mask)[0]
+        shared_prefix_response_forward(model, *with_responses(tokenizer, ids, mask)[:3])
+    assert len(calls) == 2
+    torch.testing.assert_close(whole, shared, atol=1e-5, rtol=1e-5)
+    llama = tiny_llama(len(tokenizer))
+    monkeypatch.undo()
+    assert prefix_forward.can_share(llama)
+    llama.config.layer_types = ["full_attention", "sliding_attention"]
+    assert not prefix_forward.can_share(llama)

@@ -4,6 +4,8 @@ when learners change role."""
 
 import json
 
+import pytest
+
 from marllm.reporting import build_report
 from marllm.reporting.plots import curve_colors, metric_figure, role_figure
 from marllm.reporting.runs import curves, load_run
@@ -98,3 +100,20 @@ def test_a_users_file_under_a_reports_name_is_refused_not_written_over(tmp_path,
         f"which a report never writes over; move them out of {out}, or give the report another --out"
     )
     assert [path.name for path in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "my notes"
+
+
+def test_a_report_that_failed_halfway_leaves_a_directory_the_next_report_takes(tmp_path, monkeypatch):
+    from marllm.reporting import build as report_build
+
+    out, run = tmp_path / "report", write_run(tmp_path, "run", 4)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("evaluation failed")
+
+    monkeypatch.setattr(report_build, "eval_models", fail)
+    with pytest.raises(RuntimeError, match="evaluation failed"):
+        build_report([run], out, smoothing=1)
+    assert (out / "task_reward.png").is_file()  # drawn before the failure
+    monkeypatch.undo()
+    assert build_report([run], out, smoothing=1).is_file()
+    assert json.loads((out / "summary.json").read_text())["runs"][0]["name"] == "run"

@@ -41,8 +41,9 @@ from marllm.models.policy import ValueHead
 
 @dataclass(eq=False, kw_only=True)
 class MoveScoreCollector(RolloutCollector):
-    """Acting for :class:`ActionPPOLearner`: one legal move per row drawn from π(· | s), the softmax of the moves'
-    ``normalization``-normalised log-likelihoods (:func:`move_scores`); free-text answers are refused."""
+    """Acting for :class:`ActionPPOLearner` and :class:`ActionReinforceLearner`: one legal move per row drawn from
+    π(· | s), the softmax of the moves' ``normalization``-normalised log-likelihoods (:func:`move_scores`); free-text
+    answers are refused."""
 
     normalization: str
 

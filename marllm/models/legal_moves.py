@@ -228,8 +228,9 @@ def first_token_scores(
     value_head: ValueHead | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(· | s) over each row's legal moves (B, M; −inf past them) when every move is one token (``moves`` (B, M,
-    1) of :func:`move_tensors`), and V(s) (B, 1) or None: one forward of each prompt, whose last position's
-    distribution scores every move at once. Differentiable."""
+    1) of :func:`move_tensors`), and V(s) (B, 1) or None: each prompt's last position's distribution scores every
+    move at once, the prompts' common beginning computed once
+    (:func:`~marllm.models.prefix_forward.last_position_forward`). Differentiable."""
     legal = moves[:, :, 0] >= 0  # (B, M)
     # The prompts' common beginning (a game's rules) computed once: :mod:`marllm.models.prefix_forward`.
     logits, values = last_position_forward(model, input_ids, attention_mask, value_head)

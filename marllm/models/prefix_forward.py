@@ -19,9 +19,11 @@ import torch
 from transformers import PreTrainedModel
 
 from marllm.models.policy import ValueHead, head_inputs, logits_to_keep_kind, position_ids_for, response_forward
+from marllm.parallel.sharding import is_sharded
 
 __all__ = [
     "MIN_SHARED_TOKENS",
+    "can_share",
     "common_prefix_length",
     "last_position_forward",
     "prompt_then_moves_forward",
@@ -30,6 +32,14 @@ __all__ = [
 
 MIN_SHARED_TOKENS = 16
 """Below this many shared tokens the prefix is not worth a forward of its own."""
+
+
+def can_share(model: PreTrainedModel) -> bool:
+    """Whether ``model``'s forwards may be split over a shared cache: every layer full attention (a recurrent or
+    sliding-window layer's cache is not one to repeat across rows), and not sharded (a sharded model's ranks must run
+    the same forwards, whatever their rows share)."""
+    layer_types = getattr(model.config, "layer_types", None)
+    return not is_sharded(model) and (layer_types is None or set(layer_types) <= {"full_attention"})
 
 
 def common_prefix_length(rows: list[torch.Tensor]) -> int:
@@ -54,7 +64,7 @@ def shared_prefix_response_forward(
     prompts = [ids[:prompt_length][mask[:prompt_length].bool()] for ids, mask in pairs]
     # Every row keeps its last prompt token out of the prefix: the first response token's logits are read there.
     shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1) if len(prompts) > 1 else 0
-    if shared < MIN_SHARED_TOKENS:
+    if shared < MIN_SHARED_TOKENS or not can_share(model):
         return response_forward(model, input_ids, attention_mask, prompt_length, value_head)
     rows, device = len(prompts), input_ids.device
     keep = logits_to_keep_kind(model)
@@ -128,7 +138,12 @@ def prompt_then_moves_forward(
     None; differentiable. ``prompt_ids``/``prompt_mask`` (B, P): left-padded prompts, each computed once (their
     common beginning once for all, as in :func:`shared_prefix_response_forward`); ``rows`` (N,): each move's prompt;
     ``moves``/``move_mask`` (N, C): its tokens, right-padded. The same as
-    :func:`~marllm.models.policy.response_forward` over ``[prompt of the move | move]`` up to float rounding."""
+    :func:`~marllm.models.policy.response_forward` over ``[prompt of the move | move]`` up to float rounding, which is
+    what a model that cannot share a cache (:func:`can_share`) runs."""
+    if not can_share(model):
+        ids, mask = torch.cat([prompt_ids[rows], moves], 1), torch.cat([prompt_mask[rows], move_mask], 1)
+        logits, values = response_forward(model, ids, mask, prompt_ids.shape[1], value_head)
+        return logits, None if values is None else values[:, 0]
     cache, cache_mask, last_logits, last_values = _prompt_cache(model, prompt_ids, prompt_mask, value_head)
     cache.batch_select_indices(rows)
     mask = torch.cat([cache_mask[rows], move_mask], 1)

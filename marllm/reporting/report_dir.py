@@ -29,6 +29,8 @@ def claim_report_dir(out_dir: Path) -> list[str]:
             f"{out_dir} holds {', '.join(present)} but no summary.json of a marllm report: files marllm did not "
             f"write, which a report never writes over; move them out of {out_dir}, or give the report another --out"
         )
+    # Claimed before any figure is drawn: a report that fails halfway leaves a directory the next one may take.
+    (out_dir / SUMMARY_FILE).write_text(json.dumps({"kind": REPORT_KIND, "status": "writing"}) + "\n")
     return present
 
 
