@@ -60,28 +60,16 @@ def shared_prefix_response_forward(
     """:func:`~marllm.models.policy.response_forward` (``input_ids`` ``[left-padded prompt (P) | response (L)]``;
     logits (B, L, V) and values (B, L) at the positions that predict the response tokens), with the prompts' longest
     common prefix computed once. Differentiable."""
-    pairs = zip(input_ids, attention_mask, strict=True)
-    prompts = [ids[:prompt_length][mask[:prompt_length].bool()] for ids, mask in pairs]
-    # Every row keeps its last prompt token out of the prefix: the first response token's logits are read there.
-    shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1) if len(prompts) > 1 else 0
+    prompts = _real_tokens(input_ids[:, :prompt_length], attention_mask[:, :prompt_length])
+    shared = _shared_length(prompts)
     if shared < MIN_SHARED_TOKENS or not can_share(model):
         return response_forward(model, input_ids, attention_mask, prompt_length, value_head)
     rows, device = len(prompts), input_ids.device
     keep = logits_to_keep_kind(model)
-    cache = model(
-        input_ids=prompts[0][:shared].unsqueeze(0),
-        position_ids=torch.arange(shared, device=device).unsqueeze(0),
-        use_cache=True,
-        **({"logits_to_keep": 1} if keep is not None else {}),
-    ).past_key_values
-    cache.batch_repeat_interleave(rows)
-    rest = max(len(p) for p in prompts) - shared  # the longest prompt's tokens after the prefix
-    response_length = input_ids.shape[1] - prompt_length
-    suffix_ids = torch.zeros(rows, rest, dtype=input_ids.dtype, device=device)
-    suffix_mask = torch.zeros(rows, rest, dtype=attention_mask.dtype, device=device)
-    for i, prompt in enumerate(prompts):  # left-padded, so that every row's response starts at the same position
-        suffix_ids[i, rest - (len(prompt) - shared) :] = prompt[shared:]
-        suffix_mask[i, rest - (len(prompt) - shared) :] = 1
+    cache = _repeated_prefix_cache(model, prompts, shared)
+    # The rest of each prompt left-padded, so that every row's response starts at the same position.
+    suffix_ids, suffix_mask = _left_padded([p[shared:] for p in prompts], input_ids, attention_mask)
+    rest, response_length = suffix_ids.shape[1], input_ids.shape[1] - prompt_length
     suffix_ids = torch.cat([suffix_ids, input_ids[:, prompt_length:]], 1)
     suffix_mask = torch.cat([suffix_mask, attention_mask[:, prompt_length:]], 1)
     mask = torch.cat([torch.ones(rows, shared, dtype=suffix_mask.dtype, device=device), suffix_mask], 1)
@@ -164,18 +152,12 @@ def _prompt_cache(
 ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The key/value cache of the prompts (B rows), the attention mask over its positions, and the logits (B, V) and
     value (B,) after each prompt's last token."""
-    prompts = [ids[mask.bool()] for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
-    shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1) if len(prompts) > 1 else 0
+    prompts = _real_tokens(prompt_ids, prompt_mask)
+    shared = _shared_length(prompts)
     last = {"logits_to_keep": 1} if logits_to_keep_kind(model) is not None else {}
-    device, cache = prompt_ids.device, None
+    cache = None
     if shared >= MIN_SHARED_TOKENS:
-        cache = model(
-            input_ids=prompts[0][:shared].unsqueeze(0),
-            position_ids=torch.arange(shared, device=device).unsqueeze(0),
-            use_cache=True,
-            **last,
-        ).past_key_values
-        cache.batch_repeat_interleave(len(prompts))
+        cache = _repeated_prefix_cache(model, prompts, shared)
         prompt_ids, prompt_mask = _left_padded([p[shared:] for p in prompts], prompt_ids, prompt_mask)
     else:
         shared = 0
@@ -204,3 +186,27 @@ def _left_padded(
         ids[i, width - len(row) :] = row
         mask[i, width - len(row) :] = 1
     return ids, mask
+
+
+def _real_tokens(ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """Each row's tokens that ``mask`` keeps (a left-padded prompt without its padding)."""
+    return [row[keep.bool()] for row, keep in zip(ids, mask, strict=True)]
+
+
+def _shared_length(prompts: list[torch.Tensor]) -> int:
+    """The tokens every prompt starts with, each prompt keeping at least its last token out of them: the next token's
+    logits are read there."""
+    return min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1) if len(prompts) > 1 else 0
+
+
+def _repeated_prefix_cache(model: PreTrainedModel, prompts: list[torch.Tensor], shared: int) -> Any:
+    """The key/value cache of the prompts' first ``shared`` tokens, computed once and repeated over the prompts."""
+    last = {"logits_to_keep": 1} if logits_to_keep_kind(model) is not None else {}
+    cache = model(
+        input_ids=prompts[0][:shared].unsqueeze(0),
+        position_ids=torch.arange(shared, device=prompts[0].device).unsqueeze(0),
+        use_cache=True,
+        **last,
+    ).past_key_values
+    cache.batch_repeat_interleave(len(prompts))
+    return cache
