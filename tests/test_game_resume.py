@@ -1,6 +1,6 @@
 """A game run resumed from its checkpoint goes on as the uninterrupted run does, in every action mode: the learner's
 state (its adapter or weights, value head, optimiser, generator), the env's (its generator, role baselines) and, with
-legal-move policies, the exploitability measured along the way."""
+legal-move policies, the exploitability measured along the way and the average policy it keeps."""
 
 from __future__ import annotations
 
@@ -29,4 +29,5 @@ def test_a_resumed_game_run_goes_on_as_the_uninterrupted_one(tmp_path, actions):
     assert without_time(got) == without_time(expected)
     if actions != "generate":
         assert all("llm/game/exploitability" in row for row in got)
+        assert all("llm/game/exploitability_average" in row for row in got)  # restored: the average of 4 iterates
     assert (resumed / "samples.jsonl").read_text() == (uninterrupted / "samples.jsonl").read_text()

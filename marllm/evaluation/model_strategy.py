@@ -19,6 +19,7 @@ import torch
 
 from marllm.config import TrainConfig
 from marllm.config.game import GameConfig
+from marllm.evaluation.average_policy import AveragePolicy
 from marllm.evaluation.deployed import load_deployed_model
 from marllm.evaluation.exploitability import (
     ExactGame,
@@ -91,7 +92,10 @@ def learner_policy(config: TrainConfig, name: str, learner: Any) -> Callable[[],
 class ExploitabilityMetrics:
     """An iteration's metrics hook that adds, every ``game.exploitability_every`` iterations (counting from 1, read
     from the metrics' ``iteration``), ``<learner>/game/nash_conv``, ``<learner>/game/exploitability`` (NaN where the
-    game is not two-player zero-sum) and, for a sampled policy, ``<learner>/game/exploitability_illegal_rate``."""
+    game is not two-player zero-sum) and, for a sampled policy, ``<learner>/game/exploitability_illegal_rate``; and
+    the same of the average of the policies measured so far (:class:`~marllm.evaluation.average_policy.AveragePolicy`:
+    what self-play converges to where its last iterate cycles), ``<learner>/game/nash_conv_average`` and
+    ``<learner>/game/exploitability_average``. The averages are saved and restored with the run's checkpoints."""
 
     def __init__(self, config: TrainConfig, learners: Mapping[str, Any], inner: Callable[[dict], dict]):
         game = config.game
@@ -99,6 +103,7 @@ class ExploitabilityMetrics:
         self.every, self.inner, self.game = game.exploitability_every, inner, game
         self.exact = exact_game(game)
         self.players = {name: learner_player(config, name, learners[name]) for name in game.learner_ids}
+        self.averages = {name: AveragePolicy(self.exact.tree) for name in self.players}
 
     def __call__(self, metrics: dict[str, Any]) -> dict[str, Any]:
         merged = self.inner(metrics)
@@ -106,13 +111,39 @@ class ExploitabilityMetrics:
         if iteration is None or (int(iteration) + 1) % self.every:
             return merged
         for name, player in self.players.items():
-            report = self.exact.evaluate(game_policy_source(self.game, player))
-            merged[f"{name}/game/nash_conv"] = report.nash_conv
-            exploit = report.exploitability
-            merged[f"{name}/game/exploitability"] = math.nan if exploit is None else exploit
+            source = game_policy_source(self.game, player)
+            policy = self.exact.tabulate(source)
+            report = self.exact.measure(policy, source)
+            self.averages[name].add(policy)
+            average = self.exact.measure(self.averages[name].policy())
+            for suffix, measured in (("", report), ("_average", average)):
+                merged[f"{name}/game/nash_conv{suffix}"] = measured.nash_conv
+                exploit = measured.exploitability
+                merged[f"{name}/game/exploitability{suffix}"] = math.nan if exploit is None else exploit
             if report.illegal_rate is not None:
                 merged[f"{name}/game/exploitability_illegal_rate"] = report.illegal_rate
         return merged
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Each learner's average policy (its running sums), as a checkpoint saves them."""
+        tensors, meta = {}, {}
+        for name, average in self.averages.items():
+            sums, meta[name] = average.state_dict()
+            tensors.update({f"{name}/{key}": value for key, value in sums.items()})
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` gave; ``ValueError`` if it holds other learners' averages."""
+        if sorted(meta) != sorted(self.averages):
+            raise ValueError(
+                f"the saved average policies are of learners {sorted(meta)}, this run's {sorted(self.averages)}"
+            )
+        for name, average in self.averages.items():
+            prefix = f"{name}/"
+            average.load_state_dict(
+                {key.removeprefix(prefix): value for key, value in tensors.items() if key.startswith(prefix)},
+                meta[name],
+            )
 
 
 def evaluate_exploitability(

@@ -27,8 +27,12 @@ GAME_METRICS = {
     "payoff": "payoff",
     "cooperation_rate": "cooperation",
     "exploitability": "exploitability",
+    "exploitability_average": "exploitability of the average policy",
 }
 """The game metrics a report shows, as (metric, column header); a column no row has is left out."""
+
+MEASURED_NOW_AND_THEN = ("exploitability", "exploitability_average")
+"""The metrics measured every ``game.exploitability_every`` iterations only: a report shows their last measurement."""
 
 ALL_SEATS = "all seats"
 """The seat column of a learner's metrics over every seat it played."""
@@ -61,7 +65,7 @@ def game_seats(runs: Sequence[Run], learner: str) -> list[str]:
 def game_rows(runs: Sequence[Run], final_k: int) -> list[dict[str, Any]]:
     """One row per run, learner and seat that logged game metrics: ``run``, ``learner``, ``seat`` and each of
     :data:`GAME_METRICS`, the mean over the run's last ``final_k`` iterations (None where it was not logged there;
-    exploitability, measured every ``game.exploitability_every`` iterations only, is its last measurement)."""
+    the exploitabilities, measured every ``game.exploitability_every`` iterations only, are their last measurement)."""
     rows = []
     for run in runs:
         for learner in run.learners:
@@ -70,8 +74,9 @@ def game_rows(runs: Sequence[Run], final_k: int) -> list[dict[str, Any]]:
                 means = final_means(run, learner, list(keys.values()), final_k)
                 row: dict[str, Any] = {"run": run.display, "learner": learner, "seat": seat}
                 row |= {metric: means[key] for metric, key in keys.items()}
-                _, measured = run.series(f"{learner}/{keys['exploitability']}")
-                row["exploitability"] = float(measured[-1]) if len(measured) else None
+                for metric in MEASURED_NOW_AND_THEN:
+                    _, measured = run.series(f"{learner}/{keys[metric]}")
+                    row[metric] = float(measured[-1]) if len(measured) else None
                 rows.append(row)
     return rows
 
@@ -93,6 +98,12 @@ def games_section(rows: Sequence[dict[str, Any]], final_k: int) -> str:
         f"played ({ALL_SEATS}) and per seat"
         + ("; cooperation: the legal answers that cooperate" if "cooperation_rate" in metrics else "")
         + ("; exploitability: its last measurement (0 at a Nash equilibrium)" if "exploitability" in metrics else "")
+        + (
+            "; of the average policy: of the reach-weighted average of the policies measured so far (what self-play "
+            "converges to where its last iterate cycles)"
+            if "exploitability_average" in metrics
+            else ""
+        )
         + "."
     )
     return "\n".join(["## Games", "", intro, "", markdown_table(header, table)])

@@ -32,7 +32,7 @@ import random
 import re
 import shutil
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,6 +103,7 @@ def save_checkpoint(
     env: AECEnv,
     keep: int = 2,
     extra: dict[str, Any] | None = None,
+    parts: Sequence[Any] = (),
 ) -> Path:
     """Write the training state after ``iteration`` completed iterations; return the checkpoint's directory.
 
@@ -118,6 +119,8 @@ def save_checkpoint(
         keep: how many complete checkpoints to keep, >= 1.
         extra: JSON-able data of the caller's (e.g. the config), returned as :attr:`CheckpointInfo.extra`; JSON
             turns tuples into lists.
+        parts: other objects with ``state_dict``/``load_state_dict`` whose state the run needs (a metrics hook's
+            running sums), saved with the env chain's parts, after them.
 
     Raises:
         ValueError / TypeError: bad arguments, or ``extra`` is not JSON-able; nothing is written.
@@ -133,7 +136,7 @@ def save_checkpoint(
     temporary = root / f"{TEMPORARY_PREFIX}{final.name}-{os.getpid()}"
     try:
         temporary.mkdir()
-        _write_contents(temporary, iteration, learners, env, extra or {})
+        _write_contents(temporary, iteration, learners, _stateful_parts(env, parts), extra or {})
         fsync_directory(temporary)
         replace_directory(temporary, final)
     except BaseException as error:
@@ -174,11 +177,14 @@ def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:
     return None
 
 
-def load_checkpoint(path: Path, learners: Mapping[str, Learner], env: AECEnv) -> CheckpointInfo:
-    """Restore the learners, the env chain and the global random generators from the checkpoint at ``path``.
+def load_checkpoint(
+    path: Path, learners: Mapping[str, Learner], env: AECEnv, parts: Sequence[Any] = ()
+) -> CheckpointInfo:
+    """Restore the learners, the env chain, the other ``parts`` (as :func:`save_checkpoint` takes them) and the
+    global random generators from the checkpoint at ``path``.
 
-    ``learners`` and ``env`` must be built as for the run that saved it (same learner ids, model shapes, dataset,
-    wrappers). Every file is checked against the manifest's sizes and sha256 before anything is restored.
+    ``learners``, ``env`` and ``parts`` must be built as for the run that saved it (same learner ids, model shapes,
+    dataset, wrappers). Every file is checked against the manifest's sizes and sha256 before anything is restored.
 
     Raises:
         CheckpointError: the checkpoint is missing, incomplete or damaged (the message names the files), or a
@@ -191,8 +197,8 @@ def load_checkpoint(path: Path, learners: Mapping[str, Learner], env: AECEnv) ->
     state = read_json(path / STATE_FILE, path)
     files = manifest["files"]
     _check_learner_ids(path, state["learners"], learners)
-    parts = _stateful_parts(env)
-    _check_env_parts(path, [entry["part"] for entry in state["env"]], [key for key, _ in parts])
+    stateful = _stateful_parts(env, parts)
+    _check_env_parts(path, [entry["part"] for entry in state["env"]], [key for key, _ in stateful])
     for learner_id, learner in learners.items():
         entry = state["learners"][learner_id]
         if entry["file"] not in files:
@@ -202,7 +208,7 @@ def load_checkpoint(path: Path, learners: Mapping[str, Learner], env: AECEnv) ->
         with _context(f"checkpoint {path}, learner {learner_id!r}"):
             learner.load_state_dict(read_tensors(path / entry["file"]), entry["state"])
     env_tensors = read_tensors(path / ENV_FILE)
-    for (key, part), entry in zip(parts, state["env"], strict=True):
+    for (key, part), entry in zip(stateful, state["env"], strict=True):
         prefix = f"{key}/"
         tensors = {name.removeprefix(prefix): t for name, t in env_tensors.items() if name.startswith(prefix)}
         with _context(f"checkpoint {path}, env part {key}"):
@@ -230,7 +236,11 @@ def _check_save_arguments(iteration: int, learners: Mapping[str, Any], keep: int
 
 
 def _write_contents(
-    directory: Path, iteration: int, learners: Mapping[str, Learner], env: AECEnv, extra: dict[str, Any]
+    directory: Path,
+    iteration: int,
+    learners: Mapping[str, Learner],
+    parts: list[tuple[str, Any]],
+    extra: dict[str, Any],
 ) -> None:
     rng_tensors, rng_meta = _global_rng_state()
     state: dict[str, Any] = {"learners": {}, "env": [], "rng": rng_meta}
@@ -242,7 +252,7 @@ def _write_contents(
         written.append(name)
         state["learners"][learner_id] = {"file": name, "state": meta}
     env_tensors = {}
-    for key, part in _stateful_parts(env):
+    for key, part in parts:
         tensors, meta = part.state_dict()
         env_tensors.update({f"{key}/{name}": tensor for name, tensor in tensors.items()})
         state["env"].append({"part": key, "state": meta})
@@ -325,14 +335,15 @@ def _context(where: str) -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------------------------- the env chain
-def _stateful_parts(env: AECEnv) -> list[tuple[str, Any]]:
-    """``(key, object)`` for every object on the ``.env`` chain whose class has state_dict/load_state_dict.
+def _stateful_parts(env: AECEnv, others: Sequence[Any] = ()) -> list[tuple[str, Any]]:
+    """``(key, object)`` for every object on the ``.env`` chain whose class has state_dict/load_state_dict, then for
+    each of ``others``.
 
     The key is ``"<position among them>.<class name>"``. Classes are asked, not instances: PettingZoo wrappers
     forward unknown attributes to the env they wrap, so every wrapper would seem to have its inner env's methods.
     """
     parts = []
-    for part in _chain(env):
+    for part in [*_chain(env), *others]:
         kind = type(part)
         if callable(getattr(kind, "state_dict", None)) and callable(getattr(kind, "load_state_dict", None)):
             parts.append((f"{len(parts)}.{kind.__name__}", part))

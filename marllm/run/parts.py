@@ -53,6 +53,14 @@ class Setup:
         return metrics if self.metrics_hook is None else self.metrics_hook(metrics)
 
     @property
+    def stateful_hooks(self) -> list[Any]:
+        """The hooks whose state a checkpoint saves (a game's running average policies): the metrics hook if its class
+        has ``state_dict`` and ``load_state_dict``."""
+        kind = type(self.metrics_hook)
+        stateful = callable(getattr(kind, "state_dict", None)) and callable(getattr(kind, "load_state_dict", None))
+        return [self.metrics_hook] if stateful else []
+
+    @property
     def sharded(self) -> bool:
         """Whether the models are sharded over the data-parallel ranks (``model.fsdp``): every rank then joins every
         forward, including the end-of-run evaluation's, and every gathering of a state to save."""

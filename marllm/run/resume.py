@@ -9,9 +9,9 @@ the run resumes from the newest intact one.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from marllm.config import TrainConfig, resume_differences
 from marllm.config.loading import ConfigError
@@ -73,7 +73,7 @@ def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
 
 
 def load_to_resume(
-    run_dir: Path, checkpoint: CheckpointInfo, learners: Mapping[str, Learner], env: AECEnv
+    run_dir: Path, checkpoint: CheckpointInfo, learners: Mapping[str, Learner], env: AECEnv, parts: Sequence[Any] = ()
 ) -> CheckpointInfo:
     """:func:`~marllm.run.checkpoint.load_checkpoint` of ``checkpoint`` (of ``run_dir``) into a resumed run.
 
@@ -82,7 +82,7 @@ def load_to_resume(
             unchanged, and how to resume from an older checkpoint the run keeps, or else to start again.
     """
     try:
-        return load_checkpoint(checkpoint.path, learners, env)
+        return load_checkpoint(checkpoint.path, learners, env, parts)
     except CheckpointError as error:
         older = [e for e in checkpoints(run_dir) if not isinstance(e, CheckpointInfo) or e.path != checkpoint.path]
         intact, _ = _first_intact(older)  # checked before it is named: the advice must not lead to a second refusal

@@ -199,7 +199,7 @@ def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> 
     config, run_dir = run.config, run.run_dir
     info = _run_info(config)
     if checkpoint is not None:
-        loaded = load_to_resume(run_dir, checkpoint, run.setup.learners, run.setup.env)
+        loaded = load_to_resume(run_dir, checkpoint, run.setup.learners, run.setup.env, run.setup.stateful_hooks)
         run.completed = run.checkpointed = loaded.iteration
         run.opened = True
         reseed_sampling(config.seed, run.data_parallel, loaded.iteration)
@@ -261,9 +261,7 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
             if log is not None:
                 log.write(iteration, metrics, sample_rows(dialogues, iteration, config.logging.samples_per_iteration))
                 update_run_info(run.run_dir, completed_iterations=run.completed)
-            count_skips(
-                run.streaks, setup.learners, metrics, config.ppo.max_consecutive_skips, run.checkpointed
-            )
+            count_skips(run.streaks, setup.learners, metrics, config.ppo.max_consecutive_skips, run.checkpointed)
             if _checkpoint_due(run):
                 _save_training_state(run)
             bar.set_postfix(
@@ -301,6 +299,7 @@ def _save_training_state(run: _Run) -> None:
             run.setup.env,
             keep=run.config.logging.keep_checkpoints,
             extra={"config": run.config.to_dict()},
+            parts=run.setup.stateful_hooks,
         )
         update_run_info(run.run_dir, checkpoint_iteration=run.completed)
     elif run.setup.sharded:
