@@ -186,3 +186,29 @@ def test_a_model_that_cannot_share_a_cache_takes_the_whole_forwards(tokenizer, m
     assert prefix_forward.can_share(llama)
     llama.config.layer_types = ["full_attention", "sliding_attention"]
     assert not prefix_forward.can_share(llama)
+
+
+def test_a_ppo_learner_on_prompts_with_a_shared_prefix_acts_and_updates_as_with_whole_forwards(tokenizer, monkeypatch):
+    """The rollout's log-probs (policy and reference) and values, and the update's parameters, with the shared prefix
+    computed once, against the same learner whose forwards are all whole (``MIN_SHARED_TOKENS`` out of reach)."""
+    from tests.test_ppo_learner import make_learner
+
+    def rollout_and_update():
+        torch.manual_seed(0)
+        learner = make_learner(tokenizer, mini_batch_size=4, ppo_epochs=2, rollout_from_generate=False)
+        learner.act({"prompt": [RULES + ending for ending in ENDINGS]})
+        learner.finish([1.0, -1.0, 0.5, 0.0])
+        batch = learner.rollouts[0].tensors
+        learner.update()
+        return batch, torch.cat([p.detach().flatten() for p in learner.model.parameters()])
+
+    calls = []
+    real = prefix_forward._repeated_prefix_cache
+    monkeypatch.setattr(prefix_forward, "_repeated_prefix_cache", lambda *args: calls.append(1) or real(*args))
+    shared_batch, shared_weights = rollout_and_update()
+    assert len(calls) == 2 + 2  # the rollout's policy and reference forwards, and one forward per update step
+    monkeypatch.setattr(prefix_forward, "MIN_SHARED_TOKENS", 10**6)
+    whole_batch, whole_weights = rollout_and_update()
+    for key in ("logprobs", "ref_logprobs", "values", "kl_full"):
+        torch.testing.assert_close(shared_batch[key], whole_batch[key], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(shared_weights, whole_weights, atol=1e-5, rtol=1e-4)

@@ -24,7 +24,7 @@ from marllm.algorithms.core import (
 from marllm.models.devices import autocast_for
 from marllm.models.generation import logprob_logits
 from marllm.models.move_tries import restrict_logits
-from marllm.models.policy import response_forward
+from marllm.models.prefix_forward import shared_prefix_response_forward
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -83,7 +83,9 @@ def token_loss(
     restriction, ``mb.allowed``, re-applied), floored where the updated policy's top-k/top-p no longer keeps a token.
     """
     with autocast_for(model, autocast_dtype):  # the forward only: the backward follows its dtypes
-        logits, values = response_forward(model, mb.input_ids, mb.attention_mask, prompt_length, value_head)
+        logits, values = shared_prefix_response_forward(
+            model, mb.input_ids, mb.attention_mask, prompt_length, value_head
+        )
     if "allowed" in mb:  # constrained answers: the restriction they were sampled under, re-applied
         logits = restrict_logits(logits, mb.allowed, inplace=True)
     # The LM head's backward does not read its output: the gradient can take the logits' place.

@@ -24,7 +24,7 @@ from marllm.models.generation import (
 )
 from marllm.models.legal_moves import exact_move_probabilities, generate_moves
 from marllm.models.move_tries import pad_allowed, restrict_logits
-from marllm.models.policy import response_forward
+from marllm.models.prefix_forward import shared_prefix_response_forward
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -267,7 +267,9 @@ class RolloutCollector:
                     if self.value_head is not None:
                         values = self.value_head(generated_batch.hidden[rows])
                 else:
-                    logits, values = response_forward(self.model, ids, attention, prompt_length, self.value_head)
+                    logits, values = shared_prefix_response_forward(
+                        self.model, ids, attention, prompt_length, self.value_head
+                    )
             if allowed is not None:  # the distribution constrained answers were sampled from
                 logits = restrict_logits(logits, allowed[rows], inplace=True)
             # Tempered or processed in place: at most the policy's and the reference's (b, L, V) logits are alive.
@@ -276,7 +278,9 @@ class RolloutCollector:
                 # The reference may live on another device than the policy (agents.reference_device).
                 on = next(reference.parameters()).device
                 with autocast_for(reference, self.config.autocast_dtype):
-                    ref_logits, _ = response_forward(reference, ids.to(on), attention.to(on), prompt_length)
+                    ref_logits, _ = shared_prefix_response_forward(
+                        reference, ids.to(on), attention.to(on), prompt_length
+                    )
                 ref_logits = ref_logits.to(logits.device)
             if allowed is not None:  # π_0 restricted alike: both are distributions over the same legal tokens
                 ref_logits = restrict_logits(ref_logits, allowed[rows], inplace=True)
