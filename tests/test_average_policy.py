@@ -95,3 +95,23 @@ def test_the_saved_average_goes_on_as_the_one_never_saved():
     leduc = AveragePolicy(ExactGame("leduc_poker").tree)
     with pytest.raises(ValueError, match="shape"):
         leduc.load_state_dict(tensors, meta)
+
+
+def test_a_linear_average_weighs_the_kth_policy_k():
+    """Linear weights 1, 2, 3 are the uniform average of the first policy once, the second twice, the third thrice."""
+    exact = ExactGame("kuhn_poker")
+    policies = random_policies(exact, 3, seed=6)
+    linear, repeated = AveragePolicy(exact.tree, "linear"), AveragePolicy(exact.tree)
+    for k, policy in enumerate(policies, start=1):
+        linear.add(policy)
+        for _ in range(k):
+            repeated.add(policy)
+    assert np.allclose(linear.policy().action_probability_array, repeated.policy().action_probability_array)
+    tensors, meta = linear.state_dict()
+    restored = AveragePolicy(exact.tree, "linear")
+    restored.load_state_dict(tensors, meta)
+    restored.add(policies[0])
+    linear.add(policies[0])  # the fourth: weight 4 in both
+    assert np.allclose(restored.policy().action_probability_array, linear.policy().action_probability_array)
+    with pytest.raises(ValueError, match=r"weighting must be one of \['uniform', 'linear'\], got 'mean'"):
+        AveragePolicy(exact.tree, "mean")

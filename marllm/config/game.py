@@ -33,6 +33,9 @@ ACTIONS = ("generate", "constrained", "score")
 """How an answer becomes a move (``game.actions``)."""
 
 ACTION_NORMALIZATIONS = ("none", "token", "word")
+
+POLICY_AVERAGES = ("uniform", "linear")
+"""How the measured policies weigh in a run's average policy (``game.policy_average``)."""
 """How ``score`` normalises a move's log-likelihood (``game.action_normalization``)."""
 
 SCORE_ALGORITHMS = ("ppo", "reinforce_pp")
@@ -127,6 +130,10 @@ class GameConfig:
             ``nash_conv``) of each learner's tabulated policy (:mod:`marllm.evaluation.exploitability`); null: never.
             Small OpenSpiel games only (Kuhn, Leduc poker, matrix games, small repeated games).
         exploitability_samples: answers per information state that tabulate a ``generate`` learner's policy.
+        policy_average: the weights of the measured policies in the average policy whose exploitability is logged
+            beside the last one's (``<learner>/game/exploitability_average``): ``uniform`` (each the same, as
+            fictitious play and CFR average) or ``linear`` (the k-th measured weighs k, as CFR+ averages: the early
+            policies fade).
         role_baselines: SPIRAL's role-conditioned advantage estimation: the decay in [0, 1) of a running baseline
             of each seat's returns, subtracted from every learner's rewards before it sees them (SPIRAL: 0.95);
             null: rewards as the game pays them.
@@ -163,6 +170,7 @@ class GameConfig:
     best_response_every: int = 1
     exploitability_every: int | None = None
     exploitability_samples: int = 64
+    policy_average: str = "uniform"
     actions: str = "generate"
     action_normalization: str = "token"
     max_moves: int | None = None
@@ -178,6 +186,7 @@ class GameConfig:
         choice("game", self, "illegal", ILLEGAL_POLICIES)
         choice("game", self, "actions", ACTIONS)
         choice("game", self, "action_normalization", ACTION_NORMALIZATIONS)
+        choice("game", self, "policy_average", POLICY_AVERAGES)
         if self.max_moves is not None and self.max_moves < 1:
             raise ValueError(f"game.max_moves must be an integer >= 1 (answers per game) or null, got {self.max_moves}")
         if not 0 < self.discount <= 1:

@@ -12,6 +12,9 @@ where ``reach_t(s)`` is the product of ``policy_t``'s probabilities of ``i``'s o
 (the other players' and chance's moves do not depend on ``i``'s policy, so they cancel). OpenSpiel's
 ``PolicyAggregator`` computes the same from a list of policies by walking the tree per call; this class adds one
 policy at a time into two running sums, which it saves and restores with a run's checkpoints.
+
+With ``weighting="linear"`` the k-th policy added weighs k instead of 1 (CFR+'s linear averaging): the early policies
+fade, which matters where learning spends its first iterations far from where it ends.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from marllm.config.game import POLICY_AVERAGES
 from marllm.envs.games.info_states import GameTree, policy_key
 
 
@@ -30,10 +34,13 @@ class AveragePolicy:
     Args:
         tree: the game's information states (:attr:`ExactGame.tree <marllm.evaluation.exploitability.ExactGame>`);
             the policies added are ``TabularPolicy`` objects of its solved twin, rows in its order.
+        weighting: ``uniform`` (every policy the same weight) or ``linear`` (the k-th added weighs k).
     """
 
-    def __init__(self, tree: GameTree):
-        self.tree = tree
+    def __init__(self, tree: GameTree, weighting: str = "uniform"):
+        if weighting not in POLICY_AVERAGES:
+            raise ValueError(f"weighting must be one of {list(POLICY_AVERAGES)}, got {weighting!r}")
+        self.tree, self.weighting = tree, weighting
         uniform = tree.uniform_policy()
         self.own_moves = [_own_moves(tree, uniform.state_lookup, info) for info in tree.info_states]
         shape = uniform.action_probability_array.shape
@@ -42,11 +49,12 @@ class AveragePolicy:
         self.count = 0
 
     def add(self, policy: Any) -> None:
-        """Mix in ``policy`` (a ``TabularPolicy`` of the solved twin), weighted as each earlier one."""
+        """Mix in ``policy`` (a ``TabularPolicy`` of the solved twin) with the next weight."""
         table = np.asarray(policy.action_probability_array, dtype=np.float64)
         if table.shape != self.weighted.shape:
             raise ValueError(f"the policy's table has shape {table.shape}, the game's is {self.weighted.shape}")
         reach = np.array([np.prod([table[row, action] for row, action in moves]) for moves in self.own_moves])
+        reach *= self.count + 1 if self.weighting == "linear" else 1
         self.weighted += reach[:, None] * table
         self.reach += reach
         self.count += 1

@@ -94,8 +94,9 @@ class ExploitabilityMetrics:
     from the metrics' ``iteration``), ``<learner>/game/nash_conv``, ``<learner>/game/exploitability`` (NaN where the
     game is not two-player zero-sum) and, for a sampled policy, ``<learner>/game/exploitability_illegal_rate``; and
     the same of the average of the policies measured so far (:class:`~marllm.evaluation.average_policy.AveragePolicy`:
-    what self-play converges to where its last iterate cycles), ``<learner>/game/nash_conv_average`` and
-    ``<learner>/game/exploitability_average``. The averages are saved and restored with the run's checkpoints."""
+    what self-play converges to where its last iterate cycles; weighted by ``game.policy_average``),
+    ``<learner>/game/nash_conv_average`` and ``<learner>/game/exploitability_average``. The averages are saved and
+    restored with the run's checkpoints."""
 
     def __init__(self, config: TrainConfig, learners: Mapping[str, Any], inner: Callable[[dict], dict]):
         game = config.game
@@ -103,7 +104,7 @@ class ExploitabilityMetrics:
         self.every, self.inner, self.game = game.exploitability_every, inner, game
         self.exact = exact_game(game)
         self.players = {name: learner_player(config, name, learners[name]) for name in game.learner_ids}
-        self.averages = {name: AveragePolicy(self.exact.tree) for name in self.players}
+        self.averages = {name: AveragePolicy(self.exact.tree, game.policy_average) for name in self.players}
 
     def __call__(self, metrics: dict[str, Any]) -> dict[str, Any]:
         merged = self.inner(metrics)

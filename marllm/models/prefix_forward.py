@@ -7,9 +7,9 @@ rest of the prompt and its response on top of it: the same positions, the same a
 to float rounding, at a fraction of the tokens (and of the backward's, since the prefix's activations are shared).
 Where the prompts share fewer than :data:`MIN_SHARED_TOKENS` tokens it is :func:`~marllm.models.policy.response_forward`
 itself. It is the forward of the token-level learners' rollout (policy, value and reference) and update, and of scored
-moves of several tokens. :func:`last_position_forward` reads the next-token distribution after each prompt the same way, and
-:func:`prompt_then_moves_forward` scores several continuations of each prompt (a game's legal moves) on top of the
-prompt's own cache: every prompt computed once, however many moves it has.
+moves of several tokens. :func:`last_position_forward` reads the next-token distribution after each prompt the same
+way, and :func:`prompt_then_moves_forward` scores several continuations of each prompt (a game's legal moves) on top
+of the prompt's own cache: every prompt computed once, however many moves it has.
 """
 
 from __future__ import annotations
