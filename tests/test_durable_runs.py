@@ -20,7 +20,7 @@ import marllm.run.train as train_module
 from marllm.algorithms import GenerationConfig, NonFiniteLossError, PPOConfig, PPOLearner
 from marllm.cli import main
 from marllm.cli.main_job import run_main_job
-from marllm.config import config_from_dict, flatten, resume_differences
+from marllm.config import config_from_dict, flatten, load_config, resume_differences
 from marllm.config.loading import ConfigError
 from marllm.reporting import build_report, load_run
 from marllm.run.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
@@ -246,6 +246,27 @@ def test_resume_checks_the_config_and_the_checkpoint(cory, tmp_path):
     assert [m["iteration"] for m in result.history] == list(range(5))
     assert len(lines(run_dir / "eval_samples.jsonl")) == 2 * 3
     assert json.loads((run_dir / "run.json").read_text())["resumed_from"] == [3]
+
+
+def test_a_run_on_the_offline_assets_resumes_on_the_same_recipe_only(tmp_path, monkeypatch):
+    """The recipe of ``marllm:offline-*`` is in run.json and the checkpoint; resuming under another is refused before
+    anything is built (the other recipe's assets are not prepared)."""
+    from marllm.assets.offline.recipe import RECIPE_ENV, RECIPES
+
+    monkeypatch.setenv(RECIPE_ENV, "small")
+    run_dir, config = tmp_path / "run", str(ROOT / "examples" / "games" / "tictactoe_offline.yaml")
+    assert main(["train", config, "--run-dir", str(run_dir), "iterations=1", "logging.progress=false"]) == 0
+    recorded = {"recipe": "small", "directory": RECIPES["small"].directory_name}
+    assert json.loads((run_dir / "run.json").read_text())["offline_assets"] == recorded
+    monkeypatch.setenv(RECIPE_ENV, "full")
+    monkeypatch.setattr(train_module, "build", lambda *args: pytest.fail("built before the recipe was checked"))
+    with pytest.raises(ConfigError, match=rf"recipe 'small' \({recorded['directory']}\), but \${RECIPE_ENV} now "
+                       rf"names 'full' .*: resume it with {RECIPE_ENV}=small"):
+        train(load_config(config, ["iterations=2"]), run_dir, resume=True)
+    monkeypatch.undo()
+    monkeypatch.setenv(RECIPE_ENV, "small")
+    result = train(load_config(config, ["iterations=2", "logging.progress=false"]), run_dir, resume=True)
+    assert [m["iteration"] for m in result.history] == [0, 1]
 
 
 def test_resume_differences_leave_out_what_may_change(cory):

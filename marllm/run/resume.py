@@ -8,11 +8,13 @@ the run resumes from the newest intact one.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from marllm.assets.offline.recipe import RECIPE_ENV, RECIPES, default_recipe_name
 from marllm.config import TrainConfig, resume_differences
 from marllm.config.loading import ConfigError
 from marllm.run.checkpoint import CheckpointError, CheckpointInfo, checkpoints, load_checkpoint
@@ -25,6 +27,18 @@ if TYPE_CHECKING:
     from marllm.algorithms.learner import Learner
 
 START_AGAIN = "start it again with --overwrite"
+
+OFFLINE_PREFIX = "marllm:offline-"
+
+
+def offline_assets_record(config: TrainConfig) -> dict[str, str] | None:
+    """Which offline assets a run on ``config`` trains with (what a checkpoint records, so that a resumed run loads the
+    same ones): the recipe :data:`~marllm.assets.offline.recipe.RECIPE_ENV` names and its directory, where the config
+    names a ``marllm:offline-*`` asset; else None."""
+    if OFFLINE_PREFIX not in json.dumps(config.to_dict()):
+        return None
+    name = default_recipe_name()
+    return {"recipe": name, "directory": RECIPES[name].directory_name}
 
 
 def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
@@ -57,6 +71,7 @@ def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
     saved = checkpoint.extra.get("config")
     if not isinstance(saved, dict):
         raise RunDirError(f"checkpoint {checkpoint.path} does not record the config it was trained with")
+    _check_offline_assets(run_dir, checkpoint.extra.get("offline_assets"), offline_assets_record(config))
     changed = resume_differences(saved, config)
     if changed:
         raise ConfigError(
@@ -70,6 +85,17 @@ def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
             f"{run_dir} has completed; give iterations >= {checkpoint.iteration}, or start again with --overwrite"
         )
     return checkpoint
+
+
+def _check_offline_assets(run_dir: Path, saved: dict[str, str] | None, now: dict[str, str] | None) -> None:
+    """Refuse to resume a run on other offline assets than it trained with (another recipe's base model)."""
+    if saved is None or now is None or saved == now:
+        return
+    raise ConfigError(
+        f"{run_dir} was trained on the offline assets of recipe {saved['recipe']!r} ({saved['directory']}), but "
+        f"${RECIPE_ENV} now names {now['recipe']!r} ({now['directory']}): resume it with {RECIPE_ENV}="
+        f"{saved['recipe']}, or start again with --overwrite"
+    )
 
 
 def load_to_resume(

@@ -33,7 +33,7 @@ from marllm.parallel.distributed import (
 from marllm.run.checkpoint import CheckpointInfo, save_checkpoint
 from marllm.run.interrupts import StopSignals, TrainingInterrupted
 from marllm.run.parts import Setup
-from marllm.run.resume import checkpoint_to_resume, load_to_resume
+from marllm.run.resume import checkpoint_to_resume, load_to_resume, offline_assets_record
 from marllm.run.run_dir import (
     CONFIG_FILE,
     END_OF_RUN_FILES,
@@ -231,6 +231,7 @@ def _run_info(config: TrainConfig) -> dict[str, Any]:
         "roles": list(config.game.info.seats) if config.game is not None else config.env.roles,  # a game's seats
         "iterations": config.iterations,
         "kl_metric": KL_METRIC,
+        **({"offline_assets": assets} if (assets := offline_assets_record(config)) is not None else {}),
     }
 
 
@@ -298,7 +299,7 @@ def _save_training_state(run: _Run) -> None:
             run.setup.learners,
             run.setup.env,
             keep=run.config.logging.keep_checkpoints,
-            extra={"config": run.config.to_dict()},
+            extra=_checkpoint_extra(run.config),
             parts=run.setup.stateful_hooks,
         )
         update_run_info(run.run_dir, checkpoint_iteration=run.completed)
@@ -307,6 +308,12 @@ def _save_training_state(run: _Run) -> None:
         for learner in run.setup.learners.values():
             learner.share_state()
     run.checkpointed = run.completed
+
+
+def _checkpoint_extra(config: TrainConfig) -> dict[str, Any]:
+    """What a checkpoint records beside the training state: the config and the offline assets it trains with."""
+    assets = offline_assets_record(config)
+    return {"config": config.to_dict(), **({"offline_assets": assets} if assets is not None else {})}
 
 
 def _stop_gracefully(run: _Run, stop: StopSignals) -> None:

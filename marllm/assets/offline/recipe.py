@@ -92,7 +92,16 @@ def default_recipe() -> OfflineRecipe:
     Raises:
         ValueError: an unknown name, listing the known ones.
     """
+    return RECIPES[default_recipe_name()]
+
+
+def default_recipe_name() -> str:
+    """The name of the recipe :data:`RECIPE_ENV` names (``full`` when it is unset or empty).
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
     name = os.environ.get(RECIPE_ENV, "").strip() or "full"
     if name not in RECIPES:
         raise ValueError(f"${RECIPE_ENV}={name!r} names no offline recipe; known: {sorted(RECIPES)}")
-    return RECIPES[name]
+    return name
