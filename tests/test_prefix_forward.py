@@ -206,9 +206,48 @@ def test_a_ppo_learner_on_prompts_with_a_shared_prefix_acts_and_updates_as_with_
     real = prefix_forward._repeated_prefix_cache
     monkeypatch.setattr(prefix_forward, "_repeated_prefix_cache", lambda *args: calls.append(1) or real(*args))
     shared_batch, shared_weights = rollout_and_update()
-    assert len(calls) == 2 + 2  # the rollout's policy and reference forwards, and one forward per update step
+    assert len(calls) == 1 + 2 + 2  # generation, the rollout's policy and reference forwards, each update step
     monkeypatch.setattr(prefix_forward, "MIN_SHARED_TOKENS", 10**6)
     whole_batch, whole_weights = rollout_and_update()
     for key in ("logprobs", "ref_logprobs", "values", "kl_full"):
         torch.testing.assert_close(shared_batch[key], whole_batch[key], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(shared_weights, whole_weights, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("capture", [False, True], ids=["plain", "captured"])
+def test_generation_from_the_shared_prefix_samples_what_the_whole_prompts_sample(tokenizer, kind, capture, monkeypatch):
+    """generate goes on from the common beginning's cache: the same responses from the same generator, and (captured
+    for the rollout) the same logits and last hidden states up to rounding; the prompts come back in the new layout,
+    which the rollout's forward reads as the old one."""
+    from marllm.models.generation import generate_responses
+    from marllm.models.generation_config import GenerationConfig
+
+    model = make_model(tokenizer, kind)
+    tokenizer.padding_side = "left"
+    prompts_text = [RULES + ending for ending in ENDINGS]
+    generation = GenerationConfig(min_new_tokens=2, max_new_tokens=6, top_k=0, top_p=1.0, repetition_penalty=1.1)
+
+    def sample():
+        torch.manual_seed(7)
+        return generate_responses(model, tokenizer, prompts_text, 6, generation, capture=capture)
+
+    calls = []
+    real = prefix_forward._repeated_prefix_cache
+    monkeypatch.setattr(prefix_forward, "_repeated_prefix_cache", lambda *args: calls.append(1) or real(*args))
+    shared = sample()
+    assert calls == [1]
+    monkeypatch.setattr(prefix_forward, "MIN_SHARED_TOKENS", 10**6)
+    whole = sample()
+    assert shared.texts == whole.texts
+    assert torch.equal(shared.response, whole.response) and torch.equal(shared.mask, whole.mask)
+    assert not torch.equal(shared.prompt_mask, whole.prompt_mask)  # the padding moved behind the prefix
+    if capture:
+        torch.testing.assert_close(shared.logits, whole.logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(shared.hidden, whole.hidden, atol=1e-4, rtol=1e-4)
+    for batch in (shared, whole):  # what the rollout forwards over: the same logits from either layout
+        ids = torch.cat([batch.prompt_ids, batch.response], 1)
+        mask = torch.cat([batch.prompt_mask, torch.ones_like(batch.response)], 1)
+        with torch.no_grad():
+            batch.forward = response_forward(model, ids, mask, batch.prompt_ids.shape[1])[0]
+    torch.testing.assert_close(shared.forward, whole.forward, atol=1e-4, rtol=1e-4)

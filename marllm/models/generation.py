@@ -28,6 +28,7 @@ from marllm.models.logits_processing import (  # noqa: F401 - the log-probs' pro
     reference_processors,
     sampling_processors,
 )
+from marllm.models.prefix_forward import shared_prefix_prompts
 from marllm.parallel.sharding import whole_for_generation
 
 # The settings of a model's own generation_config that may differ from transformers' defaults: token ids, lengths,
@@ -225,11 +226,15 @@ def generate_responses(
     eos = tokenizer.eos_token_id
     # A sharded model is gathered once for the call, not at each token's forward; generate keeps every rank
     # stepping until all are done (synced_gpus, on by itself for a model FSDP manages).
+    # The prompts' common beginning (a game's rules) computed once: generate goes on from its cache (not for a
+    # sharded model, whose ranks must run the same forwards).
+    prompt_ids, prompt_mask, prefix_cache = shared_prefix_prompts(model, prompt_ids, prompt_mask)
     captured = _last_hidden_states(model, owner) if capture else contextlib.nullcontext([])
     with whole_for_generation(model), captured as hidden_steps:
         output = model.generate(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
+            **({"past_key_values": prefix_cache} if prefix_cache is not None else {}),
             do_sample=True,
             max_new_tokens=budget,
             logits_processor=LogitsProcessorList(

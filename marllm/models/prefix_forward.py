@@ -28,6 +28,7 @@ __all__ = [
     "common_prefix_length",
     "last_position_forward",
     "prompt_then_moves_forward",
+    "shared_prefix_prompts",
     "shared_prefix_response_forward",
 ]
 
@@ -146,6 +147,26 @@ def prompt_then_moves_forward(
     # A move's first token is predicted after its prompt; each later one after the move's tokens before it.
     logits = torch.cat([last_logits[rows].unsqueeze(1), outputs.logits[:, :-1]], 1)
     return logits, None if last_values is None else last_values[rows]
+
+
+def shared_prefix_prompts(
+    model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """Left-padded prompts (B, P) laid out for a generation that starts from their common beginning's cache: the
+    ``(ids, mask, cache)`` of ``[common prefix | each row's rest, left-padded]`` (the same width P; the mask's zeros in
+    the middle), and the prefix's key/value cache repeated over the rows, to pass to ``generate`` as
+    ``past_key_values``. Positions count a row's real tokens, as before. Where the prompts share fewer than
+    :data:`MIN_SHARED_TOKENS` tokens or the model cannot share a cache (:func:`can_share`): the prompts as given and
+    None."""
+    prompts = _real_tokens(prompt_ids, prompt_mask)
+    shared = _shared_length(prompts)
+    if shared < MIN_SHARED_TOKENS or not can_share(model):
+        return prompt_ids, prompt_mask, None
+    cache = _repeated_prefix_cache(model, prompts, shared)
+    suffix_ids, suffix_mask = _left_padded([p[shared:] for p in prompts], prompt_ids, prompt_mask)
+    ids = torch.cat([prompts[0][:shared].expand(len(prompts), shared), suffix_ids], 1)
+    mask = torch.cat([prompt_mask.new_ones(len(prompts), shared), suffix_mask], 1)
+    return ids, mask, cache
 
 
 def _prompt_cache(
