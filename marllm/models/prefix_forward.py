@@ -62,8 +62,7 @@ def shared_prefix_response_forward(
     """:func:`~marllm.models.policy.response_forward` (``input_ids`` ``[left-padded prompt (P) | response (L)]``;
     logits (B, L, V) and values (B, L) at the positions that predict the response tokens), with the prompts' longest
     common prefix computed once. Differentiable."""
-    prompts = _real_tokens(input_ids[:, :prompt_length], attention_mask[:, :prompt_length])
-    shared = _shared_length(prompts)
+    prompts, shared = _prompts_and_shared_length(input_ids[:, :prompt_length], attention_mask[:, :prompt_length])
     if shared < MIN_SHARED_TOKENS or not can_share(model):
         return response_forward(model, input_ids, attention_mask, prompt_length, value_head)
     rows, device = len(prompts), input_ids.device
@@ -158,8 +157,7 @@ def shared_prefix_prompts(
     ``past_key_values``. Positions count a row's real tokens, as before. Where the prompts share fewer than
     :data:`MIN_SHARED_TOKENS` tokens or the model cannot share a cache (:func:`can_share`): the prompts as given and
     None."""
-    prompts = _real_tokens(prompt_ids, prompt_mask)
-    shared = _shared_length(prompts)
+    prompts, shared = _prompts_and_shared_length(prompt_ids, prompt_mask)
     if shared < MIN_SHARED_TOKENS or not can_share(model):
         return prompt_ids, prompt_mask, None
     cache = _repeated_prefix_cache(model, prompts, shared)
@@ -174,8 +172,7 @@ def _prompt_cache(
 ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The key/value cache of the prompts (B rows), the attention mask over its positions, and the logits (B, V) and
     value (B,) after each prompt's last token."""
-    prompts = _real_tokens(prompt_ids, prompt_mask)
-    shared = _shared_length(prompts)
+    prompts, shared = _prompts_and_shared_length(prompt_ids, prompt_mask)
     last = {"logits_to_keep": 1} if logits_to_keep_kind(model) is not None else {}
     cache = None
     if shared >= MIN_SHARED_TOKENS:
@@ -183,7 +180,7 @@ def _prompt_cache(
         prompt_ids, prompt_mask = _left_padded([p[shared:] for p in prompts], prompt_ids, prompt_mask)
     else:
         shared = 0
-    mask = torch.cat([prompt_mask.new_ones(len(prompts), shared), prompt_mask], 1)
+    mask = torch.cat([prompt_mask.new_ones(len(prompt_mask), shared), prompt_mask], 1)
     with head_inputs(model, value_head is not None) as captured:
         outputs = model(
             input_ids=prompt_ids,
@@ -208,6 +205,21 @@ def _left_padded(
         ids[i, width - len(row) :] = row
         mask[i, width - len(row) :] = 1
     return ids, mask
+
+
+def _prompts_and_shared_length(ids: torch.Tensor, mask: torch.Tensor) -> tuple[list[torch.Tensor], int]:
+    """Each row's real tokens and the length they share (:func:`_shared_length`); ``([], 0)`` at once where a look at
+    every row's first :data:`MIN_SHARED_TOKENS` real tokens, in one batched comparison, shows they share fewer (so
+    that prompts with nothing in common, a text task's, cost no per-row work)."""
+    lengths = mask.sum(1)
+    if len(ids) < 2 or bool((lengths <= MIN_SHARED_TOKENS).any()):  # each row keeps its last token out
+        return [], 0
+    rank = mask.long().cumsum(1) * mask.long()  # 1, 2, ... on a row's real tokens, 0 on its padding
+    first = ids[(rank >= 1) & (rank <= MIN_SHARED_TOKENS)].view(len(ids), MIN_SHARED_TOKENS)
+    if not bool((first == first[:1]).all()):
+        return [], 0
+    prompts = _real_tokens(ids, mask)
+    return prompts, _shared_length(prompts)
 
 
 def _real_tokens(ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
