@@ -17,9 +17,7 @@ inputs() { cat pyproject.toml "$LOCK" constraints.in; }
 if [ -f "$stamp" ] && inputs | cmp -s - "$stamp"; then
   exit 0
 fi
-# --no-compile: Python byte-compiles a module when it is first imported; compiling all of torch, ray and transformers
-# at install time (most of it never imported) took a third of a fresh install.
-pip_install() { .venv/bin/python -m pip install --quiet --no-compile --constraint "$LOCK" "$@"; }
+pip_install() { .venv/bin/python -m pip install --quiet --constraint "$LOCK" "$@"; }
 .venv/bin/python -m pip install --quiet --upgrade pip
 locked_torch=$(sed -n 's/^torch==\([^ ]*\).*/\1/p' "$LOCK")
 [ -n "$locked_torch" ] || { echo "setup: $LOCK pins no torch version" >&2; exit 1; }
