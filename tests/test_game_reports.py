@@ -43,6 +43,7 @@ def test_the_report_of_a_game_run_shows_its_games_per_learner_and_seat(game_run,
             logged = [line[prefix + metric] for line in lines if prefix + metric in line]
             assert row[metric] == pytest.approx(sum(logged) / len(logged))
         assert row["cooperation_rate"] is None and row["exploitability"] is None  # not a dilemma, not measured
+        assert row["exploitability_average"] is None
     section = text[text.index("## Games") :]
     assert "| run | learner | seat | win | draw | loss | illegal moves | payoff |\n" in section
     assert "| llm | all seats |" in section and "| llm | player\\_1 |" in section and "| llm | player\\_2 |" in section
@@ -58,6 +59,7 @@ def test_a_study_report_of_game_runs_aggregates_games_over_seeds(game_run, tmp_p
         lines = metrics_of(run_dir)
         for line, value in zip(lines, exploitability, strict=True):
             line |= {"llm/game/cooperation_rate": cooperation, "llm/game/exploitability": value}
+            line |= {"llm/game/exploitability_average": value + 0.05}
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         runs.append({"name": run_dir.name, "variant": "ttt", "seed": seed, "run_dir": f"runs/{run_dir.name}"})
     (tmp_path / "study.json").write_text(json.dumps({"name": "games", "runs": runs}))
@@ -67,11 +69,15 @@ def test_a_study_report_of_game_runs_aggregates_games_over_seeds(game_run, tmp_p
     assert (overall["learner"], overall["seat"], seat["seat"]) == ("llm", "all seats", "player_1")
     assert overall["metrics"]["cooperation_rate"]["per_seed"] == pytest.approx([0.2, 0.6])
     assert overall["metrics"]["exploitability"]["per_seed"] == pytest.approx([0.4, 0.1])  # each seed's last
+    assert overall["metrics"]["exploitability_average"]["per_seed"] == pytest.approx([0.45, 0.15])
     key = "llm/game/player_1/win_rate"
     [win] = [line[key] for line in metrics_of(game_run) if key in line]
     assert seat["metrics"]["win_rate"]["per_seed"] == pytest.approx([win, win])
     assert "cooperation_rate" not in seat["metrics"]
     section = text[text.index("## Games") :]
-    header = "| cell | learner | seat | win | draw | loss | illegal moves | payoff | cooperation | exploitability | n |"
+    header = (
+        "| cell | learner | seat | win | draw | loss | illegal moves | payoff | cooperation | exploitability "
+        "| exploitability of the average policy | n |"
+    )
     assert header in section
-    assert "| ttt | llm | all seats |" in section and "0.4 ± 0.2828 | 0.25 ± 0.2121 | 2 |" in section
+    assert "| ttt | llm | all seats |" in section and "0.4 ± 0.2828 | 0.25 ± 0.2121 | 0.3 ± 0.2121 | 2 |" in section

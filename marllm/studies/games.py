@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marllm.reporting.games import ALL_SEATS, GAME_METRICS, game_key, game_seats
+from marllm.reporting.games import ALL_SEATS, GAME_METRICS, MEASURED_NOW_AND_THEN, game_key, game_seats
 from marllm.reporting.tables import escape_cell, fmt, markdown_table
 from marllm.studies.aggregate import estimate, final_value
 from marllm.studies.cells import Cell
@@ -15,7 +15,7 @@ from marllm.studies.cells import Cell
 def cell_games(cell: Cell, last_k: int) -> list[dict[str, Any]]:
     """One row per learner and seat of a cell that logged game metrics (:data:`ALL_SEATS` first):
     ``learner``, ``seat`` and ``metrics``, metric -> the estimate over seeds of each seed's mean of its last
-    ``last_k`` logged values (exploitability: its last measurement), with ``per_seed``."""
+    ``last_k`` logged values (the exploitabilities: their last measurement), with ``per_seed``."""
     rows = []
     for learner in cell.learners:
         for seat in game_seats(cell.runs, learner):
@@ -23,7 +23,7 @@ def cell_games(cell: Cell, last_k: int) -> list[dict[str, Any]]:
             for metric in GAME_METRICS:
                 seeds = cell.seed_series(game_key(seat, metric), learner)
                 if seeds:
-                    k = 1 if metric == "exploitability" else last_k
+                    k = 1 if metric in MEASURED_NOW_AND_THEN else last_k
                     per_seed = [final_value(values, k) for _, values in seeds]
                     metrics[metric] = {**estimate(per_seed).as_dict(), "per_seed": per_seed}
             rows.append({"learner": learner, "seat": seat, "metrics": metrics})
@@ -55,6 +55,7 @@ def games_lines(cells: list[dict[str, Any]], last_k: int) -> list[str]:
         "the fraction of answers naming no legal move and the payoff per game"
         + ("; cooperation: the legal answers that cooperate" if "cooperation_rate" in shown else "")
         + ("; exploitability: each seed's last measurement" if "exploitability" in shown else "")
+        + ("; of the average policy: of the policies measured so far" if "exploitability_average" in shown else "")
         + ".",
         "",
         markdown_table(header, table, escape=False),
