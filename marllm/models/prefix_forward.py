@@ -79,15 +79,7 @@ def shared_prefix_response_forward(
         extra["logits_to_keep"] = torch.arange(rest - 1, rest + response_length - 1, device=device)
     elif keep == "count":
         extra["logits_to_keep"] = response_length + 1
-    with head_inputs(model, value_head is not None) as captured:
-        outputs = model(
-            input_ids=suffix_ids,
-            attention_mask=mask,
-            position_ids=position_ids_for(mask)[:, shared:],
-            past_key_values=cache,
-            use_cache=True,
-            **extra,
-        )
+    outputs, captured = _forward_after_prefix(model, suffix_ids, mask, cache, value_head is not None, **extra)
     window = slice(-(response_length + 1), -1)  # the positions before each response token
     logits = outputs.logits if keep == "positions" else outputs.logits[:, window]
     values = None
@@ -181,17 +173,27 @@ def _prompt_cache(
     else:
         shared = 0
     mask = torch.cat([prompt_mask.new_ones(len(prompt_mask), shared), prompt_mask], 1)
-    with head_inputs(model, value_head is not None) as captured:
-        outputs = model(
-            input_ids=prompt_ids,
-            attention_mask=mask,
-            position_ids=position_ids_for(mask)[:, shared:],
-            past_key_values=cache,
-            use_cache=True,
-            **last,
-        )
+    outputs, captured = _forward_after_prefix(model, prompt_ids, mask, cache, value_head is not None, **last)
     values = value_head(captured[-1][:, -1:]).squeeze(1) if value_head is not None else None
     return outputs.past_key_values, mask, outputs.logits[:, -1], values
+
+
+def _forward_after_prefix(
+    model: PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor, cache: Any, with_hidden: bool, **extra: Any
+) -> tuple[Any, list[torch.Tensor]]:
+    """The forward of ``ids`` (B, T) on top of ``cache`` (None: nothing before them), ``mask`` covering the cached
+    positions and ``ids``; positions count each row's real tokens. Returns the outputs (the cache extended) and, with
+    ``with_hidden``, the LM head's inputs (:func:`~marllm.models.policy.head_inputs`)."""
+    with head_inputs(model, with_hidden) as captured:
+        outputs = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids_for(mask)[:, mask.shape[1] - ids.shape[1] :],
+            past_key_values=cache,
+            use_cache=True,
+            **extra,
+        )
+    return outputs, captured
 
 
 def _left_padded(

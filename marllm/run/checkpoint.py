@@ -119,8 +119,8 @@ def save_checkpoint(
         keep: how many complete checkpoints to keep, >= 1.
         extra: JSON-able data of the caller's (e.g. the config), returned as :attr:`CheckpointInfo.extra`; JSON
             turns tuples into lists.
-        parts: other objects with ``state_dict``/``load_state_dict`` whose state the run needs (a metrics hook's
-            running sums), saved with the env chain's parts, after them.
+        parts: other objects of the run (its hooks); those whose class has ``state_dict``/``load_state_dict`` (a
+            metrics hook's running sums) are saved with the env chain's parts, after them.
 
     Raises:
         ValueError / TypeError: bad arguments, or ``extra`` is not JSON-able; nothing is written.

@@ -53,12 +53,10 @@ class Setup:
         return metrics if self.metrics_hook is None else self.metrics_hook(metrics)
 
     @property
-    def stateful_hooks(self) -> list[Any]:
-        """The hooks whose state a checkpoint saves (a game's running average policies): the metrics hook if its class
-        has ``state_dict`` and ``load_state_dict``."""
-        kind = type(self.metrics_hook)
-        stateful = callable(getattr(kind, "state_dict", None)) and callable(getattr(kind, "load_state_dict", None))
-        return [self.metrics_hook] if stateful else []
+    def hooks(self) -> list[Any]:
+        """The run's hooks (the metrics hook, if any): a checkpoint saves the state of those that have one (a game's
+        running average policies; :func:`~marllm.run.checkpoint.save_checkpoint`'s ``parts``)."""
+        return [] if self.metrics_hook is None else [self.metrics_hook]
 
     @property
     def sharded(self) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from marllm.assets import PREFIX
 from marllm.assets.offline.recipe import RECIPE_ENV, RECIPES, default_recipe_name
 from marllm.config import TrainConfig, resume_differences
 from marllm.config.loading import ConfigError
@@ -28,14 +29,11 @@ if TYPE_CHECKING:
 
 START_AGAIN = "start it again with --overwrite"
 
-OFFLINE_PREFIX = "marllm:offline-"
-
-
 def offline_assets_record(config: TrainConfig) -> dict[str, str] | None:
     """Which offline assets a run on ``config`` trains with (what a checkpoint records, so that a resumed run loads the
     same ones): the recipe :data:`~marllm.assets.offline.recipe.RECIPE_ENV` names and its directory, where the config
     names a ``marllm:offline-*`` asset; else None."""
-    if OFFLINE_PREFIX not in json.dumps(config.to_dict()):
+    if f"{PREFIX}offline-" not in json.dumps(config.to_dict()):
         return None
     name = default_recipe_name()
     return {"recipe": name, "directory": RECIPES[name].directory_name}

@@ -199,7 +199,7 @@ def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> 
     config, run_dir = run.config, run.run_dir
     info = _run_info(config)
     if checkpoint is not None:
-        loaded = load_to_resume(run_dir, checkpoint, run.setup.learners, run.setup.env, run.setup.stateful_hooks)
+        loaded = load_to_resume(run_dir, checkpoint, run.setup.learners, run.setup.env, run.setup.hooks)
         run.completed = run.checkpointed = loaded.iteration
         run.opened = True
         reseed_sampling(config.seed, run.data_parallel, loaded.iteration)
@@ -300,7 +300,7 @@ def _save_training_state(run: _Run) -> None:
             run.setup.env,
             keep=run.config.logging.keep_checkpoints,
             extra=_checkpoint_extra(run.config),
-            parts=run.setup.stateful_hooks,
+            parts=run.setup.hooks,
         )
         update_run_info(run.run_dir, checkpoint_iteration=run.completed)
     elif run.setup.sharded:
