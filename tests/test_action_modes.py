@@ -251,7 +251,8 @@ def test_a_learner_with_legal_actions_saves_and_restores(tokenizer, make):
 
 
 def test_game_actions_are_validated_naming_the_key():
-    with pytest.raises(ValueError, match=r"game.actions must be one of \['generate', 'constrained', 'score'\]"):
+    actions = r"\['generate', 'constrained', 'score', 'think'\]"
+    with pytest.raises(ValueError, match=rf"game.actions must be one of {actions}"):
         config_from_dict(game_config({"actions": "sample"}))
     with pytest.raises(ValueError, match=r"game.action_normalization must be one of \['none', 'token', 'word'\]"):
         config_from_dict(game_config({"actions": "score", "action_normalization": "mean"}))
@@ -265,7 +266,7 @@ def test_game_actions_are_validated_naming_the_key():
 
 @needs_openspiel
 @pytest.mark.parametrize(
-    ("actions", "algorithm"), [("constrained", "ppo"), ("score", "ppo"), ("score", "reinforce_pp")]
+    ("actions", "algorithm"), [("constrained", "ppo"), ("score", "ppo"), ("score", "reinforce_pp"), ("think", "ppo")]
 )
 def test_a_kuhn_poker_run_with_legal_actions_never_answers_illegally(tmp_path, actions, algorithm):
     """Self-play Kuhn poker on the offline base for an iteration, checkpointed, then marllm eval with the mode."""

@@ -100,13 +100,19 @@ def check_learner_settings(
 
 
 def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
-    """Refuse ``actions`` that the learner's class does not play (its ``supported_actions``), and constrained
-    answers without an EOS to end them."""
+    """Refuse ``actions`` that the learner's class does not play (its ``supported_actions``), constrained and
+    thought-then-move answers without an EOS to end them, and thought-then-move answers with log-probs taken from
+    ``generate`` (``ppo.rollout_from_generate: true``: a thought and its move are two generate calls)."""
     supported = type(learner).supported_actions
     if actions not in supported:
         raise ValueError(f"learner {name!r}: {type(learner).__name__} plays actions {list(supported)}, not {actions!r}")
-    if actions == "constrained":
+    if actions in ("constrained", "think"):
         check_constrained(tokenizer, generation, f"learner {name!r}")
+    if actions == "think" and learner.config.rollout_from_generate is True:
+        raise ValueError(
+            f"learner {name!r}: game.actions: think samples a thought and its move in two generate calls, whose "
+            "log-probs come from one forward over both; set ppo.rollout_from_generate to auto or false"
+        )
 
 
 def check_full_precision(name: str, trainable: list[torch.nn.Parameter], adapter: str | None) -> None:

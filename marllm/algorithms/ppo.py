@@ -47,7 +47,7 @@ from marllm.parallel.sharding import is_sharded
 
 __all__ = ["LEARNER_ACTIONS", "NonFiniteLossError", "PPOLearner", "Rollout"]
 
-LEARNER_ACTIONS = ("generate", "constrained")
+LEARNER_ACTIONS = ("generate", "constrained", "think")
 """How a token-level learner's answers are sampled (``game.actions``' token-level modes)."""
 
 
@@ -77,6 +77,8 @@ class PPOLearner:
             token by token restricted to continuations of the names in ``observation["legal_moves"]``, then EOS).
             Constrained answers keep the restriction of every token (``allowed``), and every forward that computes
             log-probs re-applies it, so the log-probs, ratio, entropy and KL are those of the distribution sampled.
+            ``"think"``: free text of the batch's budget first, then a constrained move, one response
+            (:mod:`marllm.models.thought_moves`).
 
     Everything after ``name`` is keyword-only. Subclasses change the algorithm through :meth:`_advantages` (what the
     update trains towards) and :meth:`_objective` (the loss of a mini-batch); ``uses_critic = False`` drops the

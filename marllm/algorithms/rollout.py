@@ -25,6 +25,7 @@ from marllm.models.generation import (
 from marllm.models.legal_moves import exact_move_probabilities, generate_moves
 from marllm.models.move_tries import pad_allowed, restrict_logits
 from marllm.models.prefix_forward import shared_prefix_response_forward
+from marllm.models.thought_moves import generate_thought_and_move
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -145,7 +146,8 @@ class RolloutCollector:
         generation: the sampling settings.
         value_head: the value head (V_old of the rollout), or None.
         context_length: the model's context window.
-        actions: ``"generate"`` (free text) or ``"constrained"`` (a game's legal moves, token by token).
+        actions: ``"generate"`` (free text), ``"constrained"`` (a game's legal moves, token by token) or ``"think"``
+            (free text of the batch's budget, then a constrained move: :mod:`marllm.models.thought_moves`).
         device: the policy's device.
         sharded: whether ``model`` is sharded (FSDP).
         rng: draws each batch's response budget (:meth:`sample_length`).
@@ -235,12 +237,18 @@ class RolloutCollector:
         capture: bool = False,
         legal_moves: list[list[str]] | None = None,
     ) -> tuple[GeneratedBatch, torch.Tensor | None]:
-        """The sampled responses and, for constrained answers (``legal_moves`` given), their restriction (B, L, K)."""
+        """The sampled responses and, for constrained and thought-then-move answers (``legal_moves`` given), their
+        restriction (B, L, K)."""
         budget = max_new_tokens or self.sample_length()
         self.activate()
         owner = f"learner {self.name!r}"
         args = (self.model, self.tokenizer, prompts)
         with autocast_for(self.model, self.config.autocast_dtype):
+            if legal_moves is not None and self.actions == "think":
+                sample = generate_thought_and_move(
+                    *args, legal_moves, self.generation, budget, self.context_length, owner
+                )
+                return sample.generated, sample.allowed
             if legal_moves is not None:
                 sample = generate_moves(*args, legal_moves, self.generation, self.context_length, owner, capture)
                 return sample.generated, sample.allowed
@@ -249,7 +257,8 @@ class RolloutCollector:
     @torch.no_grad()
     def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
         started = time.perf_counter()
-        from_generate = self.config.rollout_from_generate_for(self.sharded)
+        # A thought and its move come from two generate calls: their log-probs from one forward over both.
+        from_generate = self.config.rollout_from_generate_for(self.sharded) and self.actions != "think"
         generated_batch, allowed = self._generate(prompts, capture=from_generate, legal_moves=legal_moves)
         prompt_ids, prompt_mask = generated_batch.prompt_ids, generated_batch.prompt_mask
         response, mask = generated_batch.response, generated_batch.mask

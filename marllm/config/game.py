@@ -29,14 +29,17 @@ OPPONENTS = ("random", "minimax", "mcts", "cfr", "best_response")
 EXACT_OPPONENTS = ("cfr", "best_response")
 """The opponents that solve the game exactly (small OpenSpiel games, :mod:`marllm.envs.games.info_states`)."""
 
-ACTIONS = ("generate", "constrained", "score")
+ACTIONS = ("generate", "constrained", "score", "think")
 """How an answer becomes a move (``game.actions``)."""
 
+EXACT_ACTIONS = ("constrained", "score")
+"""The action modes whose move probabilities a model gives exactly (the others' are sampled)."""
+
 ACTION_NORMALIZATIONS = ("none", "token", "word")
+"""How ``score`` normalises a move's log-likelihood (``game.action_normalization``)."""
 
 POLICY_AVERAGES = ("uniform", "linear")
 """How the measured policies weigh in a run's average policy (``game.policy_average``)."""
-"""How ``score`` normalises a move's log-likelihood (``game.action_normalization``)."""
 
 SCORE_ALGORITHMS = ("ppo", "reinforce_pp")
 """The algorithms that train ``score`` actions."""
@@ -144,7 +147,9 @@ class GameConfig:
             of the distribution sampled; for ``ppo`` and ``reinforce_pp``); ``score`` (TWOSOME/GLAM: a categorical
             over the legal moves, each scored by the model's likelihood of its name after the prompt, normalised
             by ``action_normalization``; action-level PPO with a value head on the prompt's last hidden state; for
-            ``ppo``). ``marllm eval`` plays with the same mode.
+            ``ppo``); ``think`` (SPIRAL's reason, then act: free text of generation's budget, then ``\\nMove:`` and a
+            ``constrained`` move, credited as one response; its move probabilities are sampled, as ``generate``'s).
+            ``marllm eval`` plays with the same mode.
         max_moves: answers per game (every seat's) after which a game still on is ended as a draw (payoff 0 to
             every seat), with a warning and the metric ``game/capped_rate``; null: the game's own bound where it has
             one (an OpenSpiel game's maximum length), else 1000.
@@ -226,7 +231,7 @@ class GameConfig:
                 )
         elif not stop_at_eos:
             raise ValueError(
-                "game.actions: constrained ends each answer with EOS once a move is complete; set "
+                f"game.actions: {self.actions} ends each answer with EOS once a move is complete; set "
                 "generation.stop_at_eos: true"
             )
         pools = [seat.spec for seat in self.parsed_seats() if seat.kind == "snapshot_pool"]

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from marllm.config import TrainConfig
-from marllm.config.game import GameConfig
+from marllm.config.game import EXACT_ACTIONS, GameConfig
 from marllm.envs.games.catalog import TIC_TAC_TOE
 from marllm.envs.games.info_states import NotEnumerableError, enumerate_info_states
 from marllm.envs.games.keys import LEGAL_MOVES, OUTCOMES, PAYOFFS, PROMPT
@@ -36,6 +36,7 @@ from marllm.loop import play_episode
 from marllm.models.generation import generate_responses
 from marllm.models.legal_moves import exact_move_probabilities, generate_moves
 from marllm.models.policy import context_length
+from marllm.models.thought_moves import generate_thought_and_move
 from marllm.players.fixed import FixedPlayer
 from marllm.utils.statistics import estimate
 
@@ -150,7 +151,8 @@ class GameEvalResult:
 class ModelPlayer(FixedPlayer):
     """A model answering a game's prompts as ``actions`` says (``game.actions``): ``generate``, free text with
     ``generation``'s settings and its full ``max_new_tokens`` budget; ``constrained``, a legal move sampled token by
-    token; ``score``, a legal move drawn from the softmax of the moves' log-likelihoods (``normalization``)."""
+    token; ``score``, a legal move drawn from the softmax of the moves' log-likelihoods (``normalization``);
+    ``think``, free text of ``max_new_tokens`` and then a constrained move."""
 
     def __init__(
         self,
@@ -177,6 +179,12 @@ class ModelPlayer(FixedPlayer):
                 self.model, self.tokenizer, prompts, legal_moves, self.generation, context, self.name
             )
             return sample.generated.texts
+        if self.actions == "think":
+            budget, context = self.generation.max_new_tokens, context_length(self.model)
+            sample = generate_thought_and_move(
+                self.model, self.tokenizer, prompts, legal_moves, self.generation, budget, context, self.name
+            )
+            return sample.generated.texts
         if self.actions == "score":
             probabilities = torch.tensor(_padded(self.move_probabilities(prompts, legal_moves)))
             drawn = torch.multinomial(probabilities, 1)[:, 0].tolist()
@@ -197,10 +205,12 @@ class ModelPlayer(FixedPlayer):
     @torch.no_grad()
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
         """The exact probability of each legal move of each prompt under ``score`` or ``constrained`` answers (what
-        an exploitability evaluation tabulates); ``ValueError`` under ``generate``, whose move probabilities can
-        only be estimated from sampled answers."""
-        if self.actions == "generate":
-            raise ValueError(f"{self.name}: free-text answers have no exact move probabilities; sample them instead")
+        an exploitability evaluation tabulates); ``ValueError`` under ``generate`` and ``think``, whose move
+        probabilities can only be estimated from sampled answers."""
+        if self.actions not in EXACT_ACTIONS:
+            raise ValueError(
+                f"{self.name}: {self.actions} answers have no exact move probabilities; sample them instead"
+            )
         device = next(self.model.parameters()).device
         return exact_move_probabilities(
             self.model, self.tokenizer, prompts, legal_moves, self.actions, self.generation, self.normalization, device

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from marllm.config import TrainConfig
-from marllm.config.game import GameConfig
+from marllm.config.game import EXACT_ACTIONS, GameConfig
 from marllm.evaluation.average_policy import AveragePolicy
 from marllm.evaluation.deployed import load_deployed_model
 from marllm.evaluation.exploitability import (
@@ -46,7 +46,7 @@ def game_policy_source(game: GameConfig, player: Any, batch_size: int = 256) -> 
     policy and ``exploitability_samples``: exact (without gradients) where ``game.actions`` is ``score`` or
     ``constrained`` and the player has ``move_probabilities``."""
     probabilities = getattr(player, "move_probabilities", None)
-    if game.actions != "generate" and callable(probabilities):
+    if game.actions in EXACT_ACTIONS and callable(probabilities):
         return ExactProbabilities(torch.no_grad()(probabilities))
     return policy_source(player, game.parser, game.exploitability_samples, game.illegal, batch_size, exact=False)
 
@@ -75,7 +75,7 @@ def learner_player(config: TrainConfig, name: str, learner: Any) -> Any:
     :class:`LearnerAnswers`."""
     game = config.game
     assert game is not None
-    if game.actions != "generate" and callable(getattr(learner, "move_probabilities", None)):
+    if game.actions in EXACT_ACTIONS and callable(getattr(learner, "move_probabilities", None)):
         return learner
     return LearnerAnswers(name, learner, config.generation, game.actions, game.action_normalization)
 

@@ -222,13 +222,35 @@ def generate_responses(
     prompt_ids = encoded["input_ids"].to(device)  # (B, P), left-padded
     prompt_mask = encoded["attention_mask"].to(device)
     check_prompt_lengths(prompts, prompt_mask, budget, context, owner)
+    return sample_after(model, tokenizer, prompt_ids, prompt_mask, budget, generation, owner, capture, restriction)
+
+
+@torch.no_grad()
+def sample_after(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    budget: int,
+    generation: GenerationConfig,
+    owner: str = "generation",
+    capture: bool = False,
+    restriction: Callable[[int], LogitsProcessor] | None = None,
+    share_prefix: bool = True,
+) -> GeneratedBatch:
+    """:func:`generate_responses` after prompts given as token ids (B, P) and their attention mask, on the model's
+    device (their lengths checked already). ``share_prefix``: run the prompts' common beginning once
+    (:func:`~marllm.models.prefix_forward.shared_prefix_prompts`, which lays the prompts out anew); off, the prompts
+    are read exactly as laid out (what a later forward over the same ids must see)."""
     check_model_sampling_defaults(model, owner)
     eos = tokenizer.eos_token_id
     # A sharded model is gathered once for the call, not at each token's forward; generate keeps every rank
     # stepping until all are done (synced_gpus, on by itself for a model FSDP manages).
     # The prompts' common beginning (a game's rules) computed once: generate goes on from its cache (not for a
     # sharded model, whose ranks must run the same forwards).
-    prompt_ids, prompt_mask, prefix_cache = shared_prefix_prompts(model, prompt_ids, prompt_mask)
+    prefix_cache = None
+    if share_prefix:
+        prompt_ids, prompt_mask, prefix_cache = shared_prefix_prompts(model, prompt_ids, prompt_mask)
     captured = _last_hidden_states(model, owner) if capture else contextlib.nullcontext([])
     with whole_for_generation(model), captured as hidden_steps:
         output = model.generate(

@@ -76,7 +76,7 @@ def generate_moves(
     check_constrained(tokenizer, generation, owner)
     eos = tokenizer.eos_token_id
     tries = move_tries(move_continuations(tokenizer, prompts, legal_moves, generation.chat_template))
-    budget = 1 + max(max(_depths(trie)) for trie in tries)
+    budget = move_budget(tries)
     batch = generate_responses(
         model,
         tokenizer,
@@ -91,6 +91,11 @@ def generate_moves(
     allowed, moves = allowed_tokens(batch.response, tries, eos)
     batch.texts = tuple(names[m] for names, m in zip(legal_moves, moves, strict=True))
     return MoveSample(batch, allowed, moves)
+
+
+def move_budget(tries: Sequence[MoveTrie]) -> int:
+    """The tokens a restricted answer may take: the longest legal move of any row, plus its EOS."""
+    return 1 + max(max(_depths(trie)) for trie in tries)
 
 
 def _depths(trie: MoveTrie) -> list[int]:
