@@ -181,3 +181,13 @@ def new_optimizer(
         eps=config.adam_eps,
         fused=True if config.fused_kernels and not sharded else None,
     )
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, config: Any, update: int) -> dict[str, float]:
+    """Give every parameter group the learning rate of the learner's ``update``-th update (from 0;
+    :meth:`~marllm.algorithms.ppo_config.PPOConfig.learning_rate_at`: from the update count, so a restored learner
+    goes on where it was), and return it as a metric where it is annealed (``{}`` where it is constant)."""
+    learning_rate = config.learning_rate_at(update)
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate
+    return {} if config.anneal_updates is None else {"learning_rate": learning_rate}

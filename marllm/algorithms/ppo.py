@@ -33,6 +33,7 @@ from marllm.algorithms.learner_arguments import (
     new_optimizer,
     new_value_head,
     prepare_networks,
+    set_learning_rate,
 )
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
@@ -73,12 +74,11 @@ class PPOLearner:
         data_parallel: this process's rank of a data-parallel run (:mod:`marllm.parallel.distributed`), whose
             rollouts hold its slice of each batch; None for one process. Starting from rank 0's parameters, it
             computes over the global batch what PPO computes over a batch. Every rank must be given the same ``seed``.
-        actions: how an answer is sampled: ``"generate"`` (free text) or ``"constrained"`` (a game's legal move,
-            token by token restricted to continuations of the names in ``observation["legal_moves"]``, then EOS).
-            Constrained answers keep the restriction of every token (``allowed``), and every forward that computes
-            log-probs re-applies it, so the log-probs, ratio, entropy and KL are those of the distribution sampled.
-            ``"think"``: free text of the batch's budget first, then a constrained move, one response
-            (:mod:`marllm.models.thought_moves`).
+        actions: how an answer is sampled: ``"generate"`` (free text), ``"constrained"`` (a game's legal move,
+            token by token restricted to continuations of the names in ``observation["legal_moves"]``, then EOS) or
+            ``"think"`` (free text, then a constrained move: :mod:`marllm.models.thought_moves`). Every restricted
+            token keeps its restriction (``allowed``), and every forward that computes log-probs re-applies it, so
+            the log-probs, ratio, entropy and KL are those of the distribution sampled.
 
     Everything after ``name`` is keyword-only. Subclasses change the algorithm through :meth:`_advantages` (what the
     update trains towards) and :meth:`_objective` (the loss of a mini-batch); ``uses_critic = False`` drops the
@@ -267,11 +267,11 @@ class PPOLearner:
         if unfinished:
             raise RuntimeError(f"learner {self.name!r}: rollout(s) {unfinished} never got their reward (finish())")
         self.last_nonfinite: str | None = None
-        # A learner's turns of the iteration are one update: each epoch shuffles all of its samples, and whitening,
-        # the score statistics and the KL controller take one step per iteration, however many turns it played.
+        # The iteration's turns are one update: one shuffle of all samples per epoch, one step of each statistic.
         rollout = merge_rollouts(self.rollouts, self.tokenizer.pad_token_id)
         self.config.check_batch_size(len(rollout.responses) * self._world_size)
-        metrics = self._update_with(rollout).as_dict()
+        schedule = set_learning_rate(self.optimizer, self.config, self.num_updates)
+        metrics = self._update_with(rollout).as_dict() | schedule
         self.rollouts = []
         self.num_updates += 1
         return metrics if self.data_parallel is None else self.data_parallel.mean_metrics(metrics)

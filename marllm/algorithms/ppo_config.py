@@ -22,6 +22,11 @@ class PPOConfig:
 
     Attributes:
         learning_rate: Adam step size. Larger moves the policy (and the KL) faster per batch.
+        anneal_updates: the learning rate falls linearly from ``learning_rate`` to 0 over this many updates of a
+            learner: its k-th update (from 0) steps with ``learning_rate · (1 − k / anneal_updates)``, and with 0
+            past them. A learner updates once per iteration, so the run's ``iterations`` anneal over the run (CleanRL's
+            ``anneal_lr``): late updates move the policy less, which damps self-play's cycling around an equilibrium.
+            Null: constant. The learners then log their ``learning_rate``.
         mini_batch_size: samples per loss (and per forward/backward pass, unless ``micro_batch_size`` splits it).
         gradient_accumulation_steps: mini-batches whose gradients are summed before one optimiser step, so one step
             covers ``mini_batch_size × gradient_accumulation_steps`` samples (the paper's GSM8K run: 2 × 16 = 32).
@@ -109,6 +114,7 @@ class PPOConfig:
     """
 
     learning_rate: float = 1.41e-5
+    anneal_updates: int | None = None
     mini_batch_size: int = 256
     gradient_accumulation_steps: int = 1
     last_minibatch: Literal["whole", "merge"] = "whole"
@@ -168,7 +174,7 @@ class PPOConfig:
             )
         if self.kl_control == "adaptive":
             positive("ppo", self, "target_kl", "kl_horizon")
-        for name in ("max_grad_norm", "score_clip", "forward_batch_size"):
+        for name in ("max_grad_norm", "score_clip", "forward_batch_size", "anneal_updates"):
             if getattr(self, name) is not None:
                 positive("ppo", self, name)
         if self.micro_batch_size not in ("auto", None):
@@ -184,6 +190,13 @@ class PPOConfig:
         if self.micro_batch_size == "auto":
             return None if sharded else AUTO_MICRO_BATCH_SIZE
         return self.micro_batch_size
+
+    def learning_rate_at(self, update: int) -> float:
+        """The learning rate of a learner's ``update``-th update (from 0): ``learning_rate``, annealed linearly to 0
+        over ``anneal_updates`` updates where that is set."""
+        if self.anneal_updates is None:
+            return self.learning_rate
+        return self.learning_rate * max(0.0, 1.0 - update / self.anneal_updates)
 
     def rollout_from_generate_for(self, sharded: bool) -> bool:
         """Whether a whole or a ``sharded`` model's rollout takes generate's own forwards (see
