@@ -111,6 +111,14 @@ class RecordingRatio:
         learner._objective = recording
 
 
+def assert_first_update_is_on_policy(learner):
+    """Update ``learner`` once: its first loss's log-probs are the rollout's at every token (ratio 1), KL ≥ 0."""
+    recorder = RecordingRatio(learner)
+    metrics = learner.update()
+    assert max(recorder.differences) < 1e-5
+    assert metrics["ratio"] == pytest.approx(1.0, abs=1e-5) and metrics["kl"] >= -1e-6
+
+
 def constrained_learner(tokenizer, **ppo):
     config = PPOConfig(**{"mini_batch_size": 6, "ppo_epochs": 1, **ppo})
     model, reference = make_tiny_gpt2(tokenizer, seed=1), make_tiny_gpt2(tokenizer, seed=2)
@@ -146,10 +154,7 @@ def test_constrained_log_probs_at_update_time_are_those_sampled(tokenizer, ppo):
         assert probabilities[row][names.index(answer)] == pytest.approx(sampled, abs=1e-5)
     learner.finish([1.0, 0.0, -1.0, 0.5])
     learner.finish([0.0, 1.0])
-    recorder = RecordingRatio(learner)
-    metrics = learner.update()
-    assert max(recorder.differences) < 1e-5
-    assert metrics["ratio"] == pytest.approx(1.0, abs=1e-5) and metrics["kl"] >= -1e-6
+    assert_first_update_is_on_policy(learner)
 
 
 def test_a_learner_with_legal_actions_refuses_observations_without_legal_moves(tokenizer):

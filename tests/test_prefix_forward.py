@@ -251,13 +251,3 @@ def test_generation_from_the_shared_prefix_samples_what_the_whole_prompts_sample
         with torch.no_grad():
             batch.forward = response_forward(model, ids, mask, batch.prompt_ids.shape[1])[0]
     torch.testing.assert_close(shared.forward, whole.forward, atol=1e-4, rtol=1e-4)
-
-
-def test_prompts_are_grouped_by_length_within_the_padding_allowed():
-    lengths = [25, 89, 41, 26, 88, 57, 25, 73]
-    groups = prefix_forward.length_groups(lengths)
-    assert sorted(i for group in groups for i in group) == list(range(len(lengths)))
-    assert [sorted(lengths[i] for i in group) for group in groups] == [[25, 25, 26], [41], [57, 73], [88, 89]]
-    for group in groups:  # padding to the group's longest row costs at most 15% of its tokens
-        assert len(group) * max(lengths[i] for i in group) <= 1.15 * sum(lengths[i] for i in group)
-    assert prefix_forward.length_groups([5] * 4) == [[0, 1, 2, 3]]

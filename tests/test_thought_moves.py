@@ -16,7 +16,7 @@ from marllm.models.move_tries import move_continuations, restrict_logits
 from marllm.models.policy import ready_for_generation
 from marllm.models.thought_moves import THOUGHT_END, generate_thought_and_move
 from tests.conftest import make_tiny_gpt2
-from tests.test_action_modes import MOVES, PROMPTS, RecordingRatio
+from tests.test_action_modes import MOVES, PROMPTS, assert_first_update_is_on_policy
 from tests.test_games_config import game_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -115,10 +115,7 @@ def test_thought_and_move_log_probs_are_those_sampled(tokenizer, monkeypatch, pp
     for _ in range(3):
         learner.finish([1.0, 0.0, -1.0, 0.5])
     learner.finish([0.0, 1.0])
-    recorder = RecordingRatio(learner)
-    metrics = learner.update()
-    assert max(recorder.differences) < 1e-5
-    assert metrics["ratio"] == pytest.approx(1.0, abs=1e-5) and metrics["kl"] >= -1e-6
+    assert_first_update_is_on_policy(learner)
 
 
 def test_think_is_validated_and_its_probabilities_are_not_exact(tokenizer):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from marllm.models.policy import ValueHead, head_inputs, logits_to_keep_kind, position_ids_for, response_forward
 from marllm.parallel.sharding import is_sharded
@@ -120,98 +120,24 @@ def prompt_then_moves_forward(
     common beginning once for all, as in :func:`shared_prefix_response_forward`); ``rows`` (N,): each move's prompt;
     ``moves``/``move_mask`` (N, C): its tokens, right-padded. The same as
     :func:`~marllm.models.policy.response_forward` over ``[prompt of the move | move]`` up to float rounding, which is
-    what a model that cannot share a cache (:func:`can_share`) runs.
-
-    Prompts of very different lengths (a repeated game's rounds) are run in groups of similar length
-    (:func:`length_groups`), each on the common beginning's cache, so that few padding positions are computed.
-    """
+    what a model that cannot share a cache (:func:`can_share`) runs."""
     if not can_share(model):
         ids, mask = torch.cat([prompt_ids[rows], moves], 1), torch.cat([prompt_mask[rows], move_mask], 1)
         logits, values = response_forward(model, ids, mask, prompt_ids.shape[1], value_head)
         return logits, None if values is None else values[:, 0]
-    prompts, shared = _prompts_and_shared_length(prompt_ids, prompt_mask)
-    if shared < MIN_SHARED_TOKENS:
-        prompts, shared = _real_tokens(prompt_ids, prompt_mask), 0
-    prefix = _prefix_layers(model, prompts[0][:shared]) if shared else None
-    parts, order = [], []
-    for group in length_groups([len(p) - shared for p in prompts]):
-        local = torch.full((len(prompts),), -1, dtype=torch.long, device=rows.device)
-        local[group] = torch.arange(len(group), device=rows.device)
-        picked = torch.nonzero(local[rows] >= 0).flatten()  # the moves of this group's prompts
-        if not len(picked):
-            continue
-        rests = [prompts[b][shared:] for b in group]
-        ids, mask = _left_padded(rests, prompt_ids, prompt_mask)
-        mask = torch.cat([mask.new_ones(len(group), shared), mask], 1)
-        cache = _cache_of(model, prefix, prompts[0][:shared], len(group))
-        last = {"logits_to_keep": 1} if logits_to_keep_kind(model) is not None else {}
-        outputs, captured = _forward_after_prefix(model, ids, mask, cache, value_head is not None, **last)
-        values = value_head(captured[-1][:, -1:]).squeeze(1) if value_head is not None else None
-        parts.append(_moves_after(model, outputs, mask, values, local[rows[picked]], moves[picked], move_mask[picked]))
-        order.append(picked)
-    inverse = torch.argsort(torch.cat(order))
-    logits = torch.cat([p[0] for p in parts])[inverse]
-    return logits, None if value_head is None else torch.cat([p[1] for p in parts])[inverse]
-
-
-def length_groups(lengths: list[int], waste: float = 0.15) -> list[list[int]]:
-    """Indices of ``lengths`` in groups of similar length, shortest first: a group grows while the padding its
-    longest row costs stays within ``waste`` of its tokens."""
-    groups: list[list[int]] = []
-    total = 0
-    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
-        if groups and (len(groups[-1]) + 1) * lengths[index] <= (1 + waste) * (total + lengths[index]):
-            groups[-1].append(index)
-            total += lengths[index]
-        else:
-            groups.append([index])
-            total = lengths[index]
-    return groups
-
-
-def _moves_after(
-    model: PreTrainedModel,
-    outputs: Any,
-    mask: torch.Tensor,
-    values: torch.Tensor | None,
-    rows: torch.Tensor,
-    moves: torch.Tensor,
-    move_mask: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Each move's logits (n, C, V) on its prompt's cache (``outputs`` of the prompts' forward, ``mask`` over it;
-    ``rows`` index its prompts), and the value after its prompt."""
-    cache = outputs.past_key_values
+    cache, cache_mask, last_logits, last_values = _prompt_cache(model, prompt_ids, prompt_mask, value_head)
     cache.batch_select_indices(rows)
-    full = torch.cat([mask[rows], move_mask], 1)
-    after = model(
+    mask = torch.cat([cache_mask[rows], move_mask], 1)
+    outputs = model(
         input_ids=moves,
-        attention_mask=full,
-        position_ids=position_ids_for(full)[:, -moves.shape[1] :],
+        attention_mask=mask,
+        position_ids=position_ids_for(mask)[:, -moves.shape[1] :],
         past_key_values=cache,
         use_cache=True,
     )
     # A move's first token is predicted after its prompt; each later one after the move's tokens before it.
-    logits = torch.cat([outputs.logits[rows, -1].unsqueeze(1), after.logits[:, :-1]], 1)
-    return logits, None if values is None else values[rows]
-
-
-def _prefix_layers(model: PreTrainedModel, prefix: torch.Tensor) -> Any:
-    """The key/value cache of one ``prefix`` (1-D tokens), to be repeated for each group of rows."""
-    last = {"logits_to_keep": 1} if logits_to_keep_kind(model) is not None else {}
-    positions = torch.arange(len(prefix), device=prefix.device).unsqueeze(0)
-    return model(input_ids=prefix.unsqueeze(0), position_ids=positions, use_cache=True, **last).past_key_values
-
-
-def _cache_of(model: PreTrainedModel, prefix: Any, tokens: torch.Tensor, rows: int) -> Any:
-    """A fresh cache of the common prefix for ``rows`` rows (None without one): the prefix's layers repeated, or,
-    for a cache that is not a plain :class:`~transformers.DynamicCache`, the prefix computed again."""
-    if prefix is None:
-        return None
-    if type(prefix) is DynamicCache:
-        return DynamicCache(
-            [(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)) for keys, values, _ in prefix]
-        )
-    return _repeated_prefix_cache(model, [tokens] * rows, len(tokens))
+    logits = torch.cat([last_logits[rows].unsqueeze(1), outputs.logits[:, :-1]], 1)
+    return logits, None if last_values is None else last_values[rows]
 
 
 def shared_prefix_prompts(
@@ -231,6 +157,25 @@ def shared_prefix_prompts(
     ids = torch.cat([prompts[0][:shared].expand(len(prompts), shared), suffix_ids], 1)
     mask = torch.cat([prompt_mask.new_ones(len(prompts), shared), suffix_mask], 1)
     return ids, mask, cache
+
+
+def _prompt_cache(
+    model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, value_head: ValueHead | None
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The key/value cache of the prompts (B rows), the attention mask over its positions, and the logits (B, V) and
+    value (B,) after each prompt's last token."""
+    prompts, shared = _prompts_and_shared_length(prompt_ids, prompt_mask)
+    last = {"logits_to_keep": 1} if logits_to_keep_kind(model) is not None else {}
+    cache = None
+    if shared >= MIN_SHARED_TOKENS:
+        cache = _repeated_prefix_cache(model, prompts, shared)
+        prompt_ids, prompt_mask = _left_padded([p[shared:] for p in prompts], prompt_ids, prompt_mask)
+    else:
+        shared = 0
+    mask = torch.cat([prompt_mask.new_ones(len(prompt_mask), shared), prompt_mask], 1)
+    outputs, captured = _forward_after_prefix(model, prompt_ids, mask, cache, value_head is not None, **last)
+    values = value_head(captured[-1][:, -1:]).squeeze(1) if value_head is not None else None
+    return outputs.past_key_values, mask, outputs.logits[:, -1], values
 
 
 def _forward_after_prefix(
