@@ -9,16 +9,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from marllm.assets.offline import base_model
+from marllm.assets.offline import base_model, pretraining
 from marllm.assets.offline.base_model import (
+    PRETRAINING_THREADS,
     BaseModelRecipe,
-    ThreadTuner,
     build_model,
     heldout_perplexity,
     pack_blocks,
     train_base_model,
     train_tokenizer,
 )
+from marllm.utils.files import sha256_file
 
 TEXTS = [
     "this film is a wonderful , moving story .",
@@ -111,7 +112,7 @@ def test_train_base_model_mixes_arithmetic_learns_and_saves_a_loadable_model(tmp
                              arithmetic_fraction=0.25, arithmetic_seed=11, eval_max_tokens=200, sample_new_tokens=5)
     reviews = [t for t in TEXTS if not t.startswith("Question")]
     threads = torch.get_num_threads()
-    metrics = train_base_model(reviews, reviews[:8], recipe, tmp_path, progress=False, num_threads=1)
+    metrics = train_base_model(reviews, reviews[:8], recipe, tmp_path, progress=False)
     assert torch.get_num_threads() == threads
     assert calls[0] == (200, 11) and calls[1] == (metrics["arithmetic_documents"], 11)
     assert 0.15 < metrics["arithmetic_token_share"] < 0.35
@@ -128,17 +129,25 @@ def test_train_base_model_mixes_arithmetic_learns_and_saves_a_loadable_model(tmp
     assert out.shape == (1, batch["input_ids"].shape[1] + 3)
 
 
-def test_thread_tuner_times_both_settings_then_keeps_the_faster():
-    tuner = ThreadTuner(max_threads=2, period=6, trial_steps=1)
-    seconds = {2: 3.0, 1: 1.0}  # contended: one thread is faster
-    used = []
-    for step in range(14):
-        threads = tuner.threads_for(step)
-        used.append(threads)
-        tuner.record(step, threads, seconds[threads])
-        if step == 6:
-            seconds = {2: 0.5, 1: 1.0}  # the other process finished
-    # step 0 untimed; each stretch of 6 tries 2 then 1 and keeps the faster for its remaining 4 steps
-    assert used == [2, 2, 1, 1, 1, 1, 1, 2, 1, 2, 2, 2, 2, 2]
-    assert tuner.history == [1, 2]
-    assert ThreadTuner(max_threads=1).threads_for(5) == 1
+def test_the_base_is_the_same_bytes_whatever_the_callers_threads(tmp_path, monkeypatch):
+    """Pretraining always runs on PRETRAINING_THREADS intra-op threads (a count picked from the cores or by timing
+    made the weights depend on the machine and its load): two builds, called with 1 and 3 threads, are identical."""
+    recipe = BaseModelRecipe(vocab_size=300, n_layer=1, n_embd=32, n_head=2, n_positions=32, block_size=32,
+                             batch_size=4, max_steps=6, warmup_steps=2, arithmetic_fraction=0.0, eval_max_tokens=200,
+                             sample_new_tokens=3)
+    reviews = [t for t in TEXTS if not t.startswith("Question")]
+    seen = []
+    real_step = pretraining._train_step
+    monkeypatch.setattr(pretraining, "_train_step", lambda *a: seen.append(torch.get_num_threads()) or real_step(*a))
+    previous = torch.get_num_threads()
+    digests = []
+    try:
+        for caller_threads in (1, 3):
+            torch.set_num_threads(caller_threads)
+            train_base_model(reviews, reviews[:8], recipe, tmp_path / str(caller_threads), progress=False)
+            assert torch.get_num_threads() == caller_threads
+            digests.append(sha256_file(tmp_path / str(caller_threads) / "model.safetensors"))
+    finally:
+        torch.set_num_threads(previous)
+    assert set(seen) == {PRETRAINING_THREADS}
+    assert digests[0] == digests[1]

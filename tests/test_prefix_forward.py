@@ -251,3 +251,25 @@ def test_generation_from_the_shared_prefix_samples_what_the_whole_prompts_sample
         with torch.no_grad():
             batch.forward = response_forward(model, ids, mask, batch.prompt_ids.shape[1])[0]
     torch.testing.assert_close(shared.forward, whole.forward, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("repetition_penalty", [1.1, 1.5])
+def test_the_sampling_processors_on_the_shared_prefix_layout_equal_those_on_the_whole_prompts(
+    tokenizer, repetition_penalty
+):
+    """generate's processors read the ids of the layout it is given: the gap between the prefix and a shorter row's
+    rest must add no token to what the repetition penalty counts (a gap of token 0 penalised EOS here)."""
+    from marllm.models.generation_config import GenerationConfig
+    from marllm.models.logits_processing import sampling_processors
+    from marllm.models.prefix_forward import shared_prefix_prompts
+
+    model = make_tiny_gpt2(tokenizer).eval()
+    ids, mask = prompts(tokenizer)
+    shared_ids, shared_mask, cache = shared_prefix_prompts(model, ids, mask)
+    assert cache is not None and not torch.equal(shared_mask, mask)  # the gap sits behind the prefix
+    generation = GenerationConfig(repetition_penalty=repetition_penalty, top_k=0, top_p=1.0)
+    logits = torch.randn(len(ids), len(tokenizer), generator=torch.Generator().manual_seed(0))
+    whole = sampling_processors(generation, mask, tokenizer.eos_token_id, 4)(ids, logits.clone())
+    shared = sampling_processors(generation, shared_mask, tokenizer.eos_token_id, 4)(shared_ids, logits.clone())
+    torch.testing.assert_close(shared, whole, atol=0, rtol=0)
+    assert not torch.equal(whole, logits)  # the penalty did act

@@ -12,7 +12,7 @@ Every legal move of every row is one row of a packed batch (:func:`pack_moves`),
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -274,8 +274,10 @@ def exact_move_probabilities(
     device: torch.device | str = "cpu",
 ) -> list[list[float]]:
     """Each legal move's exact probability after each prompt (in the order of ``legal_moves``) under ``score``
-    (normalised by ``normalization``) or ``constrained`` answers (the product of the move's restricted token
-    probabilities, its EOS included). Differentiable where the caller allows gradients; no autocast of its own.
+    (normalised by ``normalization``) or ``constrained`` answers: the probability with which :func:`generate_moves`
+    plays it, the product of the move's restricted token probabilities, its EOS included, after every processor the
+    sampler applies (repetition penalty, temperature, top-k/top-p), whatever ``generation.logprobs_from`` says the
+    learner's ratio uses. Differentiable where the caller allows gradients; no autocast of its own.
 
     Raises:
         ValueError: ``actions`` is neither (free-text answers' move probabilities can only be sampled).
@@ -285,7 +287,8 @@ def exact_move_probabilities(
         return per_prompt(packed, score_logprobs(model, packed, normalization)[0])
     if actions == "constrained":
         packed = pack_moves(tokenizer, prompts, legal_moves, generation.chat_template, True, device)
-        return per_prompt(packed, constrained_logprobs(model, packed, generation, tokenizer.eos_token_id))
+        played = replace(generation, logprobs_from="sampling")  # the sampler's distribution, not the tempered π
+        return per_prompt(packed, constrained_logprobs(model, packed, played, tokenizer.eos_token_id))
     raise ValueError(
         f"exact move probabilities need constrained or score answers, not {actions!r}; sample them instead"
     )

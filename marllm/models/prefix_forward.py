@@ -145,16 +145,21 @@ def shared_prefix_prompts(
 ) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """Left-padded prompts (B, P) laid out for a generation that starts from their common beginning's cache: the
     ``(ids, mask, cache)`` of ``[common prefix | each row's rest, left-padded]`` (the same width P; the mask's zeros in
-    the middle), and the prefix's key/value cache repeated over the rows, to pass to ``generate`` as
-    ``past_key_values``. Positions count a row's real tokens, as before. Where the prompts share fewer than
-    :data:`MIN_SHARED_TOKENS` tokens or the model cannot share a cache (:func:`can_share`): the prompts as given and
-    None."""
+    the middle, over copies of the prefix's first token, so that the ids hold the same set of tokens as each whole
+    prompt and a repetition penalty over them is the one over the whole prompt), and the prefix's key/value cache
+    repeated over the rows, to pass to ``generate`` as ``past_key_values``. Positions count a row's real tokens, as
+    before. Where the prompts share fewer than :data:`MIN_SHARED_TOKENS` tokens or the model cannot share a cache
+    (:func:`can_share`): the prompts as given and None."""
     prompts, shared = _prompts_and_shared_length(prompt_ids, prompt_mask)
     if shared < MIN_SHARED_TOKENS or not can_share(model):
         return prompt_ids, prompt_mask, None
     cache = _repeated_prefix_cache(model, prompts, shared)
-    suffix_ids, suffix_mask = _left_padded([p[shared:] for p in prompts], prompt_ids, prompt_mask)
-    ids = torch.cat([prompts[0][:shared].expand(len(prompts), shared), suffix_ids], 1)
+    # The gap between the prefix and a shorter row's rest holds a token of the prefix: masked from attention, it must
+    # also add no token to the set the repetition penalty counts (generate's processors see these ids, and a filler
+    # such as 0 would penalise a token, EOS on many tokenizers, that the whole prompt never held).
+    prefix = prompts[0][:shared]
+    suffix_ids, suffix_mask = _left_padded([p[shared:] for p in prompts], prompt_ids, prompt_mask, fill=prefix[0])
+    ids = torch.cat([prefix.expand(len(prompts), shared), suffix_ids], 1)
     mask = torch.cat([prompt_mask.new_ones(len(prompts), shared), suffix_mask], 1)
     return ids, mask, cache
 
@@ -197,11 +202,11 @@ def _forward_after_prefix(
 
 
 def _left_padded(
-    rows: list[torch.Tensor], like_ids: torch.Tensor, like_mask: torch.Tensor
+    rows: list[torch.Tensor], like_ids: torch.Tensor, like_mask: torch.Tensor, fill: int | torch.Tensor = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` (1-D token tensors) left-padded into one (B, longest) batch, and its attention mask."""
+    """``rows`` (1-D token tensors) left-padded with ``fill`` into one (B, longest) batch, and its attention mask."""
     width = max(len(row) for row in rows)
-    ids = like_ids.new_zeros(len(rows), width)
+    ids = like_ids.new_full((len(rows), width), int(fill))
     mask = like_mask.new_zeros(len(rows), width)
     for i, row in enumerate(rows):
         ids[i, width - len(row) :] = row

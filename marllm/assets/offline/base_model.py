@@ -40,12 +40,12 @@ from transformers.utils import logging as hf_logging
 
 from marllm.assets.offline.arithmetic_problems import pretraining_documents
 from marllm.assets.offline.base_model_recipe import BaseModelRecipe
-from marllm.assets.offline.pretraining import ThreadTuner, available_cores, pretrain
+from marllm.assets.offline.pretraining import PRETRAINING_THREADS, pretrain, pretraining_threads
 
 __all__ = [
     "EOS_TOKEN",
     "BaseModelRecipe",
-    "ThreadTuner",
+    "PRETRAINING_THREADS",
     "build_model",
     "heldout_perplexity",
     "pack_blocks",
@@ -218,25 +218,20 @@ def _arithmetic_documents(n: int, seed: int) -> list[str]:
 
 
 def train_base_model(train_texts: Sequence[str], heldout_reviews: Sequence[str], recipe: BaseModelRecipe,
-                     out_dir: Path, progress: bool = True, num_threads: int | None = None) -> dict[str, Any]:
+                     out_dir: Path, progress: bool = True) -> dict[str, Any]:
     """Train tokenizer and GPT-2 on ``train_texts`` plus arithmetic documents; save both to ``out_dir``.
 
-    ``num_threads`` (default: the cores this process may use) is the most intra-op threads torch may use;
-    torch's setting is restored afterwards. Returns the phase metrics: held-out perplexity on ``heldout_reviews``, the
-    realised arithmetic share, pretraining losses and speed, and sampled continuations of held-out review
-    openings.
+    Torch runs on :data:`~marllm.assets.offline.pretraining.PRETRAINING_THREADS` intra-op threads throughout (the
+    same bytes whatever the machine's cores or load); its setting is restored afterwards. Returns the phase metrics:
+    held-out perplexity on ``heldout_reviews``, the realised arithmetic share, pretraining losses and speed, and
+    sampled continuations of held-out review openings.
     """
-    max_threads = num_threads or available_cores()
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(max_threads)
-    try:
-        return _train_base_model(train_texts, heldout_reviews, recipe, out_dir, progress, max_threads)
-    finally:
-        torch.set_num_threads(previous_threads)
+    with pretraining_threads():
+        return _train_base_model(train_texts, heldout_reviews, recipe, out_dir, progress)
 
 
 def _train_base_model(train_texts: Sequence[str], heldout_reviews: Sequence[str], recipe: BaseModelRecipe,
-                      out_dir: Path, progress: bool, max_threads: int) -> dict[str, Any]:
+                      out_dir: Path, progress: bool) -> dict[str, Any]:
     start = time.perf_counter()
     if not train_texts:
         raise ValueError("train_base_model needs at least one training text")
@@ -259,9 +254,7 @@ def _train_base_model(train_texts: Sequence[str], heldout_reviews: Sequence[str]
     model = build_model(recipe, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("pretraining a %.1fM-parameter GPT-2 on %d blocks of %d tokens", n_params / 1e6, *blocks.shape)
-    train_stats = pretrain(model, blocks, recipe, progress=progress, max_threads=max_threads)
-    if train_stats["thread_choices"]:  # evaluate with the setting that was fastest most recently
-        torch.set_num_threads(train_stats["thread_choices"][-1])
+    train_stats = pretrain(model, blocks, recipe, progress=progress)
 
     evaluation = heldout_perplexity(model, tokenizer, heldout_reviews, recipe.block_size, recipe.eval_max_tokens)
     prompts = [" ".join(text.split()[:5]) for text in heldout_reviews[:5]]

