@@ -34,6 +34,8 @@ needs_openspiel = pytest.mark.skipif(
 # "a b c"), rows of different sizes and prompts of different lengths (left padding).
 PROMPTS = ["Your move:", "what a", "the movie was good and", "i think\n"]
 MOVES = [["1", "10", "rock"], ["pass", "bet"], ["a b c", "a b", "the story"], ["good", "bad"]]
+# Scored moves cannot have a name that begins another (it has no end): multi-token names sharing their first tokens.
+SCORE_MOVES = [["1", "20", "rock"], ["pass", "bet"], ["a b c", "a b d", "the story"], ["good", "bad"]]
 
 
 def complete_paths(trie: MoveTrie, eos: int, node: int = 0, prefix: tuple[int, ...] = ()) -> set[tuple[int, ...]]:
@@ -198,8 +200,8 @@ def reinforce_score_learner(tokenizer, **ppo):
 def test_score_probabilities_are_a_softmax_of_the_moves_likelihoods(tokenizer, normalization):
     learner = score_learner(tokenizer, normalization)
     assert isinstance(learner, ActionPPOLearner)
-    probabilities = learner.move_probabilities(PROMPTS, MOVES)
-    for prompt, names, row in zip(PROMPTS, MOVES, probabilities, strict=True):
+    probabilities = learner.move_probabilities(PROMPTS, SCORE_MOVES)
+    for prompt, names, row in zip(PROMPTS, SCORE_MOVES, probabilities, strict=True):
         assert sum(row) == pytest.approx(1.0, abs=1e-6)
         assert row == pytest.approx(hand_score(learner.model, tokenizer, prompt, names, normalization), abs=1e-5)
 
@@ -210,12 +212,12 @@ def test_action_level_learners_start_at_ratio_one(tokenizer, ppo, algorithm):
     torch.manual_seed(0)
     learner = score_learner(tokenizer, algorithm=algorithm, **ppo)
     assert isinstance(learner, ActionPPOLearner if algorithm == "ppo" else ActionReinforceLearner)
-    answers = learner.act({"prompt": PROMPTS, "legal_moves": MOVES})
-    assert all(answer in names for answer, names in zip(answers, MOVES, strict=True))
-    learner.act({"prompt": PROMPTS[:2], "legal_moves": MOVES[:2]})
+    answers = learner.act({"prompt": PROMPTS, "legal_moves": SCORE_MOVES})
+    assert all(answer in names for answer, names in zip(answers, SCORE_MOVES, strict=True))
+    learner.act({"prompt": PROMPTS[:2], "legal_moves": SCORE_MOVES[:2]})
     b = learner.rollouts[0].tensors
-    exact = learner.move_probabilities(PROMPTS, MOVES)
-    for row, (answer, names) in enumerate(zip(answers, MOVES, strict=True)):
+    exact = learner.move_probabilities(PROMPTS, SCORE_MOVES)
+    for row, (answer, names) in enumerate(zip(answers, SCORE_MOVES, strict=True)):
         assert float(b.logprobs[row, 0].exp()) == pytest.approx(exact[row][names.index(answer)], abs=1e-5)
     assert (b.kl_full >= -1e-6).all()
     learner.finish([1.0, 0.0, -1.0, 0.5])
@@ -244,14 +246,14 @@ def test_action_level_learners_learn_the_rewarded_move(tokenizer, algorithm):
 def test_a_learner_with_legal_actions_saves_and_restores(tokenizer, make):
     torch.manual_seed(0)
     learner = make(tokenizer, mini_batch_size=4)
-    learner.act({"prompt": PROMPTS, "legal_moves": MOVES})
+    learner.act({"prompt": PROMPTS, "legal_moves": SCORE_MOVES})
     learner.finish([1.0, 0.0, -1.0, 0.5])
     learner.update()
     tensors, meta = learner.state_dict()
     restored = make(tokenizer, mini_batch_size=4)
     restored.load_state_dict(tensors, json.loads(json.dumps(meta)))
-    before = [p for row in learner.move_probabilities(PROMPTS, MOVES) for p in row]
-    after = [p for row in restored.move_probabilities(PROMPTS, MOVES) for p in row]
+    before = [p for row in learner.move_probabilities(PROMPTS, SCORE_MOVES) for p in row]
+    after = [p for row in restored.move_probabilities(PROMPTS, SCORE_MOVES) for p in row]
     assert after == pytest.approx(before, abs=1e-7)
 
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from marllm.algorithms import PPOConfig
-from tests.test_action_modes import MOVES, PROMPTS, constrained_learner, reinforce_score_learner
+from tests.test_action_modes import PROMPTS, SCORE_MOVES, constrained_learner, reinforce_score_learner
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def one_update(learner):
-    learner.act({"prompt": PROMPTS, "legal_moves": MOVES})
+    learner.act({"prompt": PROMPTS, "legal_moves": SCORE_MOVES})
     learner.finish([1.0, 0.0, -1.0, 0.5])
     return learner.update()
 

@@ -42,3 +42,56 @@ def test_exact_constrained_probabilities_are_the_frequencies_generate_moves_play
     assert sum(exact) == pytest.approx(1.0, abs=1e-6)
     assert abs(frequency - exact[0]) < 3 * standard_error
     assert abs(frequency - tempered[0]) > 5 * standard_error  # the test can tell the two apart
+
+
+@pytest.mark.parametrize("actions", ["generate", "think"])
+def test_a_free_text_player_answers_with_the_budgets_training_samples(tokenizer, monkeypatch, actions):
+    """Training draws a response budget uniformly from [min_new_tokens, max_new_tokens]; the player that evaluation
+    plays and tabulates draws each answer's budget from the same range (it used max_new_tokens alone)."""
+    from types import SimpleNamespace
+
+    from marllm.evaluation import games
+
+    budgets = []
+
+    def record(model, tokenizer, prompts, *args):
+        budget = args[0] if actions == "generate" else args[2]
+        budgets.extend([budget] * len(prompts))
+        texts = tuple(f"{prompt}|{budget}" for prompt in prompts)
+        return SimpleNamespace(texts=texts) if actions == "generate" else SimpleNamespace(generated=record.batch(texts))
+
+    record.batch = lambda texts: SimpleNamespace(texts=texts)
+    monkeypatch.setattr(games, "generate_responses", record)
+    monkeypatch.setattr(games, "generate_thought_and_move", record)
+    player = games.ModelPlayer("p", make_tiny_gpt2(tokenizer), tokenizer, GenerationConfig(1, 3), actions)
+    prompts = [f"prompt {i}" for i in range(300)]
+    torch.manual_seed(0)
+    answers = player.answer({"prompt": prompts, "legal_moves": [MOVES] * len(prompts)})
+    assert [answer.split("|")[0] for answer in answers] == prompts  # every answer back in its row
+    drawn = [int(answer.split("|")[1]) for answer in answers]
+    assert sorted(set(drawn)) == [1, 2, 3] == sorted(set(budgets))
+    assert all(abs(drawn.count(b) / len(drawn) - 1 / 3) < 0.1 for b in (1, 2, 3))
+
+
+@pytest.mark.parametrize("normalization", ["none", "token"])
+def test_scored_moves_refuse_a_name_that_begins_another(tokenizer, normalization):
+    """A scored move has no end: "1" would collect "10"'s probability (and under ``none`` always score at least as
+    high). Score mode refuses such a move set, naming the moves; constrained answers, which end with EOS, take it."""
+    from marllm.algorithms.registry import AlgorithmOptions, build_learner
+    from marllm.models.legal_moves import scored_move_tokens
+
+    tokenizer.padding_side = "left"
+    with pytest.raises(ValueError, match=r"row 1: .*'1' is the beginning of '10'.*game.actions: constrained"):
+        scored_move_tokens(tokenizer, ["pick", "pick"], [["a", "b"], ["10", "1", "2"]], False)
+    options = AlgorithmOptions(actions="score", action_normalization=normalization)
+    learner = build_learner(
+        "ppo", "llm", options, model=sharp_model(tokenizer), tokenizer=tokenizer, reference=sharp_model(tokenizer)
+    )
+    with pytest.raises(ValueError, match="'1' is the beginning of '10'"):
+        learner.act({"prompt": ["pick a number"], "legal_moves": [["1", "10"]]})
+    with pytest.raises(ValueError, match="'1' is the beginning of '10'"):
+        learner.move_probabilities(["pick a number"], [["1", "10"]])
+    played = exact_move_probabilities(
+        sharp_model(tokenizer), tokenizer, ["pick a number"], [["1", "10"]], "constrained", GenerationConfig()
+    )
+    assert sum(played[0]) == pytest.approx(1.0, abs=1e-6)

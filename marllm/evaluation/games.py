@@ -150,9 +150,12 @@ class GameEvalResult:
 
 class ModelPlayer(FixedPlayer):
     """A model answering a game's prompts as ``actions`` says (``game.actions``): ``generate``, free text with
-    ``generation``'s settings and its full ``max_new_tokens`` budget; ``constrained``, a legal move sampled token by
-    token; ``score``, a legal move drawn from the softmax of the moves' log-likelihoods (``normalization``);
-    ``think``, free text of ``max_new_tokens`` and then a constrained move."""
+    ``generation``'s settings; ``constrained``, a legal move sampled token by token; ``score``, a legal move drawn from
+    the softmax of the moves' log-likelihoods (``normalization``); ``think``, free text and then a constrained move.
+
+    Free text (``generate``, ``think``) gets the token budgets training samples with: each answer's budget drawn
+    uniformly from ``[generation.min_new_tokens, generation.max_new_tokens]`` (training draws one per batch, the same
+    distribution per answer), so that the policy an evaluation plays and tabulates is the one training sampled."""
 
     def __init__(
         self,
@@ -173,34 +176,29 @@ class ModelPlayer(FixedPlayer):
         if not prompts:
             return ()
         legal_moves = [list(names) for names in observation.get(LEGAL_MOVES, ())]
+        context = context_length(self.model)
         if self.actions == "constrained":
-            context = context_length(self.model)
             sample = generate_moves(
                 self.model, self.tokenizer, prompts, legal_moves, self.generation, context, self.name
-            )
-            return sample.generated.texts
-        if self.actions == "think":
-            budget, context = self.generation.max_new_tokens, context_length(self.model)
-            sample = generate_thought_and_move(
-                self.model, self.tokenizer, prompts, legal_moves, self.generation, budget, context, self.name
             )
             return sample.generated.texts
         if self.actions == "score":
             probabilities = torch.tensor(_padded(self.move_probabilities(prompts, legal_moves)))
             drawn = torch.multinomial(probabilities, 1)[:, 0].tolist()
             return tuple(names[m] for names, m in zip(legal_moves, drawn, strict=True))
-        with torch.no_grad():
-            generated = generate_responses(
-                self.model,
-                self.tokenizer,
-                prompts,
-                self.generation.max_new_tokens,
-                self.generation,
-                context_length(self.model),
-                self.name,
-            )
-        return tuple(generated.texts)
 
+        def free_text(rows: list[int], budget: int) -> tuple[str, ...]:
+            some = [prompts[i] for i in rows]
+            if self.actions == "think":
+                moves = [legal_moves[i] for i in rows]
+                return generate_thought_and_move(
+                    self.model, self.tokenizer, some, moves, self.generation, budget, context, self.name
+                ).generated.texts
+            return generate_responses(
+                self.model, self.tokenizer, some, budget, self.generation, context, self.name
+            ).texts
+
+        return answers_by_budget(len(prompts), self.generation, free_text)
 
     @torch.no_grad()
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
@@ -215,6 +213,21 @@ class ModelPlayer(FixedPlayer):
         return exact_move_probabilities(
             self.model, self.tokenizer, prompts, legal_moves, self.actions, self.generation, self.normalization, device
         )
+
+
+def answers_by_budget(
+    count: int, generation: Any, answer: Callable[[list[int], int], Sequence[str]]
+) -> tuple[str, ...]:
+    """``count`` answers, each with its own budget drawn uniformly from ``[generation.min_new_tokens,
+    generation.max_new_tokens]`` (the global torch generator): ``answer(rows, budget)`` is called once per drawn
+    budget with the rows that drew it, and the answers come back in row order."""
+    budgets = torch.randint(generation.min_new_tokens, generation.max_new_tokens + 1, (count,)).tolist()
+    answers: list[str] = [""] * count
+    for budget in sorted(set(budgets)):
+        rows = [i for i, drawn in enumerate(budgets) if drawn == budget]
+        for i, text in zip(rows, answer(rows, budget), strict=True):
+            answers[i] = text
+    return tuple(answers)
 
 
 def _padded(rows: Sequence[Sequence[float]]) -> list[list[float]]:

@@ -137,6 +137,35 @@ class PackedMoves:
         return [self.tries[b] for b in self.rows.tolist()]
 
 
+def scored_move_tokens(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    legal_moves: Sequence[Sequence[str]],
+    chat_template: bool,
+) -> list[list[list[int]]]:
+    """:func:`~marllm.models.move_tries.move_continuations` for ``score``, which refuses a move whose tokens begin
+    another's: a move is scored by the likelihood of its tokens with nothing to end them, so the shorter one ("1")
+    would collect the longer one's ("10") probability as well, and under normalization ``none`` always score at least
+    as high (constrained answers end each move with EOS and have no such limit).
+
+    Raises:
+        ValueError: naming the row and the two moves.
+    """
+    continuations = move_continuations(tokenizer, prompts, legal_moves, chat_template)
+    for row, (ids, names) in enumerate(zip(continuations, legal_moves, strict=True)):
+        ordered = sorted(range(len(ids)), key=lambda m: ids[m])
+        # In sorted order a move that begins another comes right before one that it begins.
+        for shorter, longer in zip(ordered, ordered[1:], strict=False):
+            if ids[longer][: len(ids[shorter])] == ids[shorter]:
+                raise ValueError(
+                    f"row {row}: under game.actions: score the move {names[shorter]!r} is the beginning of "
+                    f"{names[longer]!r} (tokens {ids[shorter]} of {ids[longer]}): a scored move has no end, so it "
+                    f"would collect the longer move's probability too; rename the moves so that none begins "
+                    f"another, or use game.actions: constrained (each move ends with EOS)"
+                )
+    return continuations
+
+
 def pack_moves(
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
@@ -147,7 +176,8 @@ def pack_moves(
 ) -> PackedMoves:
     """Pack every legal move of every prompt (:class:`PackedMoves`), tokens as
     :func:`~marllm.models.move_tries.move_continuations` encodes them."""
-    continuations = move_continuations(tokenizer, prompts, legal_moves, chat_template)
+    encode = move_continuations if with_eos else scored_move_tokens
+    continuations = encode(tokenizer, prompts, legal_moves, chat_template)
     pairs = [(b, m) for b, row in enumerate(continuations) for m in range(len(row))]
     encoded = encode_prompts(tokenizer, [prompts[b] for b, _ in pairs], chat_template)
     tails = [continuations[b][m] + ([tokenizer.eos_token_id] if with_eos else []) for b, m in pairs]
@@ -313,7 +343,7 @@ def move_tensors(
     """A batch's prompts and legal moves as per-row tensors: ``input_ids``/``attention_mask`` (B, P) left-padded,
     ``moves`` (B, M, C) each legal move's tokens (−1-padded, along M past a row's moves too) and ``move_words``
     (B, M, 1) each move's words (−1 past a row's moves). :func:`packed_from_tensors` packs any rows of it."""
-    continuations = move_continuations(tokenizer, prompts, legal_moves, chat_template)
+    continuations = scored_move_tokens(tokenizer, prompts, legal_moves, chat_template)
     encoded = encode_prompts(tokenizer, prompts, chat_template)
     count = max(len(row) for row in continuations)
     width = max(len(tokens) for row in continuations for tokens in row)
