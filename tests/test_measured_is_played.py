@@ -95,3 +95,59 @@ def test_scored_moves_refuse_a_name_that_begins_another(tokenizer, normalization
         sharp_model(tokenizer), tokenizer, ["pick a number"], [["1", "10"]], "constrained", GenerationConfig()
     )
     assert sum(played[0]) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_moves_target_holds_its_own_states_kl_and_not_the_seats_later_moves(tokenizer):
+    """A seat's two moves of one game with payoff R = 0 and η > 0 (action-level PPO): each move's return is −η·KL at
+    its own state, the second move's KL is not in the first's (the choice marllm.algorithms.action_ppo documents)."""
+    from tianshou.data import Batch
+
+    from marllm.algorithms.ppo_config import PPOConfig
+    from marllm.algorithms.ppo_objective import ppo_targets
+
+    kl = torch.tensor([[0.3], [0.5]])  # first move, then the same seat's second move
+    moves = Batch(kl=kl, mask=torch.ones(2, 1), values=torch.zeros(2, 1))
+    targets = ppo_targets(moves, torch.zeros(2), kl_coef=0.2, config=PPOConfig(whiten_advantages=False))
+    torch.testing.assert_close(targets["returns"], -0.2 * kl)
+
+
+def test_a_game_config_defaults_to_no_repetition_penalty_a_text_task_keeps_its_own():
+    """A game's prompt names its moves, so a game config's generation defaults to repetition_penalty 1.0 (in every
+    action mode); a config that sets it keeps it, and a text task keeps the 1.1 default."""
+    from marllm.config import config_from_dict
+    from tests.test_games_config import game_config
+
+    assert config_from_dict(game_config({"actions": "constrained"})).generation.repetition_penalty == 1.0
+    explicit = {**game_config({}), "generation": {"repetition_penalty": 1.2, "max_new_tokens": 4}}
+    assert config_from_dict(explicit).generation.repetition_penalty == 1.2
+    assert config_from_dict(explicit).generation.max_new_tokens == 4
+    text = {key: value for key, value in game_config({}).items() if key != "game"}
+    assert config_from_dict(text).generation.repetition_penalty == GenerationConfig().repetition_penalty == 1.1
+
+
+@pytest.mark.parametrize("actions", ["generate", "constrained", "think", "score"])
+def test_every_action_mode_refuses_a_prompt_too_long_for_the_context_in_one_line(tokenizer, actions):
+    """Acting and tabulating a move distribution check the prompt against the model's context as generate does
+    (score mode died with the position embedding's IndexError), and say what shortens a move's answer."""
+    from marllm.algorithms.registry import AlgorithmOptions, build_learner
+    from marllm.evaluation.games import ModelPlayer
+    from marllm.models.generation import PromptTooLongError
+
+    tokenizer.padding_side = "left"
+    model = make_tiny_gpt2(tokenizer, n_positions=32)
+    options = AlgorithmOptions(actions=actions)
+    learner = build_learner(
+        "ppo", "llm", options, model=model, tokenizer=tokenizer, reference=make_tiny_gpt2(tokenizer, n_positions=32),
+        generation=GenerationConfig(1, 2),
+    )  # fmt: skip
+    long_prompt = "this movie was good and the acting was great , " * 4
+    observation = {"prompt": [long_prompt, "short"], "legal_moves": [MOVES, MOVES]}
+    with pytest.raises(PromptTooLongError, match="prompt 0 has .* exceeds the model context of 32") as error:
+        learner.act(observation)
+    assert "\n" not in str(error.value)
+    if actions in ("constrained", "score"):
+        assert "shorten the legal moves' names" in str(error.value)
+        player = ModelPlayer("p", model, tokenizer, GenerationConfig(), actions)
+        for tabulate in (learner.move_probabilities, player.move_probabilities):
+            with pytest.raises(PromptTooLongError, match="model context of 32"):
+                tabulate(observation["prompt"], observation["legal_moves"])

@@ -9,6 +9,16 @@ hidden state) and the exact KL(π_old(· | s) ‖ π_0(· | s)) over the legal m
 with one "token" per sample: reward = score − η·KL, advantage = reward − V(s) (GAE over one step), the clipped
 ratio π(a | s)/π_old(a | s), the clipped value loss, the same KL controller, epochs, mini- and micro-batches and
 checkpoints. The learner answers the drawn move's name, which the env's parser maps to it.
+
+**Each move is its own one-step episode, and its return holds only its own state's KL.** A game credits the move
+a seat makes k moves before its last with γ^k · payoff (``game.discount``), so move t's target is
+r_t = γ^k·R − η·KL(π(· | s_t) ‖ π_0(· | s_t)); the KL at the seat's later states s_{t'>t} is not added to it. The
+update is then the gradient of a per-state regularised objective — at every state the seat reaches, the game's
+credit minus η times that state's KL — rather than of the sequence-level E[R − η·Σ_t KL_t], whose gradient would
+also charge a move with the KL of the states it leads to (Σ_{t'>t} γ^{t'−t}·η·KL_{t'}). The choice is deliberate: a
+seat's moves reach the learner as separate samples from separate calls (other seats move in between), the per-state
+form keeps every visited state's policy near the base whether or not earlier moves lead there often, and in the
+short games it serves (Kuhn poker: at most two moves per seat) the left-out terms are one later state's KL.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from marllm.algorithms.rollout import Rollout, RolloutCollector
 from marllm.models.devices import autocast_for
 from marllm.models.legal_moves import (
     NORMALIZATIONS,
+    check_moves_fit,
     exact_move_probabilities,
     first_token_scores,
     move_tensors,
@@ -67,8 +78,9 @@ class MoveScoreCollector(RolloutCollector):
         with autocast_for(self.model, self.config.autocast_dtype):
             model, tokenizer, generation = self.model, self.tokenizer, self.generation
             return exact_move_probabilities(
-                model, tokenizer, prompts, legal_moves, "score", generation, self.normalization, self.device
-            )
+                model, tokenizer, prompts, legal_moves, "score", generation, self.normalization, self.device,
+                f"learner {self.name!r}",
+            )  # fmt: skip
 
     def scores(
         self, model: Any, columns: Mapping[str, torch.Tensor], with_values: bool
@@ -91,6 +103,8 @@ class MoveScoreCollector(RolloutCollector):
         assert legal_moves is not None
         self.activate()
         columns = move_tensors(self.tokenizer, prompts, legal_moves, self.generation.chat_template, self.device)
+        longest = (columns["moves"] >= 0).sum(-1).amax(-1)  # (B,): each prompt's longest move
+        check_moves_fit(prompts, columns["attention_mask"], longest, self.context_length, f"learner {self.name!r}")
         table, values = self.scores(self.model, columns, with_values=True)
         action = torch.multinomial(table.exp(), 1)  # (B, 1): one move per row
         with self.reference_model() as reference:

@@ -205,8 +205,9 @@ class RolloutCollector:
         self.activate()
         with autocast_for(self.model, self.config.autocast_dtype):
             return exact_move_probabilities(
-                self.model, self.tokenizer, prompts, legal_moves, self.actions, self.generation, device=self.device
-            )
+                self.model, self.tokenizer, prompts, legal_moves, self.actions, self.generation,
+                device=self.device, owner=f"learner {self.name!r}",
+            )  # fmt: skip
 
     def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
         """Sample responses without recording anything (evaluation; deploying the agent alone)."""

@@ -16,10 +16,19 @@ from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml
 from marllm.config.paths import absolute_config_paths
 from marllm.config.train_config import TrainConfig, per_learner  # noqa: F401 - per_learner re-exported
 
+GAME_REPETITION_PENALTY = 1.0
+"""``generation.repetition_penalty`` of a config with a ``game`` section that does not set it, in every action mode: a
+game's prompt names its legal moves, so any penalty > 1 would fall on exactly the tokens a move is made of (under
+``score`` no processor applies, whatever the setting)."""
+
 
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
-    """Build and check a :class:`TrainConfig` from plain data; errors name the offending key."""
+    """Build and check a :class:`TrainConfig` from plain data; errors name the offending key. A game's generation
+    defaults differ from a text task's in one setting: :data:`GAME_REPETITION_PENALTY`."""
     data = dict(data)
+    generation = data.get("generation")
+    if data.get("game") is not None and (generation is None or isinstance(generation, Mapping)):
+        data["generation"] = {"repetition_penalty": GAME_REPETITION_PENALTY, **(generation or {})}
     task = data.get("task", {})
     if isinstance(task, dict):
         kind = task.get("name", "sentiment")

@@ -211,8 +211,9 @@ class ModelPlayer(FixedPlayer):
             )
         device = next(self.model.parameters()).device
         return exact_move_probabilities(
-            self.model, self.tokenizer, prompts, legal_moves, self.actions, self.generation, self.normalization, device
-        )
+            self.model, self.tokenizer, prompts, legal_moves, self.actions, self.generation, self.normalization, device,
+            self.name,
+        )  # fmt: skip
 
 
 def answers_by_budget(

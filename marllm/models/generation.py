@@ -112,10 +112,20 @@ def encode_prompts(
     return tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
+FREE_TEXT_BUDGET = "lower generation.max_new_tokens"
+"""What shortens the answer of a free-text response (the remedy :func:`check_prompt_lengths` names by default)."""
+
+
 def check_prompt_lengths(
-    prompts: Sequence[str], prompt_mask: torch.Tensor, budget: int, context: int | None, owner: str
+    prompts: Sequence[str],
+    prompt_mask: torch.Tensor,
+    budget: int | torch.Tensor,
+    context: int | None,
+    owner: str,
+    budget_remedy: str = FREE_TEXT_BUDGET,
 ) -> None:
-    """Every prompt must have a token, and prompt + ``budget`` new tokens must fit in ``context``."""
+    """Every prompt must have a token, and prompt + ``budget`` new tokens (one for all, or (B,) per prompt) must fit
+    in ``context``; ``budget_remedy`` says what would shorten the answer, in the error."""
     lengths = prompt_mask.sum(1)
     empty = torch.nonzero(lengths == 0).flatten().tolist()
     if empty:
@@ -124,11 +134,12 @@ def check_prompt_lengths(
         too_long = torch.nonzero(lengths + budget > context).flatten().tolist()
         if too_long:
             i = too_long[0]
+            new = int(budget[i]) if isinstance(budget, torch.Tensor) else budget
             raise PromptTooLongError(
-                f"{owner}: prompt {i} has {int(lengths[i])} tokens; with up to {budget} new tokens it exceeds the "
+                f"{owner}: prompt {i} has {int(lengths[i])} tokens; with up to {new} new tokens it exceeds the "
                 f"model context of {context} ({len(too_long)} prompt(s) too long; prompt {i} starts "
                 f"{prompts[i][:80]!r}). Shorten the prompt (env.templates or game.templates, or what it shows: a "
-                "task's query, a game's state), lower generation.max_new_tokens, or use a model of longer context"
+                f"task's query, a game's state), {budget_remedy}, or use a model of longer context"
             )
 
 
@@ -207,8 +218,10 @@ def generate_responses(
     owner: str = "generation",
     capture: bool = False,
     restriction: Callable[[int], LogitsProcessor] | None = None,
+    budget_remedy: str = FREE_TEXT_BUDGET,
 ) -> GeneratedBatch:
-    """Sample one response of at most ``budget`` tokens per prompt, all prompts in one ``generate`` call.
+    """Sample one response of at most ``budget`` tokens per prompt, all prompts in one ``generate`` call (a prompt
+    that leaves too little of the model's ``context`` is refused, the error naming ``budget_remedy``).
 
     Sampling goes through :func:`sampling_processors` and nothing else: ``generate``'s own processors are all left off.
     With ``capture``, the batch also holds the logits and last hidden states of ``generate``'s forwards at every
@@ -221,7 +234,7 @@ def generate_responses(
     encoded = encode_prompts(tokenizer, prompts, generation.chat_template, owner)
     prompt_ids = encoded["input_ids"].to(device)  # (B, P), left-padded
     prompt_mask = encoded["attention_mask"].to(device)
-    check_prompt_lengths(prompts, prompt_mask, budget, context, owner)
+    check_prompt_lengths(prompts, prompt_mask, budget, context, owner, budget_remedy)
     return sample_after(model, tokenizer, prompt_ids, prompt_mask, budget, generation, owner, capture, restriction)
 
 

@@ -17,7 +17,13 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from marllm.models.generation import GeneratedBatch, encode_prompts, generate_responses, logprob_logits
+from marllm.models.generation import (
+    GeneratedBatch,
+    check_prompt_lengths,
+    encode_prompts,
+    generate_responses,
+    logprob_logits,
+)
 from marllm.models.generation_config import GenerationConfig
 from marllm.models.move_tries import (
     LegalMovesProcessor,
@@ -27,12 +33,18 @@ from marllm.models.move_tries import (
     move_tries,
     restrict_logits,
 )
-from marllm.models.policy import ValueHead
+from marllm.models.policy import ValueHead, context_length
 from marllm.models.prefix_forward import (
     last_position_forward,
     prompt_then_moves_forward,
     shared_prefix_response_forward,
 )
+
+MOVE_BUDGET = (
+    "shorten the legal moves' names (a constrained or scored answer is its move's tokens, and EOS under constrained; "
+    "generation.max_new_tokens does not bound it)"
+)
+"""What shortens a move answer, in the error of a prompt too long for the model's context."""
 
 NORMALIZATIONS = ("none", "token", "word")
 """How ``score`` normalises a move's log-likelihood: its sum, its mean per token, or its sum per word."""
@@ -87,6 +99,7 @@ def generate_moves(
         owner,
         capture,
         restriction=lambda prompt_length: LegalMovesProcessor(tries, prompt_length, eos),
+        budget_remedy=MOVE_BUDGET,
     )
     allowed, moves = allowed_tokens(batch.response, tries, eos)
     batch.texts = tuple(names[m] for names, m in zip(legal_moves, moves, strict=True))
@@ -293,6 +306,25 @@ def constrained_logprobs(
     return torch.where(packed.mask > 0, token_logprobs(logits, packed.response), 0.0).sum(1)
 
 
+def check_moves_fit(
+    prompts: Sequence[str],
+    prompt_mask: torch.Tensor,
+    answer_lengths: torch.Tensor,
+    context: int | None,
+    owner: str,
+) -> None:
+    """Every prompt (``prompt_mask`` (B, P)) followed by its longest legal move's answer (``answer_lengths`` (B,):
+    tokens, EOS included where the mode adds one) must fit in the model's ``context``; the error says so in one
+    line, naming the prompt and the context (rather than a position embedding's IndexError)."""
+    check_prompt_lengths(prompts, prompt_mask, answer_lengths, context, owner, MOVE_BUDGET)
+
+
+def longest_move_per_prompt(packed: PackedMoves) -> torch.Tensor:
+    """The longest packed move (tokens, EOS included where packed with it) of each prompt (B,)."""
+    lengths = packed.mask.sum(1)
+    return lengths.new_zeros(len(packed.counts)).scatter_reduce(0, packed.rows, lengths, "amax")
+
+
 def exact_move_probabilities(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -302,6 +334,7 @@ def exact_move_probabilities(
     generation: GenerationConfig,
     normalization: str = "token",
     device: torch.device | str = "cpu",
+    owner: str = "move probabilities",
 ) -> list[list[float]]:
     """Each legal move's exact probability after each prompt (in the order of ``legal_moves``) under ``score``
     (normalised by ``normalization``) or ``constrained`` answers: the probability with which :func:`generate_moves`
@@ -312,16 +345,18 @@ def exact_move_probabilities(
     Raises:
         ValueError: ``actions`` is neither (free-text answers' move probabilities can only be sampled).
     """
+    if actions not in ("score", "constrained"):
+        raise ValueError(
+            f"exact move probabilities need constrained or score answers, not {actions!r}; sample them instead"
+        )
+    packed = pack_moves(tokenizer, prompts, legal_moves, generation.chat_template, actions == "constrained", device)
+    prompt_mask = packed.attention_mask[:, : packed.prompt_length]
+    first = torch.searchsorted(packed.rows, torch.arange(len(packed.counts), device=packed.rows.device))
+    check_moves_fit(prompts, prompt_mask[first], longest_move_per_prompt(packed), context_length(model), owner)
     if actions == "score":
-        packed = pack_moves(tokenizer, prompts, legal_moves, generation.chat_template, False, device)
         return per_prompt(packed, score_logprobs(model, packed, normalization)[0])
-    if actions == "constrained":
-        packed = pack_moves(tokenizer, prompts, legal_moves, generation.chat_template, True, device)
-        played = replace(generation, logprobs_from="sampling")  # the sampler's distribution, not the tempered π
-        return per_prompt(packed, constrained_logprobs(model, packed, played, tokenizer.eos_token_id))
-    raise ValueError(
-        f"exact move probabilities need constrained or score answers, not {actions!r}; sample them instead"
-    )
+    played = replace(generation, logprobs_from="sampling")  # the sampler's distribution, not the tempered π
+    return per_prompt(packed, constrained_logprobs(model, packed, played, tokenizer.eos_token_id))
 
 
 def per_prompt(packed: PackedMoves, logprobs: torch.Tensor) -> list[list[float]]:
