@@ -75,7 +75,7 @@ def test_liars_dice_shows_the_seats_dice_and_the_bids():
     state = environment.games[0].unwrapped.game_state
     mine = state.information_state_string(0)
     prompt = environment.observe("player_0")["prompt"][0]
-    assert f"Your dice: {mine[0]}, {mine[1]}.\nBids so far: none yet (you bid first)." in prompt
+    assert f"Your dice: {mine[0]}, {mine[1]}.\nBids so far: none (you bid first)." in prompt
     assert "rolls 2 6-sided dice in secret" in prompt and "'Liar'" in prompt
     environment.step(("1-4",))
     assert "Bids so far: player 0: 1-4." in environment.observe("player_1")["prompt"][0]

@@ -366,7 +366,7 @@ def test_simultaneous_moves_stay_hidden_until_the_round_is_complete():
     assert second["history"] == ((),)
     environment.step(("rock",))
     first = environment.observe("player_0")
-    assert "Round 1 of 2: you paper, opponent rock\nThis is round 2 of 2." in first["prompt"][0]
+    assert "Rounds so far (you-opponent): paper-rock.\nThis is round 2 of 2." in first["prompt"][0]
     assert "paper     1, -1     0, 0      -1, 1" in first["prompt"][0]  # the payoff table, from PettingZoo's rule
 
 

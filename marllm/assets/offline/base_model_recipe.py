@@ -45,9 +45,9 @@ class BaseModelRecipe:
     n_layer: int = 4
     n_embd: int = 128
     n_head: int = 4
-    n_positions: int = 256
-    block_size: int = 256
-    batch_size: int = 8
+    n_positions: int = 512
+    block_size: int = 512
+    batch_size: int = 4
     max_steps: int = 2000
     learning_rate: float = 4e-3
     warmup_steps: int = 40

@@ -17,7 +17,8 @@ __all__ = ["RECIPES", "RECIPE_ENV", "RECIPE_VERSION", "OfflineRecipe", "default_
 
 #: bumped whenever the code that builds an asset changes what it builds for the same parameters
 #: v2: numbers tokenised digit by digit, smaller numbers in the arithmetic problems
-#: v3: built on a fixed number of intra-op threads, so the bytes no longer depend on the machine's cores or load
+#: v3: built on a fixed number of intra-op threads, so the bytes no longer depend on the machine's cores or load;
+#:     a 512-token context (blocks of 512, 4 a step: the same tokens per step), which every game's default prompt fits
 RECIPE_VERSION = "offline-v3"
 
 

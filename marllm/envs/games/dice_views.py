@@ -27,10 +27,9 @@ class LiarsDiceView(OpenSpielView):
     def rules(self, game: AECEnv) -> str:
         dice, sides = self._parameters(game)
         return (
-            f"Each player rolls {dice} {sides}-sided {'die' if dice == 1 else 'dice'} in secret. In turn, players bid "
-            f"'q-f': at least q of all the players' dice show face f (a {sides} counts as any face); each bid must be "
-            "higher than the last. Instead of bidding, a player may call 'Liar' on the last bid: if the bid holds, the "
-            "caller loses, else the bidder loses."
+            f"Each player rolls {dice} {sides}-sided {'die' if dice == 1 else 'dice'} in secret. Bid in turn 'q-f' "
+            f"(at least q of all dice show f; {sides} is wild), each above the last, or call 'Liar': if the "
+            "last bid holds the caller loses, else the bidder."
         )
 
     def state(self, game: AECEnv, seat: str, moves: Sequence[Move]) -> str:
@@ -40,7 +39,7 @@ class LiarsDiceView(OpenSpielView):
         said = [f"{'you' if k % players == me else f'player {k % players}'}: {bid}" for k, bid in enumerate(bids)]
         return (
             f"You are player {me}. Your dice: {', '.join(dice)}.\n"
-            f"Bids so far: {'; '.join(said) if said else 'none yet (you bid first)'}."
+            f"Bids so far: {'; '.join(said) if said else 'none (you bid first)'}."
         )
 
 

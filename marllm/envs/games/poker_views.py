@@ -57,9 +57,9 @@ class LeducPokerView(OpenSpielView):
 
     def rules(self, game: AECEnv) -> str:
         return (
-            "A deck of two Jacks, two Queens and two Kings. Each player antes 1 chip and gets one private card. Two "
-            "betting rounds (raises of 2 chips in round 1 and 4 in round 2, at most two raises per round); a public "
-            "card is revealed after round 1. At showdown a pair with the public card wins, else the higher card."
+            "Cards: two each of Jack, Queen, King; ante 1, one private card each. Two betting rounds (raises of 2, "
+            "then 4 chips; two a round at most), a public card after the first. A pair with it wins, else the higher "
+            "card."
         )
 
     def state(self, game: AECEnv, seat: str, moves: Sequence[Move]) -> str:
@@ -79,8 +79,8 @@ class LeducPokerView(OpenSpielView):
         lines = [
             f"You are player {fields.get('Player', '?')}. Your card: {card(fields['Private'])}.",
             f"Public card: {card(fields['Public']) if 'Public' in fields else 'not revealed yet'}.",
-            f"Betting round {round_number.group(1) if round_number else '?'}; pot {fields.get('Pot', '?')}; "
-            f"chips left (player 0, player 1): {fields.get('Money', '?')}.",
+            f"Round {round_number.group(1) if round_number else '?'}; pot {fields.get('Pot', '?')}; "
+            f"chips (player 0, player 1): {fields.get('Money', '?')}.",
             f"Round 1 betting: {betting(fields.get('Round1', ''))}. "
             f"Round 2 betting: {betting(fields.get('Round2', ''))}.",
         ]
