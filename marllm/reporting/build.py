@@ -165,6 +165,7 @@ def _run_summary(run: Run) -> dict[str, Any]:
         "status": run.status,
         "finished": run.finished,
         "kl_metric": run.kl_metric,
+        "exploitability_of": run.exploitability_of,
     }
 
 
@@ -215,6 +216,9 @@ def _runs_section(runs: Sequence[Run]) -> str:
     kl_metrics = {run.kl_metric for run in runs if run.kl_metric}
     if kl_metrics:
         lines += ["", "KL as logged: " + "; ".join(sorted(kl_metrics)) + "."]
+    measures = {run.exploitability_of for run in runs if run.exploitability_of}
+    if measures:
+        lines += ["", "Exploitability of " + "; ".join(sorted(measures)) + "."]
     return "\n".join(lines)
 
 

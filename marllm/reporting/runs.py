@@ -3,7 +3,8 @@
 A run directory holds ``run.json`` or ``config.yaml`` (marllm's record of a run, written when it starts: a directory
 with neither is refused, even one holding a ``metrics.jsonl``), and:
 
-- ``run.json``: ``{"name", "learners", "roles", "iterations", "kl_metric", "status", "completed_iterations"}``.
+- ``run.json``: ``{"name", "learners", "roles", "iterations", "kl_metric", "status", "completed_iterations"}``, and
+  ``exploitability_of`` where the run measures exploitability.
   When it is absent the run is named after its directory and its learners are read off the ``<learner>/...``
   metric keys. A run whose ``status`` is not ``finished`` is marked unfinished in the report; a ``run.json`` from
   before statuses were recorded counts as finished when its metrics have its ``iterations`` (see
@@ -62,6 +63,8 @@ class Run:
     eval_samples: tuple[dict[str, Any], ...] = ()
     samples: tuple[dict[str, Any], ...] = ()
     kl_metric: str | None = None
+    exploitability_of: str | None = None
+    """The distribution whose exploitability the run logged (``run.json``), None where it measured none."""
     tag: str = ""
     status: str = "finished"
     planned_iterations: int | None = None
@@ -200,6 +203,7 @@ def load_run(run_dir: Path | str) -> Run:
         eval_samples=tuple(eval_samples),
         samples=tuple(samples),
         kl_metric=kl_metric,
+        exploitability_of=measure if isinstance(measure := info.get("exploitability_of"), str) else None,
         status=state.status,
         planned_iterations=state.planned,
         eval_queries=eval_queries_of(run_dir / CONFIG_FILE),

@@ -32,6 +32,7 @@ from marllm.parallel.distributed import (
 )
 from marllm.run.checkpoint import CheckpointInfo, save_checkpoint
 from marllm.run.interrupts import StopSignals, TrainingInterrupted
+from marllm.run.measures import exploitability_measure, kl_metric
 from marllm.run.parts import Setup
 from marllm.run.resume import checkpoint_to_resume, load_to_resume, offline_assets_record
 from marllm.run.run_dir import (
@@ -60,8 +61,6 @@ from marllm.run.run_dir import (
 from marllm.run.run_log import RunLog, sample_rows
 from marllm.run.setup import build
 from marllm.run.skip_streaks import count_skips, skip_streaks
-
-KL_METRIC = "full-vocabulary KL(policy || reference) summed over response tokens, batch mean"
 
 
 @dataclass
@@ -220,7 +219,9 @@ def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> 
             overwrite_run_files(run_dir)
         present = [run_dir / name for name in RUN_FILES if (run_dir / name).exists()]
         run.preexisting = frozenset([*present, *run_entries(run_dir)])
-    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    measure = exploitability_measure(config)
+    header = f"# exploitability of {measure}\n" if measure is not None else ""  # a comment: the file still loads
+    (run_dir / CONFIG_FILE).write_text(header + yaml.safe_dump(config.to_dict(), sort_keys=False))
     write_run_info(run_dir, {**info, "status": "running", "completed_iterations": run.completed})
 
 
@@ -230,7 +231,8 @@ def _run_info(config: TrainConfig) -> dict[str, Any]:
         "learners": config.learner_ids,
         "roles": list(config.game.info.seats) if config.game is not None else config.env.roles,  # a game's seats
         "iterations": config.iterations,
-        "kl_metric": KL_METRIC,
+        "kl_metric": kl_metric(config),
+        **({"exploitability_of": measure} if (measure := exploitability_measure(config)) is not None else {}),
         **({"offline_assets": assets} if (assets := offline_assets_record(config)) is not None else {}),
     }
 
