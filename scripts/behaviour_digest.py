@@ -1,6 +1,8 @@
-"""Digest of what the main job's configs compute, to prove that a refactor changes no behaviour.
+"""Digest of what the main job's configs and a game run per action mode compute, to prove that a refactor changes no
+behaviour.
 
-Trains 3 iterations of each config below (and a 2-rank ``--nproc`` run of ``cory_offline``) into OUT, then writes
+Trains 3 iterations of each config below (a 2-rank ``--nproc`` run of ``cory_offline``, and Kuhn poker on the embedded
+base under each of ``game.actions``' four modes, its exploitability tabulated) into OUT, then writes
 ``OUT/digest.json``: per run, sha256 of ``metrics.jsonl`` with every ``time/*`` key removed, of ``samples.jsonl`` and
 of ``eval_samples.jsonl``. Run it before and after a change and compare the two files::
 
@@ -31,6 +33,11 @@ CONFIGS = {
     "propose_critique_revise_offline": ["examples/propose_critique_revise_offline.yaml"],
     "cory_offline_nproc2": ["examples/cory_offline.yaml", "--nproc", "2"],
 }
+# A game run per action mode, its exploitability tabulated at the last iteration: what a game run computes (moves
+# sampled, the tabulated policy, the update) shows in its metrics and samples.
+_KUHN = ["examples/games/kuhn_poker_offline.yaml", "game.exploitability_every=3", "game.exploitability_samples=8"]
+CONFIGS.update({f"kuhn_{actions}_offline": [*_KUHN, f"game.actions={actions}"]
+                for actions in ("generate", "constrained", "think", "score")})
 ITERATIONS = 3
 MARLLM = str(Path(sys.executable).with_name("marllm"))
 

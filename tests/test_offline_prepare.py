@@ -227,3 +227,21 @@ def test_the_recipe_of_marllm_assets_is_the_one_the_environment_names(monkeypatc
     with pytest.raises(ValueError) as unknown:
         default_recipe()
     assert str(unknown.value) == "$MARLLM_OFFLINE_RECIPE='tiny' names no offline recipe; known: ['full', 'small']"
+
+
+def test_a_preparation_compares_its_trained_files_with_the_published_bytes(prepared, home_copy, monkeypatch, capsys):
+    """Where the recipe has published hashes, the manifest says whether this machine reproduced them, and a file that
+    differs is named with both hashes; a recipe without published hashes records None."""
+    assets, _ = prepared
+    home, source = home_copy
+    recipe = tiny_recipe()
+    assert assets.manifest["reproduces_published"] is None  # nothing published for the tiny recipe
+    base = "base_model/model.safetensors"
+    monkeypatch.setitem(prepare_module.PUBLISHED_SHA256, recipe.key, {base: assets.manifest["files"][base]})
+    rebuilt = prepare(home, force=True, progress=False, recipe=recipe, corpus_source=source)
+    assert rebuilt.manifest["reproduces_published"] is True  # the same bytes from a second preparation
+    monkeypatch.setitem(prepare_module.PUBLISHED_SHA256, recipe.key, {base: "0" * 64})
+    capsys.readouterr()
+    rebuilt = prepare(home, force=True, progress=False, recipe=recipe, corpus_source=source)
+    assert rebuilt.manifest["reproduces_published"] is False
+    assert f"{base} has sha256 {assets.manifest['files'][base]}, not the published {'0' * 64}" in capsys.readouterr().err

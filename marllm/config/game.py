@@ -155,7 +155,8 @@ class GameConfig:
             one (an OpenSpiel game's maximum length), else 1000.
         action_normalization: ``score``'s normalisation of a move's log-likelihood: ``none`` (the sum over its
             tokens: favours short names), ``token`` (the mean per token, TWOSOME's token normalisation) or ``word``
-            (the sum divided by the name's words, TWOSOME's word normalisation).
+            (the sum divided by the name's words, TWOSOME's word normalisation). ``score`` only: another value than
+            ``token`` with another mode is refused.
     """
 
     name: str
@@ -191,6 +192,7 @@ class GameConfig:
         choice("game", self, "illegal", ILLEGAL_POLICIES)
         choice("game", self, "actions", ACTIONS)
         choice("game", self, "action_normalization", ACTION_NORMALIZATIONS)
+        self._check_normalization()
         choice("game", self, "policy_average", POLICY_AVERAGES)
         if self.max_moves is not None and self.max_moves < 1:
             raise ValueError(f"game.max_moves must be an integer >= 1 (answers per game) or null, got {self.max_moves}")
@@ -214,6 +216,18 @@ class GameConfig:
             check_game_templates(self.templates, self.info.seats)
         except (ValueError, TypeError) as error:
             raise ValueError(f"game.templates: {error}") from None
+
+    def _check_normalization(self) -> None:
+        """``action_normalization`` normalises ``score``'s move likelihoods: another mode would ignore a value other
+        than the default, so it is refused (the default is accepted with every mode, as the dataclass cannot tell it
+        from a value left out)."""
+        default = type(self).__dataclass_fields__["action_normalization"].default
+        if self.actions != "score" and self.action_normalization != default:
+            raise ValueError(
+                f"game.action_normalization: {self.action_normalization} applies to game.actions: score only (how it "
+                f"normalises a move's log-likelihood), and game.actions is {self.actions}, which would ignore it; "
+                "leave game.action_normalization out, or set game.actions: score"
+            )
 
     def check_actions(self, algorithms: dict[str, str], stop_at_eos: bool) -> None:
         """Refuse an action mode the run's learners cannot play: ``score`` with an algorithm other than ``ppo`` and

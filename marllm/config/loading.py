@@ -99,7 +99,10 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         try:
             value = parse_yaml(raw)
         except yaml.YAMLError as error:
-            raise ConfigError(f"override {override!r}: value is not valid YAML: {error}") from error
+            raise ConfigError(
+                f"override {override!r}: value is not valid YAML ({_yaml_problem(error)}); to give it as text, quote "
+                f"it for YAML inside the shell's quotes: {_quoted_override(key, raw)}"
+            ) from error
         parts = key.split(".")
         node = data
         for depth, part in enumerate(parts[:-1]):
@@ -111,6 +114,28 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             node = child
         node[parts[-1]] = value
     return data
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's complaint in one line: the problem and its column (the override's value is one line)."""
+    problem = getattr(error, "problem", None)
+    mark = getattr(error, "problem_mark", None)
+    if not problem:
+        return str(error).splitlines()[0] if str(error) else type(error).__name__
+    return f"{problem} at column {mark.column + 1}" if mark is not None else str(problem)
+
+
+def _quoted_override(key: str, raw: str) -> str:
+    """``key=raw`` as a shell word whose value YAML reads as the text ``raw``: a YAML double-quoted string inside
+    single shell quotes (``game.templates='"{board} Move:"'``), or, when ``raw`` holds a single quote, a YAML
+    single-quoted string inside double shell quotes."""
+    if "'" not in raw:
+        yaml_text = '"' + raw.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return f"{key}='{yaml_text}'"
+    yaml_text = "'" + raw.replace("'", "''") + "'"
+    for special in ("\\", '"', "$", "`"):
+        yaml_text = yaml_text.replace(special, "\\" + special)
+    return f'{key}="{yaml_text}"'
 
 
 def build(cls: type[T], data: Any, path: str = "") -> T:

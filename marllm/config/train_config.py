@@ -123,6 +123,12 @@ class TrainConfig:
                     "moves come in no such groups: use ppo or reinforce_pp"
                 )
         self.game.check_actions(self.learner_algorithms(), self.generation.stop_at_eos)
+        if self.game.actions == "score" and self.ppo.rollout_from_generate is True:
+            raise ValueError(
+                "ppo.rollout_from_generate: true takes the rollout's log-probs from generate, and game.actions: score "
+                "generates nothing (it draws each move from a softmax over the legal moves' scores), so it would be "
+                "ignored; leave ppo.rollout_from_generate at auto (or false), or use game.actions: generate"
+            )
         if self.logging.pass_at_k is not None:
             raise ValueError(
                 "logging.pass_at_k measures answers to a task's problems; a game config has none (marllm eval "

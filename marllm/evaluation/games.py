@@ -264,8 +264,14 @@ def check_opponents(game: GameConfig, opponents: Sequence[str]) -> None:
         if opponent == "mcts" and not game.info.sequential_perfect_information:
             raise ValueError(f"mcts plays turn-taking games of perfect information; {game.name} is not one")
         if opponent == "cfr":
+            if game.info.openspiel is None:
+                raise ValueError(
+                    "cfr solves small OpenSpiel games: it needs an OpenSpiel game (openspiel:<game string>, e.g. "
+                    f"openspiel:kuhn_poker) whose information states can be enumerated; {game.name} is a PettingZoo "
+                    "game"
+                )
             try:
-                enumerate_info_states(game.info.openspiel if game.info.openspiel is not None else game.name)
+                enumerate_info_states(game.info.openspiel)
             except NotEnumerableError as error:
                 raise ValueError(f"cfr solves small OpenSpiel games: {error}") from None
 

@@ -36,7 +36,7 @@ from marllm.assets.offline.base_model import train_base_model
 from marllm.assets.offline.corpus import load_raw_corpus, read_jsonl, split_corpus
 from marllm.assets.offline.home import resolve_home
 from marllm.assets.offline.pretraining import pretraining_threads
-from marllm.assets.offline.recipe import RECIPE_VERSION, OfflineRecipe, default_recipe
+from marllm.assets.offline.recipe import PUBLISHED_SHA256, RECIPE_VERSION, OfflineRecipe, default_recipe
 from marllm.assets.offline.sentiment_classifier import SentimentClassifier, train_reward_model
 from marllm.utils.files import (
     atomic_write_json,
@@ -247,8 +247,25 @@ def prepare(home: Path | None = None, force: bool = False, progress: bool = True
         bar.update()
         bar.close()
         manifest = _manifest(recipe, records, time.perf_counter() - started)
+        manifest["reproduces_published"] = _compare_with_published(recipe, manifest["files"])
         atomic_write_json(root / MANIFEST_FILE, manifest)
         return load_assets(home_path, recipe)
+
+
+def _compare_with_published(recipe: OfflineRecipe, files: dict[str, str]) -> bool | None:
+    """Whether the trained files are the published bytes (:data:`PUBLISHED_SHA256`), None where the recipe has none;
+    a difference is announced, naming each file and both hashes."""
+    published = PUBLISHED_SHA256.get(recipe.key)
+    if published is None:
+        return None
+    differ = [name for name, digest in published.items() if files.get(name) != digest]
+    for name in differ:
+        _announce(
+            f"offline assets: {name} has sha256 {files.get(name)}, not the published {published[name]}: this CPU "
+            "rounds differently from the machines the published figures were measured on (another instruction "
+            "set), so figures on the embedded base will not reproduce exactly here"
+        )
+    return not differ
 
 
 def _corpus_inputs(root: Path) -> dict[str, str]:

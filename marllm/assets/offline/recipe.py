@@ -13,7 +13,7 @@ from marllm.assets.offline.base_model import BaseModelRecipe
 from marllm.assets.offline.corpus import CorpusRecipe
 from marllm.assets.offline.sentiment_classifier import ClassifierRecipe
 
-__all__ = ["RECIPES", "RECIPE_ENV", "RECIPE_VERSION", "OfflineRecipe", "default_recipe"]
+__all__ = ["PUBLISHED_SHA256", "RECIPES", "RECIPE_ENV", "RECIPE_VERSION", "OfflineRecipe", "default_recipe"]
 
 #: bumped whenever the code that builds an asset changes what it builds for the same parameters
 #: v2: numbers tokenised digit by digit, smaller numbers in the arithmetic problems
@@ -86,6 +86,18 @@ RECIPES: dict[str, OfflineRecipe] = {
     ),
 }
 """The named recipes: ``full`` (the default) and ``small``. Each prepares into its own directory (its key)."""
+
+
+PUBLISHED_SHA256: dict[str, dict[str, str]] = {
+    # recipe key -> the sha256 of its trained files as prepared on the project's machines (x86-64, 2 cores), with
+    # which every figure on the embedded base was measured. Another CPU instruction set may round otherwise.
+    "060605bd48d1": {  # small
+        "base_model/model.safetensors": "800b0434d8c10ce6693b7bfca37a3e67f3fee7dec04730eca899142c316a1a3b",
+        "reward_model/weights.safetensors": "8144e33cd83054565d0126d921114ebc867f474318508e1dbc93e86b62eed176",
+    },
+}
+"""The published bytes of the named recipes' trained files: a preparation compares its own with them
+(``reproduces_published`` in the manifest) and says so where they differ."""
 
 
 def default_recipe() -> OfflineRecipe:

@@ -174,8 +174,15 @@ def load_game(game: Any) -> Any:
         if isinstance(game, pyspiel.Game):
             return game
         raise NotEnumerableError(f"{game!r} is not an OpenSpiel game; exact evaluation takes {VALID}")
+    string = game.removeprefix("openspiel:")
+    short, registered = string.split("(")[0].strip(), pyspiel.registered_names()
+    if short not in registered:  # refused here: OpenSpiel itself would print its whole list of games first
+        raise NotEnumerableError(
+            f"OpenSpiel cannot load {game!r} (it has no game {short!r}: pyspiel.registered_names() lists the "
+            f"{len(registered)} it has); exact evaluation takes {VALID}"
+        )
     try:
-        return pyspiel.load_game(game.removeprefix("openspiel:"))
+        return pyspiel.load_game(string)
     except pyspiel.SpielError as error:
         raise NotEnumerableError(f"OpenSpiel cannot load {game!r} ({str(error).splitlines()[0]})") from None
 
@@ -250,8 +257,9 @@ class _Walk:
             return
         if len(self.first) >= self.limit:
             raise NotEnumerableError(
-                f"{self.game} has more than {self.limit} information states; exact evaluation enumerates every one "
-                f"(it takes {VALID}): raise max_info_states, or evaluate by play (marllm eval --games)"
+                f"{self.game} has more than {self.limit} information states, too many to enumerate: exact evaluation "
+                f"(cfr, best_response, exploitability) enumerates every one and takes {VALID}; evaluate this game "
+                "by play instead (marllm eval --games)"
             )
         self.first[key] = InfoState(key, player, _seat(player), played, solved, moves, answers[player] + 1)
 
