@@ -19,34 +19,106 @@ from typing import Any
 import numpy as np
 import yaml
 
+from marllm.studies.aggregate import last_iterations_label
 from marllm.utils.jsonl import read_jsonl
 from marllm.utils.statistics import estimate, linear_trend
 
 METRICS = ("cooperation_rate", "payoff")
 
 
-def run_values(run_dir: Path, last: int) -> tuple[float, dict[str, float]]:
-    """A run's λ and, per metric, the mean over its learners of ``<learner>/game/<metric>`` over its last iterations."""
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    weight = config["agents"]["reward_coefficients"]
-    if not isinstance(weight, int | float):
-        raise ValueError(f"{run_dir}: agents.reward_coefficients is {weight!r}, not one λ")
+class NotAStudyError(ValueError):
+    """The directory given is not a study of reward coefficients over a social dilemma; the message says what it
+    lacks and what was expected."""
+
+
+def at_least_one(text: str) -> int:
+    """``--last``: an integer >= 1 (argparse's ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= 1 (the iterations averaged at the end of each run), got {text!r}"
+        )
+    return value
+
+
+def run_values(run_dir: Path, last: int) -> tuple[float, dict[str, float], int]:
+    """A run's λ, per metric the mean over its learners of ``<learner>/game/<metric>`` over its last ``last``
+    iterations, and how many iterations that mean took (fewer than ``last`` when the run is shorter).
+
+    Raises:
+        NotAStudyError: the run has no ``config.yaml``, its λ is not one number, or it logs no such metric.
+    """
+    if not (run_dir / "config.yaml").is_file():
+        raise NotAStudyError(f"{run_dir} has metrics.jsonl but no config.yaml (marllm train writes both)")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    weight = (config.get("agents") or {}).get("reward_coefficients")
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise NotAStudyError(
+            f"{run_dir}: agents.reward_coefficients is {weight!r}, not one λ (this script reads a study of one "
+            "reward coefficient over a two-seat game)"
+        )
     rows = [row for _, row in read_jsonl(run_dir / "metrics.jsonl")][-last:]
-    learners = config["game"]["seats"]
+    learners = (config.get("game") or {}).get("seats") or []
     values = {}
     for metric in METRICS:
-        per_learner = [[row[f"{learner}/game/{metric}"] for row in rows] for learner in dict.fromkeys(learners)]
+        try:
+            per_learner = [[row[f"{learner}/game/{metric}"] for row in rows] for learner in dict.fromkeys(learners)]
+        except KeyError as error:
+            raise NotAStudyError(
+                f"{run_dir}/metrics.jsonl has no {error.args[0]!r}: this script reads the game metrics "
+                f"{list(METRICS)} of a social dilemma's learners (game.seats)"
+            ) from None
+        if not per_learner or not rows:
+            raise NotAStudyError(f"{run_dir}: no game metrics (no iteration logged, or no game.seats in config.yaml)")
         values[metric] = float(np.nanmean(per_learner))
-    return float(weight), values
+    return float(weight), values, len(rows)
+
+
+def find_runs(study_dir: Path) -> list[Path]:
+    """The run directories of ``STUDY_DIR/runs`` that logged metrics.
+
+    Raises:
+        NotAStudyError: ``study_dir`` is not a directory, has no ``runs/`` folder, or none of its runs has metrics.
+    """
+    expected = "a study directory written by marllm study (e.g. runs/studies/lambda_ipd_offline), with a runs/ folder"
+    if not study_dir.is_dir():
+        what = "does not exist" if not study_dir.exists() else "is not a directory"
+        raise NotAStudyError(f"{study_dir} {what}; give {expected}")
+    if not (study_dir / "runs").is_dir():
+        run = (
+            " (it is one run's directory; give the study directory that holds its runs/)"
+            if (study_dir / "metrics.jsonl").exists()
+            else ""
+        )
+        raise NotAStudyError(f"{study_dir} has no runs/ folder{run}; give {expected}")
+    runs = sorted(p for p in (study_dir / "runs").iterdir() if (p / "metrics.jsonl").is_file())
+    if not runs:
+        raise NotAStudyError(f"{study_dir}/runs holds no run with metrics (a run's metrics.jsonl); give {expected}")
+    return runs
 
 
 def summarise(study_dir: Path, last: int) -> dict[str, Any]:
-    """Per metric: per λ the estimate over seeds, and the trend over λ of every run's value."""
-    runs = sorted(p for p in (study_dir / "runs").iterdir() if (p / "metrics.jsonl").exists())
-    if not runs:
-        raise SystemExit(f"{study_dir}/runs holds no run with metrics")
-    points = [run_values(run, last) for run in runs]
-    summary: dict[str, Any] = {"study": str(study_dir), "runs": len(points), "last_iterations": last}
+    """Per metric: per λ the estimate over seeds, and the trend over λ of every run's value.
+
+    Raises:
+        ValueError: ``last`` < 1.
+        NotAStudyError: ``study_dir`` is not a study of one reward coefficient (the message says what it lacks).
+    """
+    if last < 1:
+        raise ValueError(f"last must be an integer >= 1 (the iterations averaged at the end of each run), got {last}")
+    results = [run_values(run, last) for run in find_runs(study_dir)]
+    points = [(weight, values) for weight, values, _ in results]
+    averaged = [n for _, _, n in results]
+    summary: dict[str, Any] = {
+        "study": str(study_dir),
+        "runs": len(points),
+        "last_iterations": last,
+        "averaged_iterations": {"min": min(averaged), "max": max(averaged)},
+        "averaged_label": last_iterations_label(last, averaged),
+    }
     for metric in METRICS:
         by_weight: dict[float, list[float]] = defaultdict(list)
         for weight, values in points:
@@ -62,15 +134,22 @@ def _format(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The command line (see the module docstring); a directory that is not such a study exits with status 2 and
+    one line saying what it expected."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("study_dir", type=Path)
-    parser.add_argument("--last", type=int, default=5, help="iterations averaged at the end of each run")
+    parser.add_argument(
+        "--last", type=at_least_one, default=5, help="iterations averaged at the end of each run (>= 1)"
+    )
     parser.add_argument("--json", type=Path, help="also write the summary here")
-    args = parser.parse_args()
-    summary = summarise(args.study_dir, args.last)
+    args = parser.parse_args(argv)
+    try:
+        summary = summarise(args.study_dir, args.last)
+    except NotAStudyError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     for metric in METRICS:
-        print(f"\n{metric} (last {args.last} iterations, mean of the learners; 95% t intervals over seeds)")
+        print(f"\n{metric} ({summary['averaged_label']}, mean of the learners; 95% t intervals over seeds)")
         print("| λ | mean | 95% interval | seeds |\n|---|---|---|---|")
         for weight, e in summary[metric]["per_lambda"].items():
             print(f"| {weight} | {_format(e['mean'])} | [{_format(e['ci_low'])}, {_format(e['ci_high'])}] | {e['n']} |")

@@ -244,4 +244,5 @@ def test_a_preparation_compares_its_trained_files_with_the_published_bytes(prepa
     capsys.readouterr()
     rebuilt = prepare(home, force=True, progress=False, recipe=recipe, corpus_source=source)
     assert rebuilt.manifest["reproduces_published"] is False
-    assert f"{base} has sha256 {assets.manifest['files'][base]}, not the published {'0' * 64}" in capsys.readouterr().err
+    message = f"{base} has sha256 {assets.manifest['files'][base]}, not the published {'0' * 64}"
+    assert message in capsys.readouterr().err

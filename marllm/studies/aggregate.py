@@ -28,6 +28,7 @@ __all__ = [
     "Estimate",
     "estimate",
     "final_value",
+    "last_iterations_label",
     "mean_curve",
     "mean_over_learners",
     "pareto_front",
@@ -46,6 +47,23 @@ def final_value(values: Sequence[float] | np.ndarray, last_k: int = 5) -> float:
     if len(x) == 0:
         raise ValueError("final_value needs at least one value")
     return float(x[-last_k:].mean())
+
+
+def last_iterations_label(last_k: int, averaged: Sequence[int]) -> str:
+    """What final values averaged, for a report: ``last 5 iterations`` when every curve had ``last_k`` values, else
+    the counts actually taken (``averaged``: one per curve, each ``min(last_k, its length)``):
+    ``last 3 iterations (of 3: the runs are shorter than the 5 asked)`` or
+    ``last 2–5 iterations (all of a run shorter than the 5 asked)``."""
+    if last_k < 1:
+        raise ValueError(f"last_k must be at least 1, got {last_k}")
+    if not averaged:
+        return f"last {last_k} iteration{'' if last_k == 1 else 's'}"
+    low, high = min(averaged), max(averaged)
+    if low == high == last_k:
+        return f"last {last_k} iteration{'' if last_k == 1 else 's'}"
+    if low == high:
+        return f"last {low} iteration{'' if low == 1 else 's'} (of {low}: the runs are shorter than the {last_k} asked)"
+    return f"last {low}–{high} iterations (all of a run shorter than the {last_k} asked)"
 
 
 def mean_curve(

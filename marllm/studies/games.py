@@ -30,8 +30,10 @@ def cell_games(cell: Cell, last_k: int) -> list[dict[str, Any]]:
     return rows
 
 
-def games_lines(cells: list[dict[str, Any]], last_k: int) -> list[str]:
-    """The study report's "Games" section (empty when no cell played a game): a row per cell, learner and seat."""
+def games_lines(cells: list[dict[str, Any]], window: str) -> list[str]:
+    """The study report's "Games" section (empty when no cell played a game): a row per cell, learner and seat;
+    ``window`` says what each seed's final value averaged (``last 5 iterations``,
+    :func:`~marllm.studies.aggregate.last_iterations_label`)."""
     rows = [(cell["label"], row) for cell in cells for row in cell.get("games", [])]
     if not rows:
         return []
@@ -49,7 +51,7 @@ def games_lines(cells: list[dict[str, Any]], last_k: int) -> list[str]:
     ]  # fmt: skip
     header = ["cell", "learner", "seat", *(GAME_METRICS[m] for m in shown), "n"]
     return [
-        f"## Games (mean ± std over seeds of each seed's mean over its last {last_k} iterations)",
+        f"## Games (mean ± std over seeds of each seed's mean over its {window})",
         "",
         f"Per learner over every seat it played ({ALL_SEATS}) and per seat: the rates of games won, drawn and lost, "
         "the fraction of answers naming no legal move and the payoff per game"

@@ -35,6 +35,7 @@ from marllm.run.run_dir import WrongDirectoryError, has_run_record
 from marllm.studies.aggregate import (
     estimate,
     final_value,
+    last_iterations_label,
     mean_curve,
     pareto_front,
     welch_difference,
@@ -79,9 +80,11 @@ def build_study_report(study_dir: Path, last_k: int = 5) -> Path:
             figures.append((f"final metrics against {axis}", name))
     if plot_reward_vs_kl(cells, finals, pareto, colors, out / "reward_vs_kl.png"):
         figures.append(("final task reward vs final KL, with each variant's frontier", "reward_vs_kl.png"))
+    averaged = [n for s in summary_cells for n in s["final_iterations"]]
     summary = {
         "name": study.get("name", study_dir.name),
         "last_k": last_k,
+        "final_window": last_iterations_label(last_k, averaged),
         "excluded_runs": excluded,
         "cells": summary_cells,
         "comparisons": comparisons,
@@ -153,6 +156,7 @@ def _collect(study_dir: Path, study: dict[str, Any]) -> tuple[list[Cell], list[d
 def _summarize_cell(cell: Cell, last_k: int) -> dict[str, Any]:
     curves: dict[str, dict[str, Any]] = {}
     finals: dict[str, dict[str, Any]] = {}
+    averaged: set[int] = set()  # the iterations each seed's final values averaged: fewer than last_k if it is shorter
     for metric in METRICS:
         for learner in cell.series_names:
             seeds = cell.seed_series(metric, learner)
@@ -167,6 +171,8 @@ def _summarize_cell(cell: Cell, last_k: int) -> dict[str, Any]:
             }
             per_seed = [final_value(values, last_k) for _, values in seeds]
             finals.setdefault(metric, {})[learner] = {**estimate(per_seed).as_dict(), "per_seed": per_seed}
+            if learner == MEAN:
+                averaged.update(min(last_k, len(values)) for _, values in seeds)
     return {
         "label": cell.label,
         "variant": cell.variant,
@@ -175,6 +181,7 @@ def _summarize_cell(cell: Cell, last_k: int) -> dict[str, Any]:
         "seeds": cell.seeds,
         "runs": [run.path.name for run in cell.runs],
         "final": finals,
+        "final_iterations": sorted(averaged),
         "curves": curves,
         "role_gaps": _role_gaps(cell, last_k),
         "games": cell_games(cell, last_k),
@@ -270,17 +277,17 @@ def _final_rows(summary: dict[str, Any]) -> list[list[str]]:
 
 
 def _comparison_lines(summary: dict[str, Any]) -> list[str]:
-    k = summary["last_k"]
+    window = summary["final_window"]
     lines = [
-        f"- {row['a']} − {row['b']}, {METRICS[row['metric']]} ({row['learner']}) over the last {k} "
-        f"iterations: {fmt(row['diff'])} {_interval(row)} (n = {row['n_a']}, {row['n_b']})"
+        f"- {row['a']} − {row['b']}, {METRICS[row['metric']]} ({row['learner']}) over the {window}: "
+        f"{fmt(row['diff'])} {_interval(row)} (n = {row['n_a']}, {row['n_b']})"
         for row in summary["comparisons"]
     ]
     return lines or ["No comparison: fewer than two variants with finished runs."]
 
 
 def _markdown(summary: dict[str, Any], figures: list[tuple[str, str]]) -> str:
-    k = summary["last_k"]
+    window = summary["final_window"]
     lines = [f"# Study: {summary['name']}", ""]
     if summary["excluded_runs"]:
         lines += ["## Runs left out (failed, unfinished or unreadable)", ""]
@@ -302,19 +309,19 @@ def _markdown(summary: dict[str, Any], figures: list[tuple[str, str]]) -> str:
         "",
     ]
     lines += [
-        f"## Final values (mean over the last {k} iterations per seed, then across seeds)",
+        f"## Final values (mean over the {window} per seed, then across seeds)",
         "",
         "std is the sample std (ddof = 1); the interval is the 95% Student-t interval for the mean.",
         "",
     ]
     header = ["cell", "metric", "learner", "mean ± std", "95% interval", "n"]
     lines += [markdown_table(header, _final_rows(summary), escape=False), ""]
-    lines += games_lines(summary["cells"], k)
+    lines += games_lines(summary["cells"], window)
     lines += ["## Comparisons (Welch: difference of means, Welch–Satterthwaite t interval)", ""]
     lines += _comparison_lines(summary)
     gap_lines = [
         f"- {escape_cell(cell['label'])}: {gap['role']} − {gap['minus']}, task reward at the first iteration "
-        f"{fmt(gap['first_iteration']['mean'])} {_interval(gap['first_iteration'])}, over the last {k} iterations "
+        f"{fmt(gap['first_iteration']['mean'])} {_interval(gap['first_iteration'])}, over the {window} "
         f"{fmt(gap['final']['mean'])} {_interval(gap['final'])} (n = {gap['final']['n']})"
         for cell in summary["cells"]
         for gap in cell.get("role_gaps", [])
