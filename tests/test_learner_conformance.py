@@ -1,0 +1,164 @@
+"""The learner conformance suite (:mod:`marllm.testing`) over the matrix of algorithm × action mode × prefix sharing ×
+micro-batches (× the rollout taken from generate, where a mode allows it), on tiny models built here: every pair
+either keeps the invariants or is refused with its reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from marllm.algorithms import GenerationConfig, PPOConfig
+from marllm.algorithms.registry import AlgorithmOptions, build_learner
+from marllm.models import prefix_forward
+from marllm.testing import (
+    check_first_update_is_on_policy,
+    check_move_probabilities_are_played,
+    check_resume_equals_uninterrupted,
+)
+from tests.conftest import make_tiny_gpt2
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+ALGORITHMS = ["ppo", "reinforce_pp", "grpo", "rloo"]
+ACTIONS = ["generate", "constrained", "think", "score"]
+GROUPED = ("grpo", "rloo")  # compare the answers to one prompt: the batch holds each prompt twice in a row
+# Prompts that share a long beginning (the rules, 20+ tokens), as a game's do; moves of several tokens, two names that
+# share their first tokens, none the beginning of another.
+RULES = "this movie was good and the acting was great , the story is fine and the music is great . "
+ENDINGS = ["i loved the story", "bad", "what a terrible waste of time , bad from start", "good"]
+MOVES = [["good", "bad"], ["pass", "bet"], ["a b c", "a b d", "the story"], ["good", "bad"]]
+# Every processor on; the ratio of the tempered policy (the default), while moves are sampled after all of them.
+GENERATION = GenerationConfig(min_new_tokens=1, max_new_tokens=3, temperature=1.3, top_k=20, repetition_penalty=2.0)
+
+
+def observations(algorithm: str) -> tuple[list[dict], list[list[float]]]:
+    """One iteration: two turns of different sizes (the second merged with the first in the update), and rewards."""
+    rows = [0, 0, 2, 2] if algorithm in GROUPED else [0, 1, 2, 3]
+    second = [1, 1] if algorithm in GROUPED else [1, 3]
+    turns = [
+        {"prompt": [RULES + ENDINGS[i] for i in picked], "legal_moves": [MOVES[i] for i in picked]}
+        for picked in (rows, second)
+    ]
+    return turns, [[1.0, 0.0, -1.0, 0.5], [0.5, -0.5]]
+
+
+def maker(algorithm: str, actions: str, micro_batch_size: int | None, from_generate: bool = False):
+    config = PPOConfig(
+        mini_batch_size=6, ppo_epochs=1, micro_batch_size=micro_batch_size,
+        rollout_from_generate=True if from_generate else "auto",
+    )  # fmt: skip
+    options = AlgorithmOptions(actions=actions, group_size=2 if algorithm in GROUPED else 1)
+
+    def make():
+        tokenizer = make_tokenizer_once()
+        model, reference = make_tiny_gpt2(tokenizer, seed=1), make_tiny_gpt2(tokenizer, seed=2)
+        with torch.no_grad():  # logits large enough for the repetition penalty to move probabilities measurably
+            model.transformer.ln_f.weight.mul_(8)
+            reference.transformer.ln_f.weight.mul_(8)
+        torch.manual_seed(0)
+        return build_learner(
+            algorithm, "llm", options, model=model, tokenizer=tokenizer, reference=reference, config=config,
+            generation=GENERATION,
+        )  # fmt: skip
+
+    return make
+
+
+_TOKENIZER = []
+
+
+def make_tokenizer_once():
+    if not _TOKENIZER:
+        from tests.conftest import make_tokenizer
+
+        tokenizer = make_tokenizer()
+        tokenizer.padding_side = "left"
+        _TOKENIZER.append(tokenizer)
+    return _TOKENIZER[0]
+
+
+@pytest.fixture(params=["shared prefix", "whole prompts"])
+def prefix_sharing(request, monkeypatch):
+    if request.param == "whole prompts":
+        monkeypatch.setattr(prefix_forward, "MIN_SHARED_TOKENS", 10**6)
+    return request.param
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 1], ids=["whole mini-batches", "micro-batches of 1"])
+@pytest.mark.parametrize("actions", ACTIONS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_learner_and_action_mode_keeps_the_invariants_or_is_refused(
+    algorithm, actions, micro_batch_size, prefix_sharing
+):
+    make = maker(algorithm, actions, micro_batch_size)
+    turns, rewards = observations(algorithm)
+    if actions == "score" and algorithm in GROUPED:
+        with pytest.raises(ValueError, match=f"{algorithm} has no learner for score actions"):
+            make()
+        return
+    assert check_first_update_is_on_policy(make, turns, rewards) < 1e-5
+    assert check_resume_equals_uninterrupted(make, turns, rewards) < 1e-6
+    if actions in ("constrained", "score"):  # the modes that claim exact move probabilities
+        check_move_probabilities_are_played(make, turns[0]["prompt"][2], MOVES[2], samples=800)
+
+
+@pytest.mark.parametrize("actions", ["generate", "constrained"])
+@pytest.mark.parametrize("algorithm", ["ppo", "reinforce_pp"])
+def test_the_rollout_taken_from_generate_keeps_the_invariants(algorithm, actions):
+    make = maker(algorithm, actions, 2, from_generate=True)
+    turns, rewards = observations(algorithm)
+    assert check_first_update_is_on_policy(make, turns, rewards) < 1e-4  # generate's own forwards: rounding
+    assert check_resume_equals_uninterrupted(make, turns, rewards) < 1e-6
+
+
+def test_the_checks_fail_on_a_learner_that_breaks_an_invariant():
+    """The suite can fail: a learner whose rollout records log-probs off by 0.1, and one whose probabilities are not
+    those it plays, are each caught with the reason."""
+    make = maker("ppo", "constrained", None)
+    turns, rewards = observations("ppo")
+
+    def off_by_a_tenth():
+        learner = make()
+        collect = learner.collector.collect
+
+        def shifted(observation, role=None):
+            rollout = collect(observation, role)
+            rollout.tensors.logprobs = rollout.tensors.logprobs + 0.1
+            return rollout
+
+        learner.collector.collect = shifted
+        return learner
+
+    with pytest.raises(AssertionError, match="re-scores another distribution"):
+        check_first_update_is_on_policy(off_by_a_tenth, turns, rewards)
+
+    def tabulates_one_move():
+        learner = make()
+        learner.move_probabilities = lambda prompts, moves: [[1.0] + [0.0] * (len(row) - 1) for row in moves]
+        return learner
+
+    with pytest.raises(AssertionError, match="not those of the policy that plays"):
+        check_move_probabilities_are_played(tabulates_one_move, turns[0]["prompt"][0], MOVES[0], samples=1000)
+
+
+@pytest.mark.parametrize("actions", ["generate", "constrained", "think"])
+def test_sharing_the_prompts_beginning_changes_no_sample_and_no_log_prob(actions, monkeypatch):
+    """The same learner from the same generator, its prompts' common beginning computed once or the whole prompts
+    run: the same answers and the same recorded log-probs, under a repetition penalty, with a move that competes with
+    EOS ("1" against "10") and logits large enough for the penalty to matter."""
+    make = maker("ppo", actions, None)
+    prompts = [RULES + ending for ending in ENDINGS]
+    observation = {"prompt": prompts, "legal_moves": [["1", "10", "good"]] * len(prompts)}
+
+    def rollout():
+        learner = make()
+        torch.manual_seed(5)
+        answers = learner.act(observation)
+        b = learner.rollouts[-1].tensors
+        return answers, (b.logprobs * b.mask).sum(1)
+
+    shared = rollout()
+    monkeypatch.setattr(prefix_forward, "MIN_SHARED_TOKENS", 10**6)
+    whole = rollout()
+    assert shared[0] == whole[0]
+    torch.testing.assert_close(shared[1], whole[1], atol=1e-4, rtol=1e-4)
