@@ -91,6 +91,10 @@ RECIPES: dict[str, OfflineRecipe] = {
 PUBLISHED_SHA256: dict[str, dict[str, str]] = {
     # recipe key -> the sha256 of its trained files as prepared on the project's machines (x86-64, 2 cores), with
     # which every figure on the embedded base was measured. Another CPU instruction set may round otherwise.
+    "1671de9a7d6f": {  # full
+        "base_model/model.safetensors": "9fcda8bac103770813c50882ca3694783e8323516ae8cbf345b51095e0940cf6",
+        "reward_model/weights.safetensors": "8144e33cd83054565d0126d921114ebc867f474318508e1dbc93e86b62eed176",
+    },
     "060605bd48d1": {  # small
         "base_model/model.safetensors": "800b0434d8c10ce6693b7bfca37a3e67f3fee7dec04730eca899142c316a1a3b",
         "reward_model/weights.safetensors": "8144e33cd83054565d0126d921114ebc867f474318508e1dbc93e86b62eed176",
