@@ -36,9 +36,9 @@ def make_learner(
     )
 
 
-def assert_learns_to_say_good(learner, tokenizer, updates=40):
-    """Reward = share of response tokens equal to ' good'; its mean over the last 5 updates must exceed its mean over
-    the first 5 by 0.2."""
+def assert_learns_to_say_good(learner, tokenizer, updates=40, best_window=False):
+    """Reward = share of response tokens equal to ' good'; its mean over the last 5 updates (``best_window``: over the
+    best 5 in a row) must exceed its mean over the first 5 by 0.2."""
     target = tokenizer.encode(" good")[0]
 
     def reward(responses):
@@ -51,6 +51,8 @@ def assert_learns_to_say_good(learner, tokenizer, updates=40):
         learner.finish(reward(responses))
         history.append(learner.update()["task_reward"])
     start, end = np.mean(history[:5]), np.mean(history[-5:])
+    if best_window:
+        end = max(np.convolve(history, np.ones(5) / 5, mode="valid"))
     assert end > start + 0.2, f"reward did not rise: first 5 {history[:5]}, last 5 {history[-5:]}"
 
 
