@@ -17,8 +17,9 @@ from marllm.algorithms.registry import AlgorithmOptions, build_learner
 from marllm.cli import main
 from marllm.config import config_from_dict
 from marllm.envs.games import exact_move, first_legal_move
-from marllm.models.legal_moves import generate_moves, move_tensors, packed_from_tensors, score_logprobs
+from marllm.models.legal_moves import generate_moves, score_logprobs
 from marllm.models.move_tries import MoveTrie, move_continuations, restrict_logits
+from marllm.models.packed_moves import move_tensors, packed_from_tensors
 from marllm.models.policy import ready_for_generation
 from tests.conftest import make_tiny_gpt2
 from tests.test_games_config import game_config

@@ -78,7 +78,7 @@ def test_scored_moves_refuse_a_name_that_begins_another(tokenizer, normalization
     """A scored move has no end: "1" would collect "10"'s probability (and under ``none`` always score at least as
     high). Score mode refuses such a move set, naming the moves; constrained answers, which end with EOS, take it."""
     from marllm.algorithms.registry import AlgorithmOptions, build_learner
-    from marllm.models.legal_moves import scored_move_tokens
+    from marllm.models.packed_moves import scored_move_tokens
 
     tokenizer.padding_side = "left"
     with pytest.raises(ValueError, match=r"row 1: .*'1' is the beginning of '10'.*game.actions: constrained"):

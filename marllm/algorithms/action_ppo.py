@@ -43,10 +43,9 @@ from marllm.models.legal_moves import (
     check_moves_fit,
     exact_move_probabilities,
     first_token_scores,
-    move_tensors,
-    packed_from_tensors,
     score_logprobs,
 )
+from marllm.models.packed_moves import move_tensors, packed_from_tensors
 from marllm.models.policy import ValueHead
 
 
@@ -234,7 +233,7 @@ def move_scores(
     pad_token_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, M) log π(· | s) over each row's legal moves (−inf past them) under ``model``, and (B, 1) V(s) from
-    ``value_head`` (None without one), on ``device``. ``columns``: :func:`~marllm.models.legal_moves.move_tensors`'.
+    ``value_head`` (None without one), on ``device``. ``columns``: :func:`~marllm.models.packed_moves.move_tensors`'.
 
     Each distinct (prompt, legal moves) is computed once (a game's batch repeats its information states: Kuhn
     poker has 12), and where every move is one token, from one forward of the prompt alone

@@ -6,7 +6,7 @@ the legal moves' names (:mod:`marllm.models.move_tries`); a move's probability i
 restricted probabilities, its final EOS included. ``score`` (TWOSOME, Tan et al., 2024; GLAM, Carta et al., 2023):
 π(a | s) = softmax over the legal moves a of the model's log-likelihood of a's text after the prompt, normalised by
 ``none`` (the sum over its tokens), ``token`` (the mean per token) or ``word`` (the sum divided by its words).
-Every legal move of every row is one row of a packed batch (:func:`pack_moves`), scored in one forward.
+Every legal move of every row is one row of a packed batch (:mod:`marllm.models.packed_moves`), scored in one forward.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from marllm.models.generation import (
     GeneratedBatch,
     check_prompt_lengths,
-    encode_prompts,
     generate_responses,
     logprob_logits,
 )
@@ -33,12 +32,34 @@ from marllm.models.move_tries import (
     move_tries,
     restrict_logits,
 )
+from marllm.models.packed_moves import (
+    PackedMoves,
+    longest_move_per_prompt,
+    pack_moves,
+    per_prompt,
+)
 from marllm.models.policy import ValueHead, context_length
 from marllm.models.prefix_forward import (
     last_position_forward,
     prompt_then_moves_forward,
     shared_prefix_response_forward,
 )
+
+__all__ = [
+    "MOVE_BUDGET",
+    "NORMALIZATIONS",
+    "MoveSample",
+    "check_constrained",
+    "check_moves_fit",
+    "constrained_logprobs",
+    "exact_move_probabilities",
+    "first_token_scores",
+    "generate_moves",
+    "move_budget",
+    "normalized_likelihood",
+    "score_logprobs",
+    "token_logprobs",
+]
 
 MOVE_BUDGET = (
     "shorten the legal moves' names (a constrained or scored answer is its move's tokens, and EOS under constrained; "
@@ -118,101 +139,6 @@ def _depths(trie: MoveTrie) -> list[int]:
         for child in children.values():
             depth[child] = depth[node] + 1
     return depth
-
-
-@dataclass
-class PackedMoves:
-    """Every legal move of every row as one row ``[left-padded prompt (P) | move tokens (C), right-padded]``.
-
-    ``input_ids``/``attention_mask`` are (N, P+C), ``response``/``mask`` (N, C) (with ``with_eos``, each move's
-    tokens are followed by EOS); ``rows`` (N,) is each packed row's prompt, ``counts`` the moves per prompt,
-    ``words`` (N,) each move's words, ``tries`` each prompt's prefix tree.
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    prompt_length: int
-    response: torch.Tensor
-    mask: torch.Tensor
-    rows: torch.Tensor
-    counts: list[int]
-    words: torch.Tensor
-    tries: list[MoveTrie]
-
-    def per_row(self, values: torch.Tensor, fill: float = -torch.inf) -> torch.Tensor:
-        """(N,) per packed row -> (B, M) per prompt and move, ``fill`` beyond a prompt's moves."""
-        out = values.new_full((len(self.counts), max(self.counts)), fill)
-        columns = torch.cat([torch.arange(n, device=values.device) for n in self.counts])
-        return out.index_put((self.rows, columns), values)
-
-    def tries_per_packed_row(self) -> list[MoveTrie]:
-        """The prefix tree of each packed row's prompt."""
-        return [self.tries[b] for b in self.rows.tolist()]
-
-
-def scored_move_tokens(
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
-    legal_moves: Sequence[Sequence[str]],
-    chat_template: bool,
-) -> list[list[list[int]]]:
-    """:func:`~marllm.models.move_tries.move_continuations` for ``score``, which refuses a move whose tokens begin
-    another's: a move is scored by the likelihood of its tokens with nothing to end them, so the shorter one ("1")
-    would collect the longer one's ("10") probability as well, and under normalization ``none`` always score at least
-    as high (constrained answers end each move with EOS and have no such limit).
-
-    Raises:
-        ValueError: naming the row and the two moves.
-    """
-    continuations = move_continuations(tokenizer, prompts, legal_moves, chat_template)
-    for row, (ids, names) in enumerate(zip(continuations, legal_moves, strict=True)):
-        ordered = sorted(range(len(ids)), key=lambda m: ids[m])
-        # In sorted order a move that begins another comes right before one that it begins.
-        for shorter, longer in zip(ordered, ordered[1:], strict=False):
-            if ids[longer][: len(ids[shorter])] == ids[shorter]:
-                raise ValueError(
-                    f"row {row}: under game.actions: score the move {names[shorter]!r} is the beginning of "
-                    f"{names[longer]!r} (tokens {ids[shorter]} of {ids[longer]}): a scored move has no end, so it "
-                    f"would collect the longer move's probability too; rename the moves so that none begins "
-                    f"another, or use game.actions: constrained (each move ends with EOS)"
-                )
-    return continuations
-
-
-def pack_moves(
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
-    legal_moves: Sequence[Sequence[str]],
-    chat_template: bool,
-    with_eos: bool,
-    device: torch.device | str = "cpu",
-) -> PackedMoves:
-    """Pack every legal move of every prompt (:class:`PackedMoves`), tokens as
-    :func:`~marllm.models.move_tries.move_continuations` encodes them."""
-    encode = move_continuations if with_eos else scored_move_tokens
-    continuations = encode(tokenizer, prompts, legal_moves, chat_template)
-    pairs = [(b, m) for b, row in enumerate(continuations) for m in range(len(row))]
-    encoded = encode_prompts(tokenizer, [prompts[b] for b, _ in pairs], chat_template)
-    tails = [continuations[b][m] + ([tokenizer.eos_token_id] if with_eos else []) for b, m in pairs]
-    width = max(len(tail) for tail in tails)
-    response = torch.full((len(pairs), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(pairs), width), dtype=torch.long)
-    for i, tail in enumerate(tails):
-        response[i, : len(tail)] = torch.tensor(tail)
-        mask[i, : len(tail)] = 1
-    prompt_ids, prompt_mask = encoded["input_ids"], encoded["attention_mask"]
-    words = [max(1, len(legal_moves[b][m].split())) for b, m in pairs]
-    return PackedMoves(
-        input_ids=torch.cat([prompt_ids, response], 1).to(device),
-        attention_mask=torch.cat([prompt_mask, mask], 1).to(device),
-        prompt_length=prompt_ids.shape[1],
-        response=response.to(device),
-        mask=mask.to(device),
-        rows=torch.tensor([b for b, _ in pairs], device=device),
-        counts=[len(row) for row in continuations],
-        words=torch.tensor(words, dtype=torch.float32, device=device),
-        tries=move_tries(continuations),
-    )
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -319,12 +245,6 @@ def check_moves_fit(
     check_prompt_lengths(prompts, prompt_mask, answer_lengths, context, owner, MOVE_BUDGET)
 
 
-def longest_move_per_prompt(packed: PackedMoves) -> torch.Tensor:
-    """The longest packed move (tokens, EOS included where packed with it) of each prompt (B,)."""
-    lengths = packed.mask.sum(1)
-    return lengths.new_zeros(len(packed.counts)).scatter_reduce(0, packed.rows, lengths, "amax")
-
-
 def exact_move_probabilities(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -357,67 +277,3 @@ def exact_move_probabilities(
         return per_prompt(packed, score_logprobs(model, packed, normalization)[0])
     played = replace(generation, logprobs_from="sampling")  # the sampler's distribution, not the tempered π
     return per_prompt(packed, constrained_logprobs(model, packed, played, tokenizer.eos_token_id))
-
-
-def per_prompt(packed: PackedMoves, logprobs: torch.Tensor) -> list[list[float]]:
-    """(N,) log-probs -> each prompt's legal moves' probabilities, in the order of its legal moves."""
-    probabilities = logprobs.detach().double().exp().cpu()
-    out: list[list[float]] = [[] for _ in packed.counts]
-    for row, p in zip(packed.rows.tolist(), probabilities.tolist(), strict=True):
-        out[row].append(p)
-    return out
-
-
-def move_tensors(
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
-    legal_moves: Sequence[Sequence[str]],
-    chat_template: bool,
-    device: torch.device | str = "cpu",
-) -> dict[str, torch.Tensor]:
-    """A batch's prompts and legal moves as per-row tensors: ``input_ids``/``attention_mask`` (B, P) left-padded,
-    ``moves`` (B, M, C) each legal move's tokens (−1-padded, along M past a row's moves too) and ``move_words``
-    (B, M, 1) each move's words (−1 past a row's moves). :func:`packed_from_tensors` packs any rows of it."""
-    continuations = scored_move_tokens(tokenizer, prompts, legal_moves, chat_template)
-    encoded = encode_prompts(tokenizer, prompts, chat_template)
-    count = max(len(row) for row in continuations)
-    width = max(len(tokens) for row in continuations for tokens in row)
-    moves = torch.full((len(prompts), count, width), -1, dtype=torch.long)
-    words = torch.full((len(prompts), count, 1), -1.0)
-    for b, row in enumerate(continuations):
-        for m, tokens in enumerate(row):
-            moves[b, m, : len(tokens)] = torch.tensor(tokens)
-            words[b, m, 0] = max(1, len(legal_moves[b][m].split()))
-    return {
-        "input_ids": encoded["input_ids"].to(device),
-        "attention_mask": encoded["attention_mask"].to(device),
-        "moves": moves.to(device),
-        "move_words": words.to(device),
-    }
-
-
-def packed_from_tensors(
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    moves: torch.Tensor,
-    move_words: torch.Tensor,
-    pad_token_id: int,
-) -> PackedMoves:
-    """The :class:`PackedMoves` (without EOS, for ``score``) of rows of :func:`move_tensors`."""
-    legal = (moves >= 0).any(-1)  # (B, M)
-    rows, columns = torch.nonzero(legal, as_tuple=True)  # row-major: each row's moves in order
-    response = moves[rows, columns]  # (N, C)
-    mask = (response >= 0).long()
-    used = int(mask.sum(0).nonzero().max()) + 1  # the longest move of these rows
-    response, mask = response[:, :used].clamp_min(0).masked_fill(mask[:, :used] == 0, pad_token_id), mask[:, :used]
-    return PackedMoves(
-        input_ids=torch.cat([input_ids[rows], response], 1),
-        attention_mask=torch.cat([attention_mask[rows], mask], 1),
-        prompt_length=input_ids.shape[1],
-        response=response,
-        mask=mask,
-        rows=rows,
-        counts=legal.sum(1).tolist(),
-        words=move_words[rows, columns, 0].float(),
-        tries=[],
-    )
