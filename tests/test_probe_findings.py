@@ -19,6 +19,7 @@ from marllm.config import ConfigError, config_from_dict, load_config
 from marllm.config.loading import apply_overrides
 from marllm.studies.aggregate import last_iterations_label
 from marllm.studies.report import build_study_report
+from tests.test_games_config import game_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TICTACTOE = str(ROOT / "examples" / "games" / "tictactoe_offline.yaml")
@@ -154,15 +155,7 @@ def test_lambda_trend_on_a_directory_that_is_not_a_study_says_so_in_one_line(tmp
 # --- 3. config keys a mode would ignore -------------------------------------------------------------------------
 
 
-def _game(game: dict | None = None, **sections: dict) -> dict:
-    data = {
-        "model": {"name_or_path": "marllm:offline-base", "device": "cpu"},
-        "game": {"name": "tictactoe_v3", "seats": ["llm", "random"], "batch_size": 4, **(game or {})},
-        "ppo": {"mini_batch_size": 1},
-    }
-    for key, value in sections.items():
-        data[key] = {**data.get(key, {}), **value}
-    return data
+_game = game_config  # tic-tac-toe against random, PPO mini-batches of 1
 
 
 @pytest.mark.parametrize("actions", ["generate", "constrained", "think"])
