@@ -71,6 +71,10 @@ def main(out: Path, overrides: list[str] | None = None) -> None:
 
 def compare(before: Path, after: Path) -> None:
     for name in CONFIGS:
+        missing = [str(side) for side in (before, after) if not (side / name / "metrics.jsonl").is_file()]
+        if missing:  # a config added to the digest after BEFORE was made
+            print(f"{name}: not compared, no run in {' and '.join(missing)}")
+            continue
         old = [json.loads(line) for line in (before / name / "metrics.jsonl").read_text().splitlines()]
         new = [json.loads(line) for line in (after / name / "metrics.jsonl").read_text().splitlines()]
         changed, added, gone = set(), set(), set()
