@@ -630,8 +630,8 @@ def test_a_damaged_base_model_is_announced_before_it_is_rebuilt(prepared_home, t
     err = capsys.readouterr().err
     assert f"marllm: the offline assets in {weights.parents[1]} are damaged; rebuilding what does not verify" in err
     assert (
-        "marllm: offline assets: rebuilding base_model (pretraining the small GPT-2 base model: about 10 minutes on "
-        f"a small CPU) because {weights}: sha256 "
+        f"marllm: offline assets: rebuilding base_model ({prepare_module.PHASE_WORK['base_model']}) because "
+        f"{weights}: sha256 "
     ) in err
     assert "does not match the recorded" in err
 
