@@ -169,10 +169,7 @@ def _moves_forward(
     """The logits (N, C, V) that predict each packed move's tokens and V of its prompt (N,): each prompt computed once
     (the prompts' common beginning once for all), its moves on top of its cache
     (:func:`~marllm.models.prefix_forward.prompt_then_moves_forward`)."""
-    prompts = torch.arange(len(packed.counts), device=packed.rows.device)
-    first = torch.searchsorted(packed.rows, prompts).clamp_max(len(packed.rows) - 1)  # each prompt's first move
-    prompt_ids = packed.input_ids[first, : packed.prompt_length]
-    prompt_mask = packed.attention_mask[first, : packed.prompt_length]
+    prompt_ids, prompt_mask = packed.prompts()
     return prompt_then_moves_forward(
         model, prompt_ids, prompt_mask, packed.rows, packed.response, packed.mask, value_head
     )
@@ -270,9 +267,7 @@ def exact_move_probabilities(
             f"exact move probabilities need constrained or score answers, not {actions!r}; sample them instead"
         )
     packed = pack_moves(tokenizer, prompts, legal_moves, generation.chat_template, actions == "constrained", device)
-    prompt_mask = packed.attention_mask[:, : packed.prompt_length]
-    first = torch.searchsorted(packed.rows, torch.arange(len(packed.counts), device=packed.rows.device))
-    check_moves_fit(prompts, prompt_mask[first], longest_move_per_prompt(packed), context_length(model), owner)
+    check_moves_fit(prompts, packed.prompts()[1], longest_move_per_prompt(packed), context_length(model), owner)
     if actions == "score":
         return per_prompt(packed, score_logprobs(model, packed, normalization)[0])
     played = replace(generation, logprobs_from="sampling")  # the sampler's distribution, not the tempered π

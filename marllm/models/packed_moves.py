@@ -41,6 +41,12 @@ class PackedMoves:
         columns = torch.cat([torch.arange(n, device=values.device) for n in self.counts])
         return out.index_put((self.rows, columns), values)
 
+    def prompts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each prompt's left-padded ids and attention mask (B, P), read off its first packed move's row."""
+        indices = torch.arange(len(self.counts), device=self.rows.device)
+        first = torch.searchsorted(self.rows, indices).clamp_max(len(self.rows) - 1)
+        return self.input_ids[first, : self.prompt_length], self.attention_mask[first, : self.prompt_length]
+
     def tries_per_packed_row(self) -> list[MoveTrie]:
         """The prefix tree of each packed row's prompt."""
         return [self.tries[b] for b in self.rows.tolist()]

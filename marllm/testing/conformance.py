@@ -39,16 +39,18 @@ __all__ = [
 Observation = Mapping[str, Sequence[Any]]
 
 
-def _play(learner: Learner, observations: Sequence[Observation], rewards: Sequence[Sequence[float]]) -> None:
-    """One iteration's acting and rewards (every rollout rewarded, oldest first), without the update."""
+def _play(
+    learner: Learner, observations: Sequence[Observation], rewards: Sequence[Sequence[float]]
+) -> list[tuple[str, ...]]:
+    """One iteration's acting and rewards (every rollout rewarded, oldest first), without the update; its answers."""
     if len(observations) != len(rewards):
         raise ValueError(f"{len(observations)} observations but rewards for {len(rewards)}")
-    for observation in observations:
-        learner.act(observation)
+    answers = [tuple(learner.act(observation)) for observation in observations]
     for row_rewards, observation in zip(rewards, observations, strict=True):
         if len(row_rewards) != len(observation["prompt"]):
             raise ValueError(f"{len(observation['prompt'])} prompts but {len(row_rewards)} rewards")
         learner.finish(list(row_rewards))
+    return answers
 
 
 def check_first_update_is_on_policy(
@@ -147,9 +149,7 @@ def check_resume_equals_uninterrupted(
 
     def iteration(learner: Learner, k: int) -> list[tuple[str, ...]]:
         torch.manual_seed(seed + 100 + k)
-        answers = [tuple(learner.act(observation)) for observation in observations]
-        for row_rewards in rewards:
-            learner.finish(list(row_rewards))
+        answers = _play(learner, observations, rewards)
         learner.update()
         return answers
 
