@@ -36,7 +36,7 @@ _EXPORTS = {
     "GenerationConfig": "marllm.models.generation_config",
     "make_learners": "marllm.run.learners",
     "ModelPlacement": "marllm.run.learners",
-    "AlgorithmOptions": "marllm.algorithms.registry",
+    "AlgorithmOptions": "marllm.algorithms.catalog",
     "run_iteration": "marllm.loop",
     "train": "marllm.run.train",
     "TrainConfig": "marllm.config",
@@ -64,9 +64,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from marllm.algorithms.catalog import AlgorithmOptions
     from marllm.algorithms.ppo import PPOLearner
     from marllm.algorithms.ppo_config import PPOConfig
-    from marllm.algorithms.registry import AlgorithmOptions
     from marllm.config import TrainConfig, load_config
     from marllm.config.loading import ConfigError
     from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
-from marllm.algorithms.action_ppo import ActionPPOLearner, ActionReinforceLearner
-from marllm.algorithms.registry import AlgorithmOptions, build_learner
+from marllm.algorithms.actions import ScoreCollector
+from marllm.algorithms.catalog import AlgorithmOptions, build_learner
 from marllm.cli import main
 from marllm.config import config_from_dict
 from marllm.envs.games import exact_move, first_legal_move
@@ -200,7 +200,7 @@ def reinforce_score_learner(tokenizer, **ppo):
 @pytest.mark.parametrize("normalization", ["none", "token", "word"])
 def test_score_probabilities_are_a_softmax_of_the_moves_likelihoods(tokenizer, normalization):
     learner = score_learner(tokenizer, normalization)
-    assert isinstance(learner, ActionPPOLearner)
+    assert isinstance(learner.collector, ScoreCollector)
     probabilities = learner.move_probabilities(PROMPTS, SCORE_MOVES)
     for prompt, names, row in zip(PROMPTS, SCORE_MOVES, probabilities, strict=True):
         assert sum(row) == pytest.approx(1.0, abs=1e-6)
@@ -212,7 +212,7 @@ def test_score_probabilities_are_a_softmax_of_the_moves_likelihoods(tokenizer, n
 def test_action_level_learners_start_at_ratio_one(tokenizer, ppo, algorithm):
     torch.manual_seed(0)
     learner = score_learner(tokenizer, algorithm=algorithm, **ppo)
-    assert isinstance(learner, ActionPPOLearner if algorithm == "ppo" else ActionReinforceLearner)
+    assert isinstance(learner.collector, ScoreCollector) and learner.uses_critic == (algorithm == "ppo")
     answers = learner.act({"prompt": PROMPTS, "legal_moves": SCORE_MOVES})
     assert all(answer in names for answer, names in zip(answers, SCORE_MOVES, strict=True))
     learner.act({"prompt": PROMPTS[:2], "legal_moves": SCORE_MOVES[:2]})

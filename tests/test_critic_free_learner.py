@@ -168,7 +168,7 @@ def test_config_mixes_algorithms_and_trains_cory_with_grpo(tmp_path, tiny_lm_dir
 @pytest.mark.parametrize(
     ("agents", "env", "message"),
     [
-        ({"algorithm": "dpo"}, {}, "agents.algorithm of 'llm1' must be one of"),
+        ({"algorithm": "dpo"}, {}, "agents.algorithm of 'llm1': unknown algorithm 'dpo'; one of"),
         ({"algorithm": {"llm3": "grpo"}}, {"group_size": 2}, r"agents.algorithm names unknown learner\(s\) \['llm3'\]"),
         ({"algorithm": "rloo"}, {}, "agents.algorithm rloo .* set env.group_size >= 2, got 1"),
         ({}, {"group_size": 3}, r"env.group_size must be >= 1 and divide env.batch_size \(4\), got 3"),

@@ -6,13 +6,14 @@ from __future__ import annotations
 import inspect
 import typing
 
-from marllm.algorithms.action_ppo import ActionPPOLearner, MoveScoreCollector
+import pytest
+
+from marllm.algorithms.actions import COLLECTORS, ConstrainedCollector, ScoreCollector, ThinkCollector, TokenCollector
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.learner_arguments import LearnerArguments
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.ppo_steps import PPOSteps
-from marllm.algorithms.rollout import RolloutCollector
 from tests.test_ppo_learner import make_learner
 
 
@@ -25,7 +26,7 @@ def keyword_parameters(cls: type) -> dict[str, inspect.Parameter]:
 
 
 def test_learner_arguments_are_the_ppo_learners_shared_keywords():
-    shared = set(keyword_parameters(PPOLearner)) - {"actions"}
+    shared = set(keyword_parameters(PPOLearner)) - {"actions", "normalization"}
     assert set(typing.get_type_hints(LearnerArguments)) == shared
     assert LearnerArguments.__required_keys__ == {
         name for name, p in keyword_parameters(PPOLearner).items() if p.default is inspect.Parameter.empty
@@ -34,8 +35,7 @@ def test_learner_arguments_are_the_ppo_learners_shared_keywords():
 
 def test_subclasses_take_their_own_options_and_pass_the_rest_on():
     for cls, own in [
-        (CriticFreeLearner, {"algorithm", "group_size", "settings", "actions"}),
-        (ActionPPOLearner, {"normalization", "actions"}),
+        (CriticFreeLearner, {"algorithm", "group_size", "settings", "actions", "normalization"}),
     ]:
         parameters = inspect.signature(cls.__init__).parameters
         assert set(keyword_parameters(cls)) == own, cls
@@ -46,7 +46,7 @@ def test_the_learner_inherits_no_part_and_its_parts_share_its_objects(tokenizer)
     assert PPOLearner.__mro__ == (PPOLearner, object)
     learner = make_learner(tokenizer)
     collector = learner.collector
-    assert type(collector) is RolloutCollector
+    assert type(collector) is TokenCollector
     assert collector.model is learner.model and collector.value_head is learner.value_head
     assert collector.rng is learner._rng and collector.config is learner.config
     steps = learner._optimisation()
@@ -57,7 +57,18 @@ def test_the_learner_inherits_no_part_and_its_parts_share_its_objects(tokenizer)
     assert checkpoint.num_updates == learner.num_updates and checkpoint.pending == 0
 
 
-def test_the_score_learner_acts_through_its_own_collector(tokenizer):
-    learner = make_learner(tokenizer, learner_class=ActionPPOLearner, learner_kwargs={"normalization": "word"})
-    assert type(learner.collector) is MoveScoreCollector and learner.collector.normalization == "word"
-    assert learner.collector.actions == "score"
+@pytest.mark.parametrize("actions", sorted(COLLECTORS))
+def test_every_action_mode_is_a_collector_the_learner_owns(tokenizer, actions):
+    learner = make_learner(tokenizer, learner_kwargs={"actions": actions})
+    expected = {"generate": TokenCollector, "constrained": ConstrainedCollector, "think": ThinkCollector}
+    assert type(learner.collector) is expected.get(actions, ScoreCollector)
+    assert learner.collector.actions == actions and learner.collector.model is learner.model
+
+
+def test_the_normalization_is_scores_and_refused_with_another_mode(tokenizer):
+    learner = make_learner(tokenizer, learner_kwargs={"actions": "score", "normalization": "word"})
+    assert learner.collector.normalization == "word"
+    with pytest.raises(ValueError, match=r"normalization applies to actions \['score'\] only, not 'constrained'"):
+        make_learner(tokenizer, learner_kwargs={"actions": "constrained", "normalization": "word"})
+    with pytest.raises(ValueError, match="action_normalization must be one of"):
+        make_learner(tokenizer, learner_kwargs={"actions": "score", "normalization": "chars"})

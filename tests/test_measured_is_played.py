@@ -77,7 +77,7 @@ def test_a_free_text_player_answers_with_the_budgets_training_samples(tokenizer,
 def test_scored_moves_refuse_a_name_that_begins_another(tokenizer, normalization):
     """A scored move has no end: "1" would collect "10"'s probability (and under ``none`` always score at least as
     high). Score mode refuses such a move set, naming the moves; constrained answers, which end with EOS, take it."""
-    from marllm.algorithms.registry import AlgorithmOptions, build_learner
+    from marllm.algorithms.catalog import AlgorithmOptions, build_learner
     from marllm.models.packed_moves import scored_move_tokens
 
     tokenizer.padding_side = "left"
@@ -129,7 +129,7 @@ def test_a_game_config_defaults_to_no_repetition_penalty_a_text_task_keeps_its_o
 def test_every_action_mode_refuses_a_prompt_too_long_for_the_context_in_one_line(tokenizer, actions):
     """Acting and tabulating a move distribution check the prompt against the model's context as generate does
     (score mode died with the position embedding's IndexError), and say what shortens a move's answer."""
-    from marllm.algorithms.registry import AlgorithmOptions, build_learner
+    from marllm.algorithms.catalog import AlgorithmOptions, build_learner
     from marllm.evaluation.games import ModelPlayer
     from marllm.models.generation import PromptTooLongError
 

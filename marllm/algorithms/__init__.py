@@ -1,5 +1,6 @@
 """Learners: token-level PPO with KL control, the GRPO family (GRPO, RLOO, REINFORCE++), the Learner interface they
-share, the registry that names them, and the pure functions they are built from.
+share, the catalog that names them (:mod:`marllm.algorithms.catalog`), the action modes they act in
+(:mod:`marllm.algorithms.actions`), and the pure functions they are built from.
 
 The names below are loaded on first use, so that importing a settings module of this package (as the config does)
 does not load torch.
@@ -12,27 +13,24 @@ from typing import TYPE_CHECKING
 from marllm.utils.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "ActionPPOLearner": "marllm.algorithms.action_ppo",
-    "ActionReinforceLearner": "marllm.algorithms.action_ppo",
+    "ALGORITHMS": "marllm.algorithms.catalog",
     "AdaptiveKLController": "marllm.algorithms.kl_controller",
-    "AlgorithmOptions": "marllm.algorithms.registry",
+    "AlgorithmOptions": "marllm.algorithms.catalog",
     "CriticFreeConfig": "marllm.algorithms.critic_free_config",
     "CriticFreeLearner": "marllm.algorithms.critic_free_learner",
     "FixedKLController": "marllm.algorithms.kl_controller",
     "GenerationConfig": "marllm.algorithms.ppo_config",
     "KLController": "marllm.algorithms.kl_controller",
-    "LEARNERS": "marllm.algorithms.registry",
     "Learner": "marllm.algorithms.learner",
     "NonFiniteLossError": "marllm.algorithms.ppo_steps",
     "PPOConfig": "marllm.algorithms.ppo_config",
     "PPOLearner": "marllm.algorithms.ppo",
     "Rollout": "marllm.algorithms.rollout",
-    "register_learner": "marllm.algorithms.registry",
+    "build_learner": "marllm.algorithms.catalog",
 }
 
 __all__ = [
-    "ActionPPOLearner",
-    "ActionReinforceLearner",
+    "ALGORITHMS",
     "AdaptiveKLController",
     "AlgorithmOptions",
     "CriticFreeConfig",
@@ -40,17 +38,16 @@ __all__ = [
     "FixedKLController",
     "GenerationConfig",
     "KLController",
-    "LEARNERS",
     "Learner",
     "NonFiniteLossError",
     "PPOConfig",
     "PPOLearner",
     "Rollout",
-    "register_learner",
+    "build_learner",
 ]
 
 if TYPE_CHECKING:
-    from marllm.algorithms.action_ppo import ActionPPOLearner, ActionReinforceLearner
+    from marllm.algorithms.catalog import ALGORITHMS, AlgorithmOptions, build_learner
     from marllm.algorithms.critic_free_config import CriticFreeConfig
     from marllm.algorithms.critic_free_learner import CriticFreeLearner
     from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLController, KLController
@@ -58,7 +55,6 @@ if TYPE_CHECKING:
     from marllm.algorithms.ppo import PPOLearner
     from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
     from marllm.algorithms.ppo_steps import NonFiniteLossError
-    from marllm.algorithms.registry import LEARNERS, AlgorithmOptions, register_learner
     from marllm.algorithms.rollout import Rollout
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

@@ -1,4 +1,4 @@
-"""Settings of the critic-free learners (GRPO, RLOO, REINFORCE++) and the algorithm names, validated when built."""
+"""Settings of the critic-free learners (GRPO, RLOO, REINFORCE++), validated when built."""
 
 from __future__ import annotations
 
@@ -6,11 +6,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from marllm.utils.checks import choice
-
-ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_pp")
-"""The learner algorithms a config may name (``agents.algorithm``)."""
-
-CRITIC_FREE = ("grpo", "rloo", "reinforce_pp")
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any, Unpack
 import torch
 from tianshou.data import Batch
 
+from marllm.algorithms.catalog import AlgorithmOptions
 from marllm.algorithms.core import masked_mean
 from marllm.algorithms.critic_free import (
     aggregation_weights,
@@ -24,11 +25,13 @@ from marllm.algorithms.critic_free import (
     reinforce_plus_plus_advantages,
     rloo_advantages,
 )
-from marllm.algorithms.critic_free_config import CRITIC_FREE, CriticFreeConfig
+from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.learner_arguments import LearnerArguments
 from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.ppo_update import UpdateBatch
-from marllm.algorithms.registry import AlgorithmOptions, register_learner
+
+VARIANTS = ("grpo", "rloo", "reinforce_pp")
+"""The advantages :class:`CriticFreeLearner` computes (the catalog names that build it)."""
 
 
 class CriticFreeLearner(PPOLearner):
@@ -41,7 +44,7 @@ class CriticFreeLearner(PPOLearner):
             GRPO and RLOO compare the responses of a group and need at least 2; REINFORCE++ ignores groups.
         settings: where the KL goes, its estimator, the loss aggregation and GRPO's std scaling (None:
             :class:`CriticFreeConfig`'s defaults).
-        actions: ``"generate"`` or ``"constrained"`` answers (see :class:`PPOLearner`).
+        actions, normalization: how the learner acts, any mode (see :class:`PPOLearner`).
         **learner_kwargs: :class:`PPOLearner`'s other arguments (:class:`LearnerArguments`: ``model``,
             ``tokenizer``, ``reference``, ``config``, ``generation``, ``seed``, ``adapter``, ``kl_controller``,
             ``data_parallel``). ``config`` holds the optimiser, epoch, mini-batch, clip-range, KL-coefficient and
@@ -61,20 +64,37 @@ class CriticFreeLearner(PPOLearner):
         group_size: int = 1,
         settings: CriticFreeConfig | None = None,
         actions: str = "generate",
+        normalization: str | None = None,
         **learner_kwargs: Unpack[LearnerArguments],
     ):
-        if algorithm not in CRITIC_FREE:
-            raise ValueError(f"a critic-free learner's algorithm must be one of {list(CRITIC_FREE)}, got {algorithm!r}")
+        if algorithm not in VARIANTS:
+            raise ValueError(f"a critic-free learner's algorithm must be one of {list(VARIANTS)}, got {algorithm!r}")
         if algorithm in ("grpo", "rloo") and group_size < 2:
             raise ValueError(
                 f"{algorithm} compares the responses to the same query: it needs env.group_size >= 2, got "
                 f"{group_size}"
             )
-        super().__init__(name, actions=actions, **learner_kwargs)
+        super().__init__(name, actions=actions, normalization=normalization, **learner_kwargs)
         self.algorithm = algorithm
         self.group_size = group_size
         self.settings = settings or CriticFreeConfig()
         self._kl_coef = 0.0  # η of the update in progress, for the KL term of the loss
+
+    @classmethod
+    def from_options(
+        cls, learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any
+    ) -> CriticFreeLearner:
+        """The ``algorithm`` learner ``learner_id`` with the options' group size, critic-free settings and action
+        mode (the algorithm catalog's builder)."""
+        return cls(
+            learner_id,
+            algorithm=algorithm,
+            group_size=options.group_size,
+            settings=options.critic_free,
+            actions=options.actions,
+            normalization=options.action_normalization,
+            **learner_kwargs,
+        )
 
     def _advantages(self, b: Batch, scores: torch.Tensor, kl_coef: float) -> dict[str, torch.Tensor]:
         """``advantages`` and ``returns`` (B, L) and, for GRPO and RLOO, the ``outcome`` (B,) they compare."""
@@ -152,16 +172,3 @@ class CriticFreeLearner(PPOLearner):
         # (0 for an empty one).
         return aggregation_weights(mask, self.settings.loss_aggregation).sum(1)
 
-
-@register_learner(*CRITIC_FREE)
-def _critic_free_learner(
-    learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any
-) -> CriticFreeLearner:
-    return CriticFreeLearner(
-        learner_id,
-        algorithm=algorithm,
-        group_size=options.group_size,
-        settings=options.critic_free,
-        actions=options.actions,
-        **learner_kwargs,
-    )

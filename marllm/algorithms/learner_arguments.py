@@ -8,6 +8,7 @@ from typing import Any, NotRequired, TypedDict
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from marllm.algorithms.actions import COLLECTORS
 from marllm.algorithms.kl_controller import KLController
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.models.activations import fuse_tanh_gelus, recompute_activations_in_backward
@@ -85,7 +86,7 @@ def check_learner_settings(
     sharded: bool,
 ) -> None:
     """Refuse, in this order, settings a sharded model cannot train with, a chat template the tokenizer cannot apply,
-    and ``actions`` the learner does not play (:func:`check_actions`).
+    and ``actions`` that cannot be played with these settings (:func:`check_actions`).
 
     Raises:
         ValueError: naming the learner and what is wrong.
@@ -100,12 +101,11 @@ def check_learner_settings(
 
 
 def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
-    """Refuse ``actions`` that the learner's class does not play (its ``supported_actions``), constrained and
-    thought-then-move answers without an EOS to end them, and thought-then-move answers with log-probs taken from
-    ``generate`` (``ppo.rollout_from_generate: true``: a thought and its move are two generate calls)."""
-    supported = type(learner).supported_actions
-    if actions not in supported:
-        raise ValueError(f"learner {name!r}: {type(learner).__name__} plays actions {list(supported)}, not {actions!r}")
+    """Refuse an unknown action mode, constrained and thought-then-move answers without an EOS to end them, and
+    thought-then-move answers with log-probs taken from ``generate`` (``ppo.rollout_from_generate: true``: a thought
+    and its move are two generate calls)."""
+    if actions not in COLLECTORS:
+        raise ValueError(f"learner {name!r}: actions must be one of {list(COLLECTORS)}, got {actions!r}")
     if actions in ("constrained", "think"):
         check_constrained(tokenizer, generation, f"learner {name!r}")
     if actions == "think" and learner.config.rollout_from_generate is True:

@@ -6,8 +6,9 @@ actions with a per-token KL-penalised reward over a padded batch, so the loss is
 (:class:`tianshou.data.Batch`). As in tianshou's policies, an update is split in two: :meth:`PPOLearner._preprocess`
 computes, without gradients, everything its epochs need from a rollout (scores, token rewards, advantages, returns),
 and a :class:`~marllm.algorithms.ppo_steps.PPOSteps` runs the epochs on that. The learner is composed of parts with
-explicit inputs: acting is a :class:`~marllm.algorithms.rollout.RolloutCollector` it owns, the objective is in
-:mod:`marllm.algorithms.ppo_objective`, checkpoints a :class:`~marllm.algorithms.learner_checkpoint.LearnerCheckpoint`.
+explicit inputs: acting is the collector of its action mode (:mod:`marllm.algorithms.actions`), which also re-scores
+each mini-batch, the objective is in :mod:`marllm.algorithms.ppo_objective`, checkpoints a
+:class:`~marllm.algorithms.learner_checkpoint.LearnerCheckpoint`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from tianshou.data import Batch
 from tianshou.utils.statistics import RunningMeanStd
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from marllm.algorithms.actions import Collector, new_collector
+from marllm.algorithms.catalog import AlgorithmOptions
 from marllm.algorithms.kl_controller import KLController, kl_controller_from
 from marllm.algorithms.learner_arguments import (
     check_learner_arguments,
@@ -37,19 +40,15 @@ from marllm.algorithms.learner_arguments import (
 )
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
-from marllm.algorithms.ppo_objective import ppo_objective, ppo_target_stats, ppo_targets, token_loss
+from marllm.algorithms.ppo_objective import ppo_objective, ppo_target_stats, ppo_targets
 from marllm.algorithms.ppo_steps import NonFiniteLossError, PPOSteps
 from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_scores, update_stats
-from marllm.algorithms.registry import AlgorithmOptions, register_learner
-from marllm.algorithms.rollout import Rollout, RolloutCollector, finish_rollout, merge_rollouts
+from marllm.algorithms.rollout import Rollout, finish_rollout, merge_rollouts
 from marllm.models.policy import context_length, ready_for_generation
 from marllm.parallel.distributed import DataParallel
 from marllm.parallel.sharding import is_sharded
 
-__all__ = ["LEARNER_ACTIONS", "NonFiniteLossError", "PPOLearner", "Rollout"]
-
-LEARNER_ACTIONS = ("generate", "constrained", "think")
-"""How a token-level learner's answers are sampled (``game.actions``' token-level modes)."""
+__all__ = ["NonFiniteLossError", "PPOLearner", "Rollout"]
 
 
 class PPOLearner:
@@ -74,24 +73,26 @@ class PPOLearner:
         data_parallel: this process's rank of a data-parallel run (:mod:`marllm.parallel.distributed`), whose
             rollouts hold its slice of each batch; None for one process. Starting from rank 0's parameters, it
             computes over the global batch what PPO computes over a batch. Every rank must be given the same ``seed``.
-        actions: how an answer is sampled: ``"generate"`` (free text), ``"constrained"`` (a game's legal move,
-            token by token restricted to continuations of the names in ``observation["legal_moves"]``, then EOS) or
-            ``"think"`` (free text, then a constrained move: :mod:`marllm.models.thought_moves`). Every restricted
-            token keeps its restriction (``allowed``), and every forward that computes log-probs re-applies it, so
-            the log-probs, ratio, entropy and KL are those of the distribution sampled.
+        actions: how the learner acts (:mod:`marllm.algorithms.actions`): ``"generate"`` (free text),
+            ``"constrained"`` (a game's legal move, token by token restricted to continuations of the names in
+            ``observation["legal_moves"]``, then EOS), ``"think"`` (free text, then a constrained move) or ``"score"``
+            (one legal move drawn from the softmax of the moves' likelihoods). The rollout and every update re-score
+            actions the same way, so the log-probs, ratio, entropy and KL are those of the distribution played.
+        normalization: ``score``'s normalisation of a move's log-likelihood (``"none"``, ``"token"``, ``"word"``;
+            None: ``"token"``); refused with another mode.
 
     Everything after ``name`` is keyword-only. Subclasses change the algorithm through :meth:`_advantages` (what the
-    update trains towards) and :meth:`_objective` (the loss of a mini-batch); ``uses_critic = False`` drops the
-    value head. It acts through its :attr:`collector`, runs each update's optimiser steps with a :class:`PPOSteps`
-    (:meth:`_optimisation`) and saves and restores through a :class:`LearnerCheckpoint` of its parts.
+    update trains towards) and :meth:`_objective` (the loss of a mini-batch, from any action mode's re-scoring);
+    ``uses_critic = False`` drops the value head. It acts through its :attr:`collector`, runs each update's
+    optimiser steps with a :class:`PPOSteps` (:meth:`_optimisation`) and saves and restores through a
+    :class:`LearnerCheckpoint` of its parts.
     """
 
     uses_critic: bool = True
-    supported_actions: tuple[str, ...] = LEARNER_ACTIONS
-    """The ``actions`` this class plays (an action-level subclass plays ``score``)."""
-    collector: RolloutCollector
-    """What acts for this learner (sampling, scoring the rollout): :meth:`act`, :meth:`respond`,
-    :meth:`move_probabilities`, :meth:`sample_length`, :meth:`activate` and :meth:`reference_model` delegate to it."""
+    collector: Collector
+    """What acts for this learner in its action mode (sampling and scoring the rollout, re-scoring each mini-batch):
+    :meth:`act`, :meth:`respond`, :meth:`move_probabilities`, :meth:`sample_length`, :meth:`activate` and
+    :meth:`reference_model` delegate to it, and :meth:`_loss` is :meth:`_objective` of its ``rescore``."""
 
     def __init__(
         self,
@@ -107,6 +108,7 @@ class PPOLearner:
         kl_controller: KLController | None = None,
         data_parallel: DataParallel | None = None,
         actions: str = "generate",
+        normalization: str | None = None,
     ):
         self.name = name
         self.model = model
@@ -141,14 +143,10 @@ class PPOLearner:
         self._rng = np.random.default_rng(seed)
         self.rollouts: list[Rollout] = []
         self.num_updates = 0
-        self.collector = self._new_collector()
-
-    def _new_collector(
-        self, collector_class: type[RolloutCollector] = RolloutCollector, **options: Any
-    ) -> RolloutCollector:
-        """The :attr:`collector` this learner acts through: ``collector_class`` on this learner's parts (a subclass
-        that acts otherwise passes its own class and ``options``)."""
-        return collector_class(
+        self.collector = new_collector(
+            actions,
+            owner=f"learner {name!r}",
+            options=None if normalization is None else {"normalization": normalization},
             name=self.name,
             model=self.model,
             tokenizer=self.tokenizer,
@@ -158,17 +156,21 @@ class PPOLearner:
             generation=self.generation,
             value_head=self.value_head,
             context_length=self.context_length,
-            actions=self.actions,
             device=self.device,
             sharded=self.sharded,
             rng=self._rng,
-            **options,
         )
+
+    @classmethod
+    def from_options(cls, learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any) -> Any:
+        """The learner ``learner_id`` that the algorithm catalog builds (:mod:`marllm.algorithms.catalog`): the
+        options' action mode and normalisation, and every learner's keyword arguments (:class:`LearnerArguments`)."""
+        return cls(learner_id, actions=options.actions, normalization=options.action_normalization, **learner_kwargs)
 
     # ------------------------------------------------------------------------------------------------- acting
     def act(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:
-        """Sample one response per prompt of ``observation["prompt"]`` and record the rollout for PPO; constrained
-        answers (``actions="constrained"``) are restricted to the names of ``observation["legal_moves"]``."""
+        """Answer each prompt of ``observation["prompt"]`` in the learner's action mode (a game's modes choose among
+        ``observation["legal_moves"]``) and record the rollout for the update."""
         rollout = self.collector.collect(observation, role)
         self.rollouts.append(rollout)
         return rollout.responses
@@ -184,7 +186,7 @@ class PPOLearner:
 
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
         """Each legal move's exact probability of each prompt, in the order of ``legal_moves`` (constrained or scored
-        moves; see :meth:`RolloutCollector.move_probabilities`)."""
+        moves; see :meth:`~marllm.algorithms.actions.base.Collector.move_probabilities`)."""
         return self.collector.move_probabilities(prompts, legal_moves)
 
     def sample_length(self) -> int:
@@ -376,17 +378,11 @@ class PPOLearner:
         return ppo_target_stats(b)
 
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
-        """A mini-batch's loss and its parts (:func:`token_loss` of :meth:`_objective`)."""
-        return token_loss(
-            mb,
-            prompt_length,
-            model=self.model,
-            value_head=self.value_head,
-            generation=self.generation,
-            eos_token_id=self.tokenizer.eos_token_id,
-            autocast_dtype=self.config.autocast_dtype,
-            objective=self._objective,
-        )
+        """A mini-batch's loss and its parts: :meth:`_objective` of the collector's re-scoring of its actions (the
+        log-probs and values under the policy now), with the re-scoring's ``entropy`` and ``ratio``."""
+        rescored = self.collector.rescore(mb, prompt_length)
+        loss, parts = self._objective(mb, rescored.logprobs, rescored.values)
+        return loss, parts | rescored.stats
 
     def _objective(
         self, mb: Batch, logprobs: torch.Tensor, values: torch.Tensor | None
@@ -394,7 +390,3 @@ class PPOLearner:
         """PPO's loss of a mini-batch: the clipped surrogate plus ``vf_coef`` × the clipped value loss."""
         return ppo_objective(mb, logprobs, values, self.config)
 
-
-@register_learner("ppo")
-def _ppo_learner(learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any) -> PPOLearner:
-    return PPOLearner(learner_id, actions=options.actions, **learner_kwargs)

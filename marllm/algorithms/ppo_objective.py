@@ -1,6 +1,6 @@
-"""PPO's objective as pure functions of their inputs: the targets an update trains towards (:func:`ppo_targets`),
-the loss of a mini-batch of token-level answers (:func:`token_loss`: the policy's forward over prompt and response)
-and PPO's clipped loss on the log-probs and values it gives (:func:`ppo_objective`). The maths they compose is in
+"""PPO's objective as pure functions of their inputs: the targets an update trains towards (:func:`ppo_targets`) and
+PPO's clipped loss on the log-probs and values that an action mode's re-scoring of a mini-batch gives
+(:func:`ppo_objective`; :meth:`~marllm.algorithms.actions.base.Collector.rescore`). The maths they compose is in
 :mod:`marllm.algorithms.core`."""
 
 from __future__ import annotations
@@ -14,23 +14,15 @@ from marllm.algorithms.core import (
     clipped_policy_loss,
     clipped_value_loss,
     explained_variance,
-    floor_logprobs,
     gae,
-    logprobs_and_entropy,
     masked_mean,
     masked_whiten,
     token_rewards,
 )
-from marllm.models.devices import autocast_for
-from marllm.models.generation import logprob_logits
-from marllm.models.move_tries import restrict_logits
-from marllm.models.prefix_forward import shared_prefix_response_forward
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
 
-    from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
-    from marllm.models.policy import ValueHead
+    from marllm.algorithms.ppo_config import PPOConfig
 
 Objective = Callable[[Any, torch.Tensor, "torch.Tensor | None"], tuple[torch.Tensor, dict[str, float]]]
 """``objective(mini_batch, logprobs, values) -> (loss, parts)``: an algorithm's loss of a mini-batch from the
@@ -63,45 +55,6 @@ def ppo_target_stats(b: Any) -> dict[str, float]:
         "values/mean": masked_mean(b.values, b.mask).item(),
         "explained_variance": explained_variance(b.values, b.returns, b.mask),
     }
-
-
-def token_loss(
-    mb: Any,
-    prompt_length: int,
-    *,
-    model: PreTrainedModel,
-    value_head: ValueHead | None,
-    generation: GenerationConfig,
-    eos_token_id: int | None,
-    autocast_dtype: str | None,
-    objective: Objective,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """A mini-batch's loss and its parts: ``objective`` of the log-probs (and values) of its responses under
-    ``model`` now, with the mean ``entropy`` and ``ratio`` π/π_old over its response tokens added to the parts.
-
-    The log-probs are those of the distribution sampled (``generation``'s processing; constrained answers'
-    restriction, ``mb.allowed``, re-applied), floored where the updated policy's top-k/top-p no longer keeps a token.
-    """
-    with autocast_for(model, autocast_dtype):  # the forward only: the backward follows its dtypes
-        logits, values = shared_prefix_response_forward(
-            model, mb.input_ids, mb.attention_mask, prompt_length, value_head
-        )
-    if "allowed" in mb:  # constrained answers: the restriction they were sampled under, re-applied
-        logits = restrict_logits(logits, mb.allowed, inplace=True)
-    # The LM head's backward does not read its output: the gradient can take the logits' place.
-    sequences = (mb.input_ids, mb.attention_mask, prompt_length)
-    logits = logprob_logits(logits, *sequences, generation, eos_token_id, overwrite_logits=True)
-    # One pass over the logits for both. Nothing but the log-probs' backward reads the logits after this, so it
-    # writes their gradient over them: one (b, L, V) buffer for the forward and the backward.
-    logprobs, token_entropy = logprobs_and_entropy(logits, mb.response, overwrite_logits=True)
-    del logits
-    # With logprobs_from="sampling" a token the updated policy's top-k/top-p no longer keeps has log-prob −inf.
-    logprobs = floor_logprobs(logprobs)
-    loss, parts = objective(mb, logprobs, values)
-    with torch.no_grad():
-        parts["entropy"] = masked_mean(token_entropy, mb.mask).item()
-        parts["ratio"] = masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask).item()
-    return loss, parts
 
 
 def ppo_objective(

@@ -1,37 +1,18 @@
-"""The acting half of a learner: sampling responses, scoring them under the policy and the reference, and keeping
-them as :class:`Rollout` objects until their rewards arrive."""
+"""What a learner keeps of its acting until it updates: :class:`Rollout` (one batch of answers with what the update
+needs of the policy that played them), their rewards (:func:`finish_rollout`) and an iteration's turns merged into
+one batch (:func:`merge_rollouts`). The collectors that make rollouts are in :mod:`marllm.algorithms.actions`."""
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tianshou.data import Batch
 
-from marllm.algorithms.core import floor_logprobs, logprobs_and_full_kl, sampled_kl
-from marllm.models.devices import autocast_for
-from marllm.models.generation import (
-    GeneratedBatch,
-    generate_responses,
-    logprob_logits,
-    reference_logprob_logits,
-)
-from marllm.models.legal_moves import exact_move_probabilities, generate_moves
-from marllm.models.move_tries import pad_allowed, restrict_logits
-from marllm.models.prefix_forward import shared_prefix_response_forward
-from marllm.models.thought_moves import generate_thought_and_move
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-    from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
-    from marllm.models.policy import ValueHead
+from marllm.models.move_tries import pad_allowed
 
 
 @dataclass
@@ -125,200 +106,6 @@ def merge_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         timings=dict(timings),
         segments=tuple(size for r in rollouts for size in r.segment_sizes),
     )
-
-
-@dataclass(eq=False, kw_only=True)
-class RolloutCollector:
-    """Acting for a token-level learner, from explicit inputs: :meth:`collect` samples a rollout (recorded by the
-    learner, rewarded by :func:`finish_rollout`), :meth:`respond` samples without recording, and
-    :meth:`move_probabilities` gives constrained answers' exact probabilities.
-
-    :class:`~marllm.algorithms.ppo.PPOLearner` owns one and delegates its ``act``, ``respond``,
-    ``move_probabilities``, ``sample_length``, ``activate`` and ``reference_model`` to it.
-
-    Attributes:
-        name: the learner's id, for messages.
-        model: the policy (or the peft model that carries ``adapter``).
-        tokenizer: its tokenizer, left-padding.
-        reference: the frozen π_0; None: ``model``'s base with every adapter disabled.
-        adapter: the learner's LoRA adapter of ``model``, or None.
-        config: the PPO settings (autocast, forward batch size, rollout from generate, KL penalty).
-        generation: the sampling settings.
-        value_head: the value head (V_old of the rollout), or None.
-        context_length: the model's context window.
-        actions: ``"generate"`` (free text), ``"constrained"`` (a game's legal moves, token by token) or ``"think"``
-            (free text of the batch's budget, then a constrained move: :mod:`marllm.models.thought_moves`).
-        device: the policy's device.
-        sharded: whether ``model`` is sharded (FSDP).
-        rng: draws each batch's response budget (:meth:`sample_length`).
-    """
-
-    name: str
-    model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-    reference: PreTrainedModel | None
-    adapter: str | None
-    config: PPOConfig
-    generation: GenerationConfig
-    value_head: ValueHead | None
-    context_length: int | None
-    actions: str
-    device: torch.device
-    sharded: bool
-    rng: np.random.Generator
-
-    def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
-        """Sample one response per prompt of ``observation["prompt"]``, as a rollout awaiting its rewards;
-        constrained answers (``actions="constrained"``) are restricted to the names of ``observation["legal_moves"]``.
-        """
-        return self._rollout(tuple(observation["prompt"]), role, self.legal_moves(observation))
-
-    def legal_moves(self, observation: Mapping[str, Sequence[Any]]) -> list[list[str]] | None:
-        """Each row's legal moves' names, None for free-text answers.
-
-        Raises:
-            ValueError: the answers need legal moves and ``observation`` has none.
-        """
-        if self.actions == "generate":
-            return None
-        if "legal_moves" not in observation:
-            raise ValueError(
-                f"learner {self.name!r} answers with {self.actions} actions, which need the game's legal moves "
-                "(observation['legal_moves']); a text task has none: use game.actions: generate"
-            )
-        return [list(names) for names in observation["legal_moves"]]
-
-    @torch.no_grad()
-    def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
-        """The exact probability of each legal move of each prompt under constrained answers: the product of its
-        tokens' restricted probabilities, its final EOS included (in the order of ``legal_moves``).
-
-        Raises:
-            ValueError: the learner answers in free text (``actions="generate"``), whose move probabilities can only
-                be estimated by sampling.
-        """
-        if self.actions != "constrained":
-            raise ValueError(
-                f"learner {self.name!r}: exact move probabilities need constrained or score actions, not "
-                f"{self.actions} (estimate them from sampled answers instead)"
-            )
-        self.activate()
-        with autocast_for(self.model, self.config.autocast_dtype):
-            return exact_move_probabilities(
-                self.model, self.tokenizer, prompts, legal_moves, self.actions, self.generation,
-                device=self.device, owner=f"learner {self.name!r}",
-            )  # fmt: skip
-
-    def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
-        """Sample responses without recording anything (evaluation; deploying the agent alone)."""
-        return self._generate(tuple(prompts), max_new_tokens)[0].texts
-
-    def sample_length(self) -> int:
-        """The per-batch response budget, uniform over [min_new_tokens, max_new_tokens]."""
-        return int(self.rng.integers(self.generation.min_new_tokens, self.generation.max_new_tokens + 1))
-
-    def activate(self) -> None:
-        """Make the learner's adapter the active one of a shared LoRA model (no-op for a full model)."""
-        if self.adapter is not None:
-            self.model.set_adapter(self.adapter)
-
-    @contextlib.contextmanager
-    def reference_model(self) -> Iterator[PreTrainedModel]:
-        """π_0: the separate frozen reference, or the shared base with every adapter disabled."""
-        if self.reference is not None:
-            yield self.reference
-        else:
-            with self.model.disable_adapter():
-                yield self.model
-
-    def _generate(
-        self,
-        prompts: tuple[str, ...],
-        max_new_tokens: int | None = None,
-        capture: bool = False,
-        legal_moves: list[list[str]] | None = None,
-    ) -> tuple[GeneratedBatch, torch.Tensor | None]:
-        """The sampled responses and, for constrained and thought-then-move answers (``legal_moves`` given), their
-        restriction (B, L, K)."""
-        budget = max_new_tokens or self.sample_length()
-        self.activate()
-        owner = f"learner {self.name!r}"
-        args = (self.model, self.tokenizer, prompts)
-        with autocast_for(self.model, self.config.autocast_dtype):
-            if legal_moves is not None and self.actions == "think":
-                sample = generate_thought_and_move(
-                    *args, legal_moves, self.generation, budget, self.context_length, owner
-                )
-                return sample.generated, sample.allowed
-            if legal_moves is not None:
-                sample = generate_moves(*args, legal_moves, self.generation, self.context_length, owner, capture)
-                return sample.generated, sample.allowed
-            return generate_responses(*args, budget, self.generation, self.context_length, owner, capture), None
-
-    @torch.no_grad()
-    def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
-        started = time.perf_counter()
-        # A thought and its move come from two generate calls: their log-probs from one forward over both.
-        from_generate = self.config.rollout_from_generate_for(self.sharded) and self.actions != "think"
-        generated_batch, allowed = self._generate(prompts, capture=from_generate, legal_moves=legal_moves)
-        prompt_ids, prompt_mask = generated_batch.prompt_ids, generated_batch.prompt_mask
-        response, mask = generated_batch.response, generated_batch.mask
-        generated = time.perf_counter()
-        input_ids = torch.cat([prompt_ids, response], 1)  # (B, P+L)
-        attention_mask = torch.cat([prompt_mask, torch.ones_like(response)], 1)
-        prompt_length = prompt_ids.shape[1]
-        columns: dict[str, list[torch.Tensor]] = defaultdict(list)
-        settings = (prompt_length, self.generation, self.tokenizer.eos_token_id)
-        for rows in self._chunks(len(prompts)):
-            ids, attention = input_ids[rows], attention_mask[rows]
-            with autocast_for(self.model, self.config.autocast_dtype):
-                if from_generate:  # generate's own forwards, instead of a second one over prompt and response
-                    logits, values = generated_batch.logits[rows], None
-                    if self.value_head is not None:
-                        values = self.value_head(generated_batch.hidden[rows])
-                else:
-                    logits, values = shared_prefix_response_forward(
-                        self.model, ids, attention, prompt_length, self.value_head
-                    )
-            if allowed is not None:  # the distribution constrained answers were sampled from
-                logits = restrict_logits(logits, allowed[rows], inplace=True)
-            # Tempered or processed in place: at most the policy's and the reference's (b, L, V) logits are alive.
-            logits = logprob_logits(logits, ids, attention, *settings, inplace=True)
-            with self.reference_model() as reference:
-                # The reference may live on another device than the policy (agents.reference_device).
-                on = next(reference.parameters()).device
-                with autocast_for(reference, self.config.autocast_dtype):
-                    ref_logits, _ = shared_prefix_response_forward(
-                        reference, ids.to(on), attention.to(on), prompt_length
-                    )
-                ref_logits = ref_logits.to(logits.device)
-            if allowed is not None:  # π_0 restricted alike: both are distributions over the same legal tokens
-                ref_logits = restrict_logits(ref_logits, allowed[rows], inplace=True)
-            ref_logits = reference_logprob_logits(ref_logits, logits, ids, attention, *settings, inplace=True)
-            logprobs, ref_logprobs, kl_full = logprobs_and_full_kl(logits, ref_logits, response[rows])
-            del logits, ref_logits  # before the next chunk's forward
-            columns["logprobs"].append(floor_logprobs(logprobs))
-            columns["ref_logprobs"].append(floor_logprobs(ref_logprobs))
-            if values is not None:
-                columns["values"].append(values.float())
-            columns["kl_full"].append(kl_full)
-        tensors = Batch(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            response=response,
-            mask=mask.float(),
-            **{key: torch.cat(parts, 0) for key, parts in columns.items()},
-            **({"allowed": allowed} if allowed is not None else {}),
-        )
-        tensors.kl = (
-            tensors.kl_full if self.config.kl_penalty == "full" else sampled_kl(tensors.logprobs, tensors.ref_logprobs)
-        ) * tensors.mask
-        timings = {"generation_s": generated - started, "forward_s": time.perf_counter() - generated}
-        return Rollout(prompts, generated_batch.texts, prompt_length, tensors, role=role, timings=timings)
-
-    def _chunks(self, batch_size: int) -> list[slice]:
-        size = self.config.forward_batch_size or batch_size
-        return [slice(start, start + size) for start in range(0, batch_size, size)]
 
 
 def finish_rollout(

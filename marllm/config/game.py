@@ -41,9 +41,6 @@ ACTION_NORMALIZATIONS = ("none", "token", "word")
 POLICY_AVERAGES = ("uniform", "linear")
 """How the measured policies weigh in a run's average policy (``game.policy_average``)."""
 
-SCORE_ALGORITHMS = ("ppo", "reinforce_pp")
-"""The algorithms that train ``score`` actions."""
-
 POOL_PREFIX = "snapshot_pool:"
 """``snapshot_pool:<learner>``: a pool of frozen snapshots of a learner."""
 
@@ -229,21 +226,13 @@ class GameConfig:
                 "leave game.action_normalization out, or set game.actions: score"
             )
 
-    def check_actions(self, algorithms: dict[str, str], stop_at_eos: bool) -> None:
-        """Refuse an action mode the run's learners cannot play: ``score`` with an algorithm other than ``ppo`` and
-        ``reinforce_pp``,
-        ``constrained`` without ``generation.stop_at_eos`` (a move ends with EOS), and either with a snapshot pool
-        seat (snapshots answer in free text)."""
+    def check_actions(self, stop_at_eos: bool) -> None:
+        """Refuse an action mode the run's learners cannot play: ``constrained`` and ``think`` without
+        ``generation.stop_at_eos`` (a move ends with EOS), and any mode but ``generate`` with a snapshot pool seat
+        (snapshots answer in free text)."""
         if self.actions == "generate":
             return
-        if self.actions == "score":
-            other = {learner: name for learner, name in algorithms.items() if name not in SCORE_ALGORITHMS}
-            if other:
-                raise ValueError(
-                    f"game.actions: score trains an action-level policy with {' or '.join(SCORE_ALGORITHMS)}; "
-                    f"agents.algorithm gives {other} (use one of those, or game.actions: constrained)"
-                )
-        elif not stop_at_eos:
+        if self.actions != "score" and not stop_at_eos:
             raise ValueError(
                 f"game.actions: {self.actions} ends each answer with EOS once a move is complete; set "
                 "generation.stop_at_eos: true"

@@ -59,6 +59,7 @@ PATH_KEYS: dict[str, Callable[[Any, Path], Any]] = {
     "task.reward_model": _existing,
     "task.name": _reference,
     "task.reward": _reference,
+    "agents.algorithm": _reference,
 }
 
 

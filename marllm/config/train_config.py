@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from marllm.algorithms.critic_free_config import ALGORITHMS, CriticFreeConfig
+from marllm.algorithms.catalog import check_algorithm, compares_groups
+from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import CAUSAL_LMS
 from marllm.assets.references import check_model_reference
@@ -117,12 +118,12 @@ class TrainConfig:
         if isinstance(self.agents.algorithm, dict):
             self._check_learner_keys("agents.algorithm", self.agents.algorithm)
         for learner, name in self.learner_algorithms().items():
-            if name in ("grpo", "rloo"):
+            if compares_groups(name):
                 raise ValueError(
                     f"agents.algorithm {name} (learner {learner!r}) compares the answers to one query, and a game's "
                     "moves come in no such groups: use ppo or reinforce_pp"
                 )
-        self.game.check_actions(self.learner_algorithms(), self.generation.stop_at_eos)
+        self.game.check_actions(self.generation.stop_at_eos)
         if self.game.actions == "score" and self.ppo.rollout_from_generate is True:
             raise ValueError(
                 "ppo.rollout_from_generate: true takes the rollout's log-probs from generate, and game.actions: score "
@@ -172,9 +173,8 @@ class TrainConfig:
         if isinstance(self.agents.algorithm, dict):
             self._check_learner_keys("agents.algorithm", self.agents.algorithm)
         for learner, name in self.learner_algorithms().items():
-            if name not in ALGORITHMS:
-                raise ValueError(f"agents.algorithm of {learner!r} must be one of {list(ALGORITHMS)}, got {name!r}")
-            if name in ("grpo", "rloo") and self.env.group_size < 2:
+            check_algorithm(name, f"agents.algorithm of {learner!r}")
+            if compares_groups(name) and self.env.group_size < 2:
                 raise ValueError(
                     f"agents.algorithm {name} (learner {learner!r}) compares the responses to one query: set "
                     f"env.group_size >= 2, got {self.env.group_size}"

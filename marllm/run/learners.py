@@ -1,7 +1,7 @@
 """Learners from base models: one per learner id, with the frozen references they are penalised against.
 
 A run's config is turned once into two specs: a :class:`ModelPlacement` (where and how the models are loaded) and an
-:class:`~marllm.algorithms.registry.AlgorithmOptions` (each learner's algorithm and what some algorithms read).
+:class:`~marllm.algorithms.catalog.AlgorithmOptions` (each learner's algorithm and what some algorithms read).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
+from marllm.algorithms.catalog import AlgorithmOptions, build_learner
 from marllm.algorithms.learner import Learner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
-from marllm.algorithms.registry import AlgorithmOptions, build_learner
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.models.lora import LoraSettings, attach_adapters
@@ -155,7 +155,8 @@ def algorithm_options(config: TrainConfig) -> AlgorithmOptions:
         critic_free=config.critic_free,
         group_size=config.env.group_size,
         actions=game.actions if game is not None else "generate",
-        action_normalization=game.action_normalization if game is not None else "token",
+        # The normalisation is score's; the config refuses another value with another mode.
+        action_normalization=game.action_normalization if game is not None and game.actions == "score" else None,
     )
 
 
@@ -181,9 +182,9 @@ def make_learners(
     ``seed`` seeds each learner's initial value head, its response lengths and mini-batch order, and leaves torch's
     global generator (which samples the responses) in a state that depends on ``seed`` alone.
     ``algorithm``: an algorithm name for all, a mapping learner id -> name (``ppo`` where not named), or
-    :class:`~marllm.algorithms.registry.AlgorithmOptions` with the options only some algorithms read (the
+    :class:`~marllm.algorithms.catalog.AlgorithmOptions` with the options only some algorithms read (the
     critic-free settings, the env's group size, a game's actions); each learner's class comes from
-    :data:`marllm.algorithms.registry.LEARNERS` (:func:`~marllm.algorithms.registry.build_learner`).
+    :data:`marllm.algorithms.catalog.CATALOG` or a reference (:func:`~marllm.algorithms.catalog.build_learner`).
     ``placement``: where and how the models are loaded (:class:`ModelPlacement`; None: its defaults).
     ``tokenizer`` (optional) is the tokenizer of a single ``model``; with several bases each loads its own.
     """

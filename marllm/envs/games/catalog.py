@@ -19,6 +19,8 @@ from typing import Any
 
 from pettingzoo import AECEnv
 
+from marllm.envs.games.openspiel import openspiel_factory, require_openspiel
+
 OPENSPIEL_PREFIX = "openspiel:"
 """The prefix of an OpenSpiel game string in a game name (``openspiel:kuhn_poker``)."""
 
@@ -122,8 +124,6 @@ def check_game_name(name: str) -> None:
 def load_openspiel_game(name: str) -> Any:
     """The ``pyspiel.Game`` of an ``openspiel:`` name; ``ValueError`` naming the game if OpenSpiel cannot load it,
     ``ImportError`` naming ``pip install 'marllm[games]'`` without OpenSpiel."""
-    from marllm.envs.games.openspiel import require_openspiel
-
     pyspiel, _ = require_openspiel()
     string = openspiel_string(name)
     short, registered = string.split("(")[0].strip(), pyspiel.registered_names()
@@ -160,8 +160,6 @@ def game_factory(name: str, options: Mapping[str, Any] | None = None) -> Callabl
                 f"OpenSpiel games take their parameters in the game string (openspiel:kuhn_poker(players=3)), not "
                 f"as options; got options {sorted(options)}"
             )
-        from marllm.envs.games.openspiel import openspiel_factory
-
         return openspiel_factory(load_openspiel_game(name))
     with warnings.catch_warnings():  # PettingZoo warns that its versioned modules will give way to a registry
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -17,7 +17,7 @@ from typing import Any
 
 from pettingzoo import AECEnv
 
-from marllm.envs.games.views import GameView, Move
+from marllm.envs.games.views import GameView, Move, is_openspiel, register_fallback_view
 
 EXTRA = "marllm[games]"
 
@@ -144,3 +144,6 @@ class OpenSpielView(GameView):
         if not hasattr(loaded, "max_game_length"):
             return None
         return int(loaded.max_game_length()) * int(loaded.num_players())
+
+
+register_fallback_view(is_openspiel, OpenSpielView())

@@ -120,7 +120,11 @@ VIEWS: dict[str, GameView] = {}
 MATCHERS: list[tuple[Callable[[str], bool], GameView]] = []
 """(name predicate, view) for families of games (``matrix_*``); tried in order after the exact names."""
 
-_BUILTIN = ("board_views", "dice_views", "matrix_views", "poker_views")
+FALLBACKS: list[tuple[Callable[[AECEnv], bool], GameView]] = []
+"""(game predicate, view) for kinds of env without a view of their own (every OpenSpiel game); tried in order after
+the names, before :class:`GameView` itself."""
+
+_BUILTIN = ("board_views", "dice_views", "matrix_views", "poker_views", "openspiel")
 
 
 def register_view(name: str | Callable[[str], bool], view: GameView) -> GameView:
@@ -131,6 +135,14 @@ def register_view(name: str | Callable[[str], bool], view: GameView) -> GameView
         MATCHERS.append((name, view))
     else:
         VIEWS[name] = view
+    return view
+
+
+def register_fallback_view(matches: Callable[[AECEnv], bool], view: GameView) -> GameView:
+    """Use ``view`` for every game that ``matches`` and has no view by its name (a kind of env's generic view)."""
+    if not isinstance(view, GameView):
+        raise TypeError(f"a game view must be a GameView, got {type(view).__name__}")
+    FALLBACKS.append((matches, view))
     return view
 
 
@@ -149,7 +161,7 @@ def game_name(game: AECEnv) -> str:
 
 
 def view_for(game: AECEnv) -> GameView:
-    """The registered view of the game, else the generic OpenSpiel or PettingZoo view."""
+    """The registered view of the game, else its kind's generic view (OpenSpiel's), else the PettingZoo one."""
     for module in _BUILTIN:  # they register their views on import
         importlib.import_module(f"marllm.envs.games.{module}")
     name = game_name(game)
@@ -158,8 +170,7 @@ def view_for(game: AECEnv) -> GameView:
     for matches, view in MATCHERS:
         if matches(name):
             return view
-    if is_openspiel(game):
-        from marllm.envs.games.openspiel import OpenSpielView
-
-        return OpenSpielView()
+    for matches_game, view in FALLBACKS:
+        if matches_game(game):
+            return view
     return GameView()

@@ -1,14 +1,12 @@
-"""ActionPPOLearner: PPO on a categorical policy over a game's legal moves, each scored by the model's likelihood of
-its name (``game.actions: score``; TWOSOME, Tan et al., ICLR 2024; GLAM, Carta et al., ICML 2023); and
-ActionReinforceLearner, REINFORCE++ on the same policy.
+"""Scored moves (``game.actions: score``; TWOSOME, Tan et al., ICLR 2024; GLAM, Carta et al., ICML 2023): a
+categorical policy over a game's legal moves, each scored by the model's likelihood of its name.
 
 π(a | s) = softmax over the legal moves a of the (normalised) log-likelihood of a's tokens after the prompt
-(:func:`~marllm.models.legal_moves.score_logprobs`). One move is one action: the rollout keeps each row's prompt,
-its legal moves' tokens, the move drawn, log π_old(a | s), log π_0(a | s), V(s) (the value head on the prompt's last
-hidden state) and the exact KL(π_old(· | s) ‖ π_0(· | s)) over the legal moves. The update is :class:`PPOLearner`'s
-with one "token" per sample: reward = score − η·KL, advantage = reward − V(s) (GAE over one step), the clipped
-ratio π(a | s)/π_old(a | s), the clipped value loss, the same KL controller, epochs, mini- and micro-batches and
-checkpoints. The learner answers the drawn move's name, which the env's parser maps to it.
+(:func:`~marllm.models.legal_moves.score_logprobs`). One move is one action: the rollout keeps each row's prompt, its
+legal moves' tokens, the move drawn, log π_old(a | s), log π_0(a | s), V(s) (the value head on the prompt's last
+hidden state, where the learner has one) and the exact KL(π_old(· | s) ‖ π_0(· | s)) over the legal moves, as
+one-"token" columns (B, 1): any learner's update reads them as it reads a one-token response (one step of GAE for
+PPO). The learner answers the drawn move's name, which the env's parser maps to it; nothing is generated.
 
 **Each move is its own one-step episode, and its return holds only its own state's KL.** A game credits the move
 a seat makes k moves before its last with γ^k · payoff (``game.discount``), so move t's target is
@@ -26,17 +24,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Any
 
 import torch
 from tianshou.data import Batch
 
-from marllm.algorithms.critic_free_config import CriticFreeConfig
-from marllm.algorithms.critic_free_learner import CriticFreeLearner
-from marllm.algorithms.learner_arguments import LearnerArguments
-from marllm.algorithms.ppo import PPOLearner
-from marllm.algorithms.registry import AlgorithmOptions, register_learner
-from marllm.algorithms.rollout import Rollout, RolloutCollector
+from marllm.algorithms.actions.base import Collector, Rescored
+from marllm.algorithms.rollout import Rollout
 from marllm.models.devices import autocast_for
 from marllm.models.legal_moves import (
     NORMALIZATIONS,
@@ -50,24 +44,33 @@ from marllm.models.policy import ValueHead
 
 
 @dataclass(eq=False, kw_only=True)
-class MoveScoreCollector(RolloutCollector):
-    """Acting for :class:`ActionPPOLearner` and :class:`ActionReinforceLearner`: one legal move per row drawn from
-    π(· | s), the softmax of the moves' ``normalization``-normalised log-likelihoods (:func:`move_scores`); free-text
-    answers are refused."""
+class ScoreCollector(Collector):
+    """One legal move per row drawn from π(· | s), the softmax of the moves' ``normalization``-normalised
+    log-likelihoods (:func:`move_scores`); free-text answers are refused.
 
-    normalization: str
+    Attributes:
+        normalization: how a move's log-likelihood is normalised: ``"none"`` (its sum: short names are favoured),
+            ``"token"`` (the mean per token) or ``"word"`` (the sum per word of its name). ``generation`` is used for
+            its ``chat_template`` only: nothing is sampled token by token.
+    """
+
+    actions = "score"
+    normalization: str = "token"
+
+    def __post_init__(self) -> None:
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"{self.owner}: action_normalization must be one of {list(NORMALIZATIONS)}, got {self.normalization!r}"
+            )
 
     def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
         """Draw one legal move per row from π(· | s), as a rollout whose responses are the moves' names."""
-        legal_moves = self.legal_moves(observation)
-        assert legal_moves is not None
-        return self._rollout(tuple(observation["prompt"]), role, legal_moves)
+        return self._rollout(tuple(observation["prompt"]), role, self.legal_moves(observation))
 
     def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
         """Refused: scored moves need a game's legal moves."""
         raise ValueError(
-            f"learner {self.name!r} scores a game's legal moves (game.actions: score) and cannot answer prompts "
-            "without them"
+            f"{self.owner} scores a game's legal moves (game.actions: score) and cannot answer prompts without them"
         )
 
     @torch.no_grad()
@@ -75,11 +78,23 @@ class MoveScoreCollector(RolloutCollector):
         """π(a | s) of each legal move of each prompt, in the order of ``legal_moves`` (each row sums to 1)."""
         self.activate()
         with autocast_for(self.model, self.config.autocast_dtype):
-            model, tokenizer, generation = self.model, self.tokenizer, self.generation
             return exact_move_probabilities(
-                model, tokenizer, prompts, legal_moves, "score", generation, self.normalization, self.device,
-                f"learner {self.name!r}",
+                self.model, self.tokenizer, prompts, legal_moves, "score", self.generation, self.normalization,
+                self.device, self.owner,
             )  # fmt: skip
+
+    def rescore(self, mb: Any, prompt_length: int) -> Rescored:
+        """log π(a | s) of the moves drawn under the policy now (and V(s) where the learner has a value head), with
+        the exact entropy over the legal moves and the mean ratio."""
+        table, values = self.scores(self.model, mb, with_values=True)
+        logprobs = table.gather(1, mb.response)  # (b, 1): the moves drawn
+        with torch.no_grad():
+            plogp = torch.where(torch.isfinite(table), table.exp() * table, 0.0)
+            stats = {
+                "entropy": (-plogp.sum(1)).mean().item(),
+                "ratio": torch.exp(logprobs - mb.logprobs).mean().item(),
+            }
+        return Rescored(logprobs, values, stats)
 
     def scores(
         self, model: Any, columns: Mapping[str, torch.Tensor], with_values: bool
@@ -97,13 +112,12 @@ class MoveScoreCollector(RolloutCollector):
         )
 
     @torch.no_grad()
-    def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
+    def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]]) -> Rollout:
         started = time.perf_counter()
-        assert legal_moves is not None
         self.activate()
         columns = move_tensors(self.tokenizer, prompts, legal_moves, self.generation.chat_template, self.device)
         longest = (columns["moves"] >= 0).sum(-1).amax(-1)  # (B,): each prompt's longest move
-        check_moves_fit(prompts, columns["attention_mask"], longest, self.context_length, f"learner {self.name!r}")
+        check_moves_fit(prompts, columns["attention_mask"], longest, self.context_length, self.owner)
         table, values = self.scores(self.model, columns, with_values=True)
         action = torch.multinomial(table.exp(), 1)  # (B, 1): one move per row
         with self.reference_model() as reference:
@@ -128,98 +142,6 @@ class MoveScoreCollector(RolloutCollector):
         elapsed = time.perf_counter() - started
         timings = {"generation_s": 0.0, "forward_s": elapsed}
         return Rollout(prompts, texts, columns["input_ids"].shape[1], tensors, role=role, timings=timings)
-
-
-class ActionPPOLearner(PPOLearner):
-    """PPO over legal moves scored by the model (see the module docstring).
-
-    Takes :class:`PPOLearner`'s arguments (``actions`` is ``"score"``; the others are :class:`LearnerArguments`),
-    and ``normalization``: how a move's log-likelihood is normalised, ``"none"`` (its sum: short names are
-    favoured), ``"token"`` (the mean per token) or ``"word"`` (the sum per word of its name). ``generation`` is used
-    for its ``chat_template`` only: nothing is sampled token by token. Acting (a :class:`MoveScoreCollector`) needs
-    ``observation["legal_moves"]``.
-    """
-
-    supported_actions = ("score",)
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        normalization: str = "token",
-        actions: str = "score",
-        **learner_kwargs: Unpack[LearnerArguments],
-    ):
-        self.normalization = checked_normalization(name, normalization)  # before the collector is built
-        super().__init__(name, actions=actions, **learner_kwargs)
-
-    def _new_collector(
-        self, collector_class: type[RolloutCollector] = MoveScoreCollector, **options: Any
-    ) -> RolloutCollector:
-        return super()._new_collector(collector_class, normalization=self.normalization, **options)
-
-    def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
-        return action_loss(self, mb)
-
-
-class ActionReinforceLearner(CriticFreeLearner):
-    """REINFORCE++ over legal moves scored by the model: :class:`ActionPPOLearner`'s policy and rollout without a
-    value head, trained as :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` trains REINFORCE++ (the
-    advantage of a move is its reward, KL-penalised, normalised over the batch's moves). Takes ``normalization`` and
-    the critic-free learner's options; ``algorithm`` is ``"reinforce_pp"`` (GRPO and RLOO compare answers to one
-    query, which a game's batch does not hold)."""
-
-    supported_actions = ("score",)
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        normalization: str = "token",
-        settings: CriticFreeConfig | None = None,
-        actions: str = "score",
-        **learner_kwargs: Unpack[LearnerArguments],
-    ):
-        self.normalization = checked_normalization(name, normalization)  # before the collector is built
-        super().__init__(name, algorithm="reinforce_pp", settings=settings, actions=actions, **learner_kwargs)
-
-    def _new_collector(
-        self, collector_class: type[RolloutCollector] = MoveScoreCollector, **options: Any
-    ) -> RolloutCollector:
-        return super()._new_collector(collector_class, normalization=self.normalization, **options)
-
-    def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
-        return action_loss(self, mb)
-
-
-def checked_normalization(name: str, normalization: str) -> str:
-    """``normalization`` if it is one of :data:`~marllm.models.legal_moves.NORMALIZATIONS`, else a ValueError."""
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(
-            f"learner {name!r}: action_normalization must be one of {list(NORMALIZATIONS)}, got {normalization!r}"
-        )
-    return normalization
-
-
-def action_loss(learner: Any, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-    """A scored-move learner's loss of a mini-batch: its ``_objective`` on log π(a | s) of the moves drawn (and V(s)
-    where it has a value head), with the exact entropy over the legal moves and the ratio."""
-    table, values = move_scores(
-        learner.model,
-        mb,
-        value_head=learner.value_head,
-        normalization=learner.normalization,
-        autocast_dtype=learner.config.autocast_dtype,
-        device=learner.device,
-        pad_token_id=learner.tokenizer.pad_token_id,
-    )
-    logprobs = table.gather(1, mb.response)  # (b, 1): the moves drawn
-    loss, parts = learner._objective(mb, logprobs, values)
-    with torch.no_grad():
-        plogp = torch.where(torch.isfinite(table), table.exp() * table, 0.0)
-        parts["entropy"] = (-plogp.sum(1)).mean().item()
-        parts["ratio"] = torch.exp(logprobs - mb.logprobs).mean().item()
-    return loss, parts
 
 
 def move_scores(
@@ -266,19 +188,3 @@ def _distinct_rows(columns: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, t
         inverse.append(index_of[key])
     device = columns["input_ids"].device
     return torch.tensor(first, dtype=torch.long, device=device), torch.tensor(inverse, dtype=torch.long, device=device)
-
-
-@register_learner("ppo:score")
-def _action_ppo_learner(
-    learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any
-) -> ActionPPOLearner:
-    return ActionPPOLearner(learner_id, normalization=options.action_normalization, **learner_kwargs)
-
-
-@register_learner("reinforce_pp:score")
-def _action_reinforce_learner(
-    learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any
-) -> ActionReinforceLearner:
-    return ActionReinforceLearner(
-        learner_id, normalization=options.action_normalization, settings=options.critic_free, **learner_kwargs
-    )

@@ -1,0 +1,157 @@
+"""Free-text answers (``game.actions: generate``, and every text task): a response sampled token by token, each token
+one action of the rollout.
+
+The rollout records, per response token, log π and log π_0 of the token under the distribution it was sampled from
+(``generation``'s processing; a restriction to legal continuations where a subclass samples under one, kept as the
+``allowed`` column), V of the value head, and the full-vocabulary KL. :meth:`TokenCollector.rescore` re-computes the
+same log-probs under the updated policy, the restriction re-applied. Constrained moves and thought-then-move answers
+(:mod:`~marllm.algorithms.actions.constrained`, :mod:`~marllm.algorithms.actions.think`) sample otherwise and are
+scored alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tianshou.data import Batch
+
+from marllm.algorithms.actions.base import Collector, Rescored
+from marllm.algorithms.core import floor_logprobs, logprobs_and_entropy, logprobs_and_full_kl, masked_mean, sampled_kl
+from marllm.algorithms.rollout import Rollout
+from marllm.models.devices import autocast_for
+from marllm.models.generation import GeneratedBatch, generate_responses, logprob_logits, reference_logprob_logits
+from marllm.models.move_tries import restrict_logits
+from marllm.models.prefix_forward import shared_prefix_response_forward
+
+
+@dataclass(eq=False, kw_only=True)
+class TokenCollector(Collector):
+    """Free text: one response per prompt, of the batch's budget (:meth:`sample_length`), every token an action."""
+
+    actions = "generate"
+    needs_legal_moves = False
+
+    def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
+        """Sample one response per prompt of ``observation["prompt"]``, as a rollout awaiting its rewards."""
+        legal_moves = self.legal_moves(observation) if self.needs_legal_moves else None
+        return self._rollout(tuple(observation["prompt"]), role, legal_moves)
+
+    def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
+        """Sample free-text responses without recording anything (evaluation; deploying the agent alone)."""
+        budget = max_new_tokens or self.sample_length()
+        self.activate()
+        with autocast_for(self.model, self.config.autocast_dtype):
+            return generate_responses(
+                self.model, self.tokenizer, tuple(prompts), budget, self.generation, self.context_length, self.owner
+            ).texts
+
+    def rescore(self, mb: Any, prompt_length: int) -> Rescored:
+        """log π of ``mb``'s response tokens under the policy now (the distribution sampled: ``generation``'s
+        processing and ``mb.allowed``'s restriction re-applied; floored where the updated policy's top-k/top-p no
+        longer keeps a token), its values, and the mean entropy and ratio over the response tokens."""
+        with autocast_for(self.model, self.config.autocast_dtype):  # the forward only: the backward follows its dtypes
+            logits, values = shared_prefix_response_forward(
+                self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head
+            )
+        if "allowed" in mb:  # constrained answers: the restriction they were sampled under, re-applied
+            logits = restrict_logits(logits, mb.allowed, inplace=True)
+        # The LM head's backward does not read its output: the gradient can take the logits' place.
+        sequences = (mb.input_ids, mb.attention_mask, prompt_length)
+        logits = logprob_logits(logits, *sequences, self.generation, self.tokenizer.eos_token_id, overwrite_logits=True)
+        # One pass over the logits for both. Nothing but the log-probs' backward reads the logits after this, so it
+        # writes their gradient over them: one (b, L, V) buffer for the forward and the backward.
+        logprobs, token_entropy = logprobs_and_entropy(logits, mb.response, overwrite_logits=True)
+        del logits
+        # With logprobs_from="sampling" a token the updated policy's top-k/top-p no longer keeps has log-prob −inf.
+        logprobs = floor_logprobs(logprobs)
+        with torch.no_grad():
+            stats = {
+                "entropy": masked_mean(token_entropy, mb.mask).item(),
+                "ratio": masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask).item(),
+            }
+        return Rescored(logprobs, values, stats)
+
+    def _sample(
+        self, prompts: tuple[str, ...], legal_moves: list[list[str]] | None, budget: int, capture: bool
+    ) -> tuple[GeneratedBatch, torch.Tensor | None]:
+        """The sampled responses of at most ``budget`` tokens and, where the mode restricts tokens, their restriction
+        (B, L, K); ``capture`` keeps generate's logits (and hidden states) for the rollout."""
+        args = (self.model, self.tokenizer, prompts, budget, self.generation, self.context_length, self.owner)
+        return generate_responses(*args, capture), None
+
+    def _from_generate(self) -> bool:
+        """Whether the rollout's log-probs are generate's own forwards (``ppo.rollout_from_generate``)."""
+        return self.config.rollout_from_generate_for(self.sharded)
+
+    @torch.no_grad()
+    def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
+        started = time.perf_counter()
+        from_generate = self._from_generate()
+        # Every mode draws the batch's budget, used or not: the generator also shuffles the update's mini-batches.
+        budget = self.sample_length()
+        self.activate()
+        with autocast_for(self.model, self.config.autocast_dtype):
+            generated_batch, allowed = self._sample(prompts, legal_moves, budget, from_generate)
+        prompt_ids, prompt_mask = generated_batch.prompt_ids, generated_batch.prompt_mask
+        response, mask = generated_batch.response, generated_batch.mask
+        generated = time.perf_counter()
+        input_ids = torch.cat([prompt_ids, response], 1)  # (B, P+L)
+        attention_mask = torch.cat([prompt_mask, torch.ones_like(response)], 1)
+        prompt_length = prompt_ids.shape[1]
+        columns: dict[str, list[torch.Tensor]] = defaultdict(list)
+        settings = (prompt_length, self.generation, self.tokenizer.eos_token_id)
+        for rows in self._chunks(len(prompts)):
+            ids, attention = input_ids[rows], attention_mask[rows]
+            with autocast_for(self.model, self.config.autocast_dtype):
+                if from_generate:  # generate's own forwards, instead of a second one over prompt and response
+                    logits, values = generated_batch.logits[rows], None
+                    if self.value_head is not None:
+                        values = self.value_head(generated_batch.hidden[rows])
+                else:
+                    logits, values = shared_prefix_response_forward(
+                        self.model, ids, attention, prompt_length, self.value_head
+                    )
+            if allowed is not None:  # the distribution constrained answers were sampled from
+                logits = restrict_logits(logits, allowed[rows], inplace=True)
+            # Tempered or processed in place: at most the policy's and the reference's (b, L, V) logits are alive.
+            logits = logprob_logits(logits, ids, attention, *settings, inplace=True)
+            with self.reference_model() as reference:
+                # The reference may live on another device than the policy (agents.reference_device).
+                on = next(reference.parameters()).device
+                with autocast_for(reference, self.config.autocast_dtype):
+                    ref_logits, _ = shared_prefix_response_forward(
+                        reference, ids.to(on), attention.to(on), prompt_length
+                    )
+                ref_logits = ref_logits.to(logits.device)
+            if allowed is not None:  # π_0 restricted alike: both are distributions over the same legal tokens
+                ref_logits = restrict_logits(ref_logits, allowed[rows], inplace=True)
+            ref_logits = reference_logprob_logits(ref_logits, logits, ids, attention, *settings, inplace=True)
+            logprobs, ref_logprobs, kl_full = logprobs_and_full_kl(logits, ref_logits, response[rows])
+            del logits, ref_logits  # before the next chunk's forward
+            columns["logprobs"].append(floor_logprobs(logprobs))
+            columns["ref_logprobs"].append(floor_logprobs(ref_logprobs))
+            if values is not None:
+                columns["values"].append(values.float())
+            columns["kl_full"].append(kl_full)
+        tensors = Batch(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            response=response,
+            mask=mask.float(),
+            **{key: torch.cat(parts, 0) for key, parts in columns.items()},
+            **({"allowed": allowed} if allowed is not None else {}),
+        )
+        tensors.kl = (
+            tensors.kl_full if self.config.kl_penalty == "full" else sampled_kl(tensors.logprobs, tensors.ref_logprobs)
+        ) * tensors.mask
+        timings = {"generation_s": generated - started, "forward_s": time.perf_counter() - generated}
+        return Rollout(prompts, generated_batch.texts, prompt_length, tensors, role=role, timings=timings)
+
+    def _chunks(self, batch_size: int) -> list[slice]:
+        size = self.config.forward_batch_size or batch_size
+        return [slice(start, start + size) for start in range(0, batch_size, size)]

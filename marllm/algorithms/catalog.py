@@ -1,0 +1,132 @@
+"""The algorithms a config can name (``agents.algorithm``), in one list, without importing torch.
+
+Each name maps to the learner class that builds it, as a reference (``module:Class``) that is imported only when a
+learner is built, so that the config checks read this list as the learners' builder does. A config can also name a
+learner class by reference, as it names a task: ``agents.algorithm: my_learner.py:MyLearner`` (a file relative to
+the config's folder) or ``package.module:MyLearner``. Adding an algorithm is then one file.
+
+A referenced class is built by its ``from_options(learner_id, algorithm, options, **learner_kwargs)`` classmethod
+(:meth:`PPOLearner.from_options <marllm.algorithms.ppo.PPOLearner.from_options>`, which every subclass of
+:class:`~marllm.algorithms.ppo.PPOLearner` inherits); a function with that signature is called as it is.
+``learner_kwargs`` are every learner's arguments (:class:`~marllm.algorithms.learner_arguments.LearnerArguments`),
+``options`` an :class:`AlgorithmOptions`, and ``algorithm`` the name or reference the config gave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from marllm.algorithms.critic_free_config import CriticFreeConfig
+from marllm.utils.imports import load_reference, split_reference
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One entry of :data:`CATALOG`.
+
+    Attributes:
+        builder: ``module:Class`` of the learner class (or builder function) that builds it.
+        summary: what it is, in a line.
+        compares_groups: whether its advantage compares the answers to one query, so that it needs
+            ``env.group_size`` >= 2 (and cannot train on a game's moves, which come in no such groups).
+    """
+
+    builder: str
+    summary: str
+    compares_groups: bool = False
+
+
+_CRITIC_FREE = "marllm.algorithms.critic_free_learner:CriticFreeLearner"
+
+CATALOG: dict[str, Algorithm] = {
+    "ppo": Algorithm(
+        "marllm.algorithms.ppo:PPOLearner", "PPO with a value head and a KL-penalised token reward (CORY's learner)"
+    ),
+    "grpo": Algorithm(_CRITIC_FREE, "GRPO: each answer against the other answers to its query", compares_groups=True),
+    "rloo": Algorithm(_CRITIC_FREE, "RLOO: each answer against the mean of the others to its query", True),
+    "reinforce_pp": Algorithm(_CRITIC_FREE, "REINFORCE++: KL-penalised returns normalised over the batch"),
+}
+"""Algorithm name -> :class:`Algorithm`: the names a config's ``agents.algorithm`` takes (besides references)."""
+
+ALGORITHMS = tuple(CATALOG)
+"""The built-in algorithm names."""
+
+
+@dataclass(frozen=True)
+class AlgorithmOptions:
+    """Each learner's algorithm, and what some algorithms need beyond every learner's arguments.
+
+    Attributes:
+        algorithm: the algorithm of every learner, or learner id -> algorithm (``ppo`` where not named): a name of
+            :data:`CATALOG` or a reference to a learner class (see the module docstring).
+        critic_free: the critic-free learners' settings (None: their defaults).
+        group_size: the env's group size, the answers to one query that GRPO and RLOO compare.
+        actions: how a learner acts (:mod:`marllm.algorithms.actions`): ``generate``, ``constrained``, ``think``
+            or ``score``.
+        action_normalization: how ``score`` normalises a move's log-likelihood: ``none`` (the sum over its
+            tokens), ``token`` (the mean per token) or ``word`` (the sum divided by the move's words); None: the
+            mode's default. Refused with another mode.
+    """
+
+    algorithm: str | Mapping[str, str] = "ppo"
+    critic_free: CriticFreeConfig | None = None
+    group_size: int = 1
+    actions: str = "generate"
+    action_normalization: str | None = None
+
+    def algorithm_of(self, learner_id: str) -> str:
+        """The algorithm of ``learner_id``."""
+        if isinstance(self.algorithm, str):
+            return self.algorithm
+        return self.algorithm.get(learner_id, "ppo")
+
+
+def is_reference(algorithm: str) -> bool:
+    """Whether ``algorithm`` names a learner class by reference (``module:Class``) rather than by catalog name."""
+    return ":" in algorithm
+
+
+def check_algorithm(algorithm: Any, owner: str) -> None:
+    """Refuse an ``algorithm`` that is neither a catalog name nor a well-formed reference (naming both forms).
+
+    A reference is only parsed here; its module is imported when the learner is built.
+    """
+    if isinstance(algorithm, str) and is_reference(algorithm):
+        split_reference(algorithm)
+        return
+    if algorithm not in CATALOG:
+        raise ValueError(
+            f"{owner}: unknown algorithm {algorithm!r}; one of {list(CATALOG)}, or a learner class by reference "
+            "(package.module:Class, or file.py:Class relative to the config's folder)"
+        )
+
+
+def compares_groups(algorithm: str) -> bool:
+    """Whether a catalog ``algorithm`` compares the answers to one query (False for a reference: its class's own
+    concern)."""
+    entry = CATALOG.get(algorithm)
+    return entry is not None and entry.compares_groups
+
+
+def build_learner(algorithm: str, learner_id: str, options: AlgorithmOptions, **learner_kwargs: Any) -> Any:
+    """The learner ``learner_id`` of ``algorithm`` (a catalog name or a reference), built by its class's
+    ``from_options`` (see the module docstring).
+
+    Raises:
+        ValueError: an unknown name, a reference that does not load (its module's own error quoted), or one that
+            names neither a class with ``from_options`` nor a function.
+    """
+    owner = f"learner {learner_id!r}"
+    check_algorithm(algorithm, owner)
+    reference = algorithm if is_reference(algorithm) else CATALOG[algorithm].builder
+    target = load_reference(reference)
+    builder = getattr(target, "from_options", None) if isinstance(target, type) else target
+    if not callable(builder):
+        raise ValueError(
+            f"{owner}: {reference} is a {type(target).__name__} without from_options; name a learner class with a "
+            "from_options(learner_id, algorithm, options, **learner_kwargs) classmethod (every PPOLearner subclass "
+            "has one) or a function with that signature"
+        )
+    return builder(learner_id, algorithm, options, **learner_kwargs)

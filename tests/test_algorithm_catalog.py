@@ -1,0 +1,120 @@
+"""The algorithm catalog: one list of names, read by the config checks and the learners' builder alike, without
+torch; and a learner of one's own, named by reference as a task is, trains with no other edit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from marllm.algorithms.catalog import CATALOG, AlgorithmOptions, build_learner
+from marllm.cli import main
+from marllm.config import ConfigError, load_config
+from tests.conftest import make_tiny_gpt2
+
+# A learner of one's own: PPO trained on the sign of each reward, in one file, nothing else edited.
+SIGN_PPO = '''
+import numpy as np
+
+from marllm.algorithms import PPOLearner
+
+
+class SignPPO(PPOLearner):
+    """PPO on the sign of each reward."""
+
+    built = []
+
+    def __init__(self, name, **kwargs):
+        super().__init__(name, **kwargs)
+        SignPPO.built.append(name)
+
+    def _transform_scores(self, scores, global_rows=None):
+        return np.sign(scores)
+
+
+def not_a_builder():
+    return None
+
+
+NOT_CALLABLE = 3
+'''
+
+
+@pytest.fixture
+def project(tmp_path, tiny_lm_dir):
+    """A folder holding a learner module and the config that names it, as a user's project would."""
+    (tmp_path / "learner.py").write_text(SIGN_PPO)
+    (tmp_path / "rewards.py").write_text("def length(samples, responses):\n    return [len(r) - 4.0 for r in responses]\n")
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["a", "b", "c", "d"]))
+    return tmp_path
+
+
+def config_of(project, lm_dir, algorithm):
+    data = {
+        "model": {"name_or_path": str(lm_dir), "device": "cpu"},
+        "task": {"name": "text", "dataset": str(project / "prompts.jsonl"), "query_column": "prompt",
+                 "reward": f"{project / 'rewards.py'}:length"},
+        "env": {"roles": ["speaker"], "templates": {"speaker": "{query}"}, "batch_size": 2},
+        "agents": {"algorithm": algorithm},
+        "ppo": {"mini_batch_size": 2, "ppo_epochs": 1},
+        "generation": {"min_new_tokens": 2, "max_new_tokens": 3},
+        "logging": {"tensorboard": False, "progress": False, "eval_queries": 2, "checkpoint_every": None},
+    }  # fmt: skip
+    path = project / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_learner_class_in_a_file_beside_the_config_trains(project, tiny_lm_dir, tmp_path_factory, monkeypatch):
+    path = config_of(project, tiny_lm_dir, "learner.py:SignPPO")  # relative to the config's folder
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    config = load_config(path)
+    assert config.agents.algorithm == f"{project / 'learner.py'}:SignPPO"  # the run's saved config finds it too
+    run_dir = project / "run"
+    assert main(["train", str(path), "iterations=1", "--run-dir", str(run_dir)]) == 0
+    from marllm.utils.imports import load_reference
+
+    assert load_reference(config.agents.algorithm).built == ["llm1"]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 1 and "llm1/loss/total" in metrics[0]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "message"),
+    [
+        ("ppo2", r"unknown algorithm 'ppo2'; one of \['ppo', 'grpo', 'rloo', 'reinforce_pp'\], or a learner class"),
+        (":SignPPO", "names no module or no object"),
+    ],
+)
+def test_an_unknown_algorithm_is_a_config_error_naming_both_forms(project, tiny_lm_dir, algorithm, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(config_of(project, tiny_lm_dir, algorithm))
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("NOT_CALLABLE", "is a int without from_options"), ("Missing", "has no 'Missing'")],
+)
+def test_a_reference_that_builds_no_learner_is_refused_when_built(project, tokenizer, name, message):
+    model, reference = make_tiny_gpt2(tokenizer), make_tiny_gpt2(tokenizer)
+    with pytest.raises(ValueError, match=message):
+        build_learner(f"{project / 'learner.py'}:{name}", "llm", AlgorithmOptions(), model=model,
+                      tokenizer=tokenizer, reference=reference)  # fmt: skip
+
+
+def test_every_catalog_entry_builds_a_learner_of_its_algorithm(tokenizer):
+    for name in CATALOG:
+        model, reference = make_tiny_gpt2(tokenizer), make_tiny_gpt2(tokenizer)
+        options = AlgorithmOptions(group_size=2)
+        learner = build_learner(name, "llm", options, model=model, tokenizer=tokenizer, reference=reference)
+        assert getattr(learner, "algorithm", "ppo") == name
+        assert learner.uses_critic == (name == "ppo")
+
+
+def test_the_catalog_loads_no_torch():
+    code = "import sys, marllm.algorithms.catalog; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
