@@ -47,7 +47,8 @@ NOT_CALLABLE = 3
 def project(tmp_path, tiny_lm_dir):
     """A folder holding a learner module and the config that names it, as a user's project would."""
     (tmp_path / "learner.py").write_text(SIGN_PPO)
-    (tmp_path / "rewards.py").write_text("def length(samples, responses):\n    return [len(r) - 4.0 for r in responses]\n")
+    reward = "def length(samples, responses):\n    return [len(r) - 4.0 for r in responses]\n"
+    (tmp_path / "rewards.py").write_text(reward)
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["a", "b", "c", "d"]))
     return tmp_path
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from marllm.evaluation.average_policy import AveragePolicy
-from marllm.evaluation.exploitability import ExactGame
+from marllm.games.average_policy import AveragePolicy
+from marllm.games.exploitability import ExactGame
 from tests.test_games_cli import needs_openspiel
 
 pytestmark = needs_openspiel

@@ -50,7 +50,7 @@ def test_a_free_text_player_answers_with_the_budgets_training_samples(tokenizer,
     plays and tabulates draws each answer's budget from the same range (it used max_new_tokens alone)."""
     from types import SimpleNamespace
 
-    from marllm.evaluation import games
+    from marllm.games import model_player as games
 
     budgets = []
 
@@ -130,7 +130,7 @@ def test_every_action_mode_refuses_a_prompt_too_long_for_the_context_in_one_line
     """Acting and tabulating a move distribution check the prompt against the model's context as generate does
     (score mode died with the position embedding's IndexError), and say what shortens a move's answer."""
     from marllm.algorithms.catalog import AlgorithmOptions, build_learner
-    from marllm.evaluation.games import ModelPlayer
+    from marllm.games.model_player import ModelPlayer
     from marllm.models.generation import PromptTooLongError
 
     tokenizer.padding_side = "left"

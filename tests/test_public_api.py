@@ -59,8 +59,8 @@ def test_every_public_name_imports_and_is_listed(module_name):
 
 
 def test_top_level_names_are_the_defining_objects():
-    from marllm.algorithms.ppo import PPOLearner
     from marllm.algorithms.catalog import AlgorithmOptions
+    from marllm.algorithms.ppo import PPOLearner
     from marllm.envs.text_env import SequentialTextEnv
     from marllm.run.learners import ModelPlacement, make_learners
     from marllm.wrappers.role_permutation import RolePermutation

@@ -127,7 +127,7 @@ class GameConfig:
             ``constrained``, ``exploitability_samples`` answers per state under ``generate``). A ``best_response``
             seat answers the run's only learner.
         exploitability_every: every this many iterations, the metric ``<learner>/game/exploitability`` (and
-            ``nash_conv``) of each learner's tabulated policy (:mod:`marllm.evaluation.exploitability`); null: never.
+            ``nash_conv``) of each learner's tabulated policy (:mod:`marllm.games.exploitability`); null: never.
             Small OpenSpiel games only (Kuhn, Leduc poker, matrix games, small repeated games).
         exploitability_samples: answers per information state that tabulate a ``generate`` learner's policy.
         policy_average: the weights of the measured policies in the average policy whose exploitability is logged

@@ -1,150 +1,15 @@
-"""A model's strategy in a config's game, measured exactly: what ``marllm eval --exploitability``, the ``best_response``
-seat and the training metric ``<learner>/game/exploitability`` run (:mod:`marllm.evaluation.exploitability`).
-
-A model's policy is tabulated with the config's prompts (``game.templates``), parser and illegal-answer policy. A
-player or learner with ``move_probabilities(prompts, legal_moves)`` (the ``score`` and ``constrained`` action modes)
-is tabulated exactly; otherwise the model answers ``game.exploitability_samples`` times per information state with the
-config's generation settings (the ``generate`` mode) and its answers' frequencies are tabulated. A learner is sampled
-in eval mode (no dropout) from the global torch generator, so a run that measures draws other samples afterwards than
-one that does not (each is still reproducible from its seed).
-"""
+"""The NashConv and exploitability of deployed models (the base, or a run's checkpoints) in a config's game: what
+``marllm eval --exploitability`` reports, tabulated as :mod:`marllm.games.strategy` tabulates a learner."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import torch
+from collections.abc import Sequence
 
 from marllm.config import TrainConfig
-from marllm.config.game import EXACT_ACTIONS, GameConfig
-from marllm.evaluation.average_policy import AveragePolicy
 from marllm.evaluation.deployed import load_deployed_model
-from marllm.evaluation.exploitability import (
-    ExactGame,
-    ExactProbabilities,
-    ExploitabilityReport,
-    PolicySource,
-    policy_source,
-)
-from marllm.evaluation.games import ModelPlayer
-
-
-def exact_game(game: GameConfig) -> ExactGame:
-    """The :class:`ExactGame` of a config's game (its prompts); ``ValueError`` if it is not a small OpenSpiel game."""
-    if game.info.openspiel is None:
-        raise ValueError(
-            f"exact evaluation needs an OpenSpiel game (openspiel:<game string>, e.g. openspiel:kuhn_poker) whose "
-            f"information states can be enumerated; {game.name} is a PettingZoo game"
-        )
-    return ExactGame(game.info.openspiel, templates=game.templates)
-
-
-def game_policy_source(game: GameConfig, player: Any, batch_size: int = 256) -> PolicySource:
-    """:func:`~marllm.evaluation.exploitability.policy_source` of ``player`` with the config's parser, illegal-answer
-    policy and ``exploitability_samples``: exact (without gradients) where ``game.actions`` is ``score`` or
-    ``constrained`` and the player has ``move_probabilities``."""
-    probabilities = getattr(player, "move_probabilities", None)
-    if game.actions in EXACT_ACTIONS and callable(probabilities):
-        return ExactProbabilities(torch.no_grad()(probabilities))
-    return policy_source(player, game.parser, game.exploitability_samples, game.illegal, batch_size, exact=False)
-
-
-class LearnerAnswers(ModelPlayer):
-    """A learner's model answering with the config's generation settings, in eval mode, its adapter active."""
-
-    def __init__(
-        self, name: str, learner: Any, generation: Any, actions: str = "generate", normalization: str = "token"
-    ):
-        super().__init__(name, learner.model, learner.tokenizer, generation, actions, normalization)
-        self.learner = learner
-
-    def answer(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
-        self.learner.activate()
-        training = self.model.training
-        self.model.eval()
-        try:
-            return super().answer(observation)
-        finally:
-            self.model.train(training)
-
-
-def learner_player(config: TrainConfig, name: str, learner: Any) -> Any:
-    """What tabulates a learner: itself where its ``move_probabilities`` are exact (``score``, ``constrained``), else
-    :class:`LearnerAnswers`."""
-    game = config.game
-    assert game is not None
-    if game.actions in EXACT_ACTIONS and callable(getattr(learner, "move_probabilities", None)):
-        return learner
-    return LearnerAnswers(name, learner, config.generation, game.actions, game.action_normalization)
-
-
-def learner_policy(config: TrainConfig, name: str, learner: Any) -> Callable[[], Any]:
-    """A zero-argument callable giving the learner's current ``TabularPolicy`` (what a ``best_response`` seat reads)."""
-    game = config.game
-    assert game is not None
-    exact = exact_game(game)
-    player = learner_player(config, name, learner)
-    return lambda: exact.tabulate(game_policy_source(game, player))
-
-
-class ExploitabilityMetrics:
-    """An iteration's metrics hook that adds, every ``game.exploitability_every`` iterations (counting from 1, read
-    from the metrics' ``iteration``), ``<learner>/game/nash_conv``, ``<learner>/game/exploitability`` (NaN where the
-    game is not two-player zero-sum) and, for a sampled policy, ``<learner>/game/exploitability_illegal_rate``; and
-    the same of the average of the policies measured so far (:class:`~marllm.evaluation.average_policy.AveragePolicy`:
-    what self-play converges to where its last iterate cycles; weighted by ``game.policy_average``),
-    ``<learner>/game/nash_conv_average`` and ``<learner>/game/exploitability_average``. The averages are saved and
-    restored with the run's checkpoints."""
-
-    def __init__(self, config: TrainConfig, learners: Mapping[str, Any], inner: Callable[[dict], dict]):
-        game = config.game
-        assert game is not None and game.exploitability_every is not None
-        self.every, self.inner, self.game = game.exploitability_every, inner, game
-        self.exact = exact_game(game)
-        self.players = {name: learner_player(config, name, learners[name]) for name in game.learner_ids}
-        self.averages = {name: AveragePolicy(self.exact.tree, game.policy_average) for name in self.players}
-
-    def __call__(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        merged = self.inner(metrics)
-        iteration = metrics.get("iteration")
-        if iteration is None or (int(iteration) + 1) % self.every:
-            return merged
-        for name, player in self.players.items():
-            source = game_policy_source(self.game, player)
-            policy = self.exact.tabulate(source)
-            report = self.exact.measure(policy, source)
-            self.averages[name].add(policy)
-            average = self.exact.measure(self.averages[name].policy())
-            for suffix, measured in (("", report), ("_average", average)):
-                merged[f"{name}/game/nash_conv{suffix}"] = measured.nash_conv
-                exploit = measured.exploitability
-                merged[f"{name}/game/exploitability{suffix}"] = math.nan if exploit is None else exploit
-            if report.illegal_rate is not None:
-                merged[f"{name}/game/exploitability_illegal_rate"] = report.illegal_rate
-        return merged
-
-    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """Each learner's average policy (its running sums), as a checkpoint saves them."""
-        tensors, meta = {}, {}
-        for name, average in self.averages.items():
-            sums, meta[name] = average.state_dict()
-            tensors.update({f"{name}/{key}": value for key, value in sums.items()})
-        return tensors, meta
-
-    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` gave; ``ValueError`` if it holds other learners' averages."""
-        if sorted(meta) != sorted(self.averages):
-            raise ValueError(
-                f"the saved average policies are of learners {sorted(meta)}, this run's {sorted(self.averages)}"
-            )
-        for name, average in self.averages.items():
-            prefix = f"{name}/"
-            average.load_state_dict(
-                {key.removeprefix(prefix): value for key, value in tensors.items() if key.startswith(prefix)},
-                meta[name],
-            )
+from marllm.games.exploitability import ExploitabilityReport
+from marllm.games.model_player import ModelPlayer
+from marllm.games.strategy import exact_game, game_policy_source
 
 
 def evaluate_exploitability(

@@ -20,12 +20,12 @@ from marllm.evaluation.deployed import load_deployed_model
 from marllm.evaluation.games import (
     SELF,
     GameEvalRow,
-    ModelPlayer,
     check_opponents,
     play_matches,
     player_source,
 )
 from marllm.evaluation.ratings import Rating, bradley_terry
+from marllm.games.model_player import ModelPlayer
 
 
 @dataclass

@@ -119,7 +119,7 @@ class BestResponsePlayer(TabularPlayer):
     Args:
         game: as :class:`TabularPlayer`'s.
         target: gives the target's current policy (an OpenSpiel policy of the solved twin; e.g.
-            :meth:`~marllm.evaluation.exploitability.ExactGame.tabulate` of a learner).
+            :meth:`~marllm.games.exploitability.ExactGame.tabulate` of a learner).
         every: updates between two readings of the target's policy (>= 1).
         name: the player's id.
         seed: seeds its draws (a best response is deterministic: ties go to OpenSpiel's first best action).

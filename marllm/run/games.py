@@ -4,7 +4,7 @@ The env is :class:`~marllm.envs.games.BatchedGameEnv` over the game, wrapped lik
 :class:`~marllm.wrappers.SharedReward` over the game's seats when ``agents.reward_coefficients`` is set, then by
 :class:`~marllm.wrappers.RolePermutation`, whose agents are the *slots* of ``game.seats``: slot i starts in seat i and
 moves on to the next seat every ``agents.role_period`` iterations (never when it is null); who sits in which slot is
-:mod:`marllm.run.seats`'s. One learner in several slots (self-play) is one learner, updated once per iteration on the
+:mod:`marllm.games.seats`'s. One learner in several slots (self-play) is one learner, updated once per iteration on the
 moves of all of them. With ``game.role_baselines`` the env is wrapped, outermost, by
 :class:`~marllm.wrappers.RoleBaselines`, one baseline per (learner, seat) for every learner's slots.
 
@@ -24,13 +24,13 @@ from pettingzoo import AECEnv
 from pettingzoo.utils.wrappers import BaseWrapper
 
 from marllm.config import TrainConfig
-from marllm.evaluation.game_parts import game_env
-from marllm.evaluation.model_strategy import ExploitabilityMetrics
+from marllm.games.parts import game_env
+from marllm.games.seats import learner_slots, seat_players, seat_slots
+from marllm.games.strategy import ExploitabilityMetrics
 from marllm.parallel.distributed import reseed_sampling
 from marllm.players import OpponentPool
 from marllm.run.learners import learners_from_config
 from marllm.run.parts import Setup, wrap_for_agents
-from marllm.run.seats import learner_slots, seat_players, seat_slots
 from marllm.wrappers import RoleBaselines, RolePermutation
 
 
@@ -133,7 +133,7 @@ def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
 
 def metrics_hook(config: TrainConfig, learners: Mapping[str, Any], hook: Any) -> Any:
     """``hook``, with the learners' exploitability added every ``game.exploitability_every`` iterations if it is set
-    (:class:`~marllm.evaluation.model_strategy.ExploitabilityMetrics`)."""
+    (:class:`~marllm.games.strategy.ExploitabilityMetrics`)."""
     game = config.game
     if game is None or game.exploitability_every is None:
         return hook

@@ -31,7 +31,7 @@ class Setup:
     concurrent_updates: bool = False
     """Whether the learners update at the same time: full-model learners, each on its own device."""
     seat_players: dict[str, Any] | None = None
-    """A game's players by the env's agent ids (:mod:`marllm.run.seats`), what the loop drives; None: ``learners``,
+    """A game's players by the env's agent ids (:mod:`marllm.games.seats`), what the loop drives; None: ``learners``,
     whose ids are the text env's agents."""
     metrics_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     """Adds what the env measured to an iteration's metrics (a game's per-seat results); None: nothing."""

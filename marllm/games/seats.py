@@ -1,5 +1,5 @@
 """Who sits where in a game run: each seat's slot (the env's agent id), the learner of each learner's slot, and the
-player of every slot, the fixed ones built by :func:`~marllm.evaluation.game_parts.fixed_player` as evaluation
+player of every slot, the fixed ones built by :func:`~marllm.games.parts.fixed_player` as evaluation
 builds them.
 
 A slot's id is its player's: the learner id, or ``random``, ``minimax``, ``mcts``, ``pool-<learner>``; a player named
@@ -14,8 +14,8 @@ from typing import Any
 
 from marllm.config import TrainConfig
 from marllm.config.game import Seat
-from marllm.evaluation.game_parts import FIXED_PLAYERS, fixed_player
-from marllm.evaluation.model_strategy import learner_policy
+from marllm.games.parts import FIXED_PLAYERS, fixed_player
+from marllm.games.strategy import learner_policy
 from marllm.players import OpponentPool
 from marllm.players.tabular import BestResponsePlayer
 
@@ -43,7 +43,7 @@ def learner_slots(config: TrainConfig) -> dict[str, str]:
 
 def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping[str, Any]) -> Any:
     """The player of a seat that is not a learner (``index``: the seat's position, which seeds it): a fixed player
-    (:func:`~marllm.evaluation.game_parts.fixed_player`), or one made from a learner (a snapshot pool, a best
+    (:func:`~marllm.games.parts.fixed_player`), or one made from a learner (a snapshot pool, a best
     response to the run's learner)."""
     game = config.game
     assert game is not None

@@ -32,7 +32,7 @@ class AveragePolicy:
     """The reach-weighted average of the ``TabularPolicy`` objects :meth:`add` was given (see the module docstring).
 
     Args:
-        tree: the game's information states (:attr:`ExactGame.tree <marllm.evaluation.exploitability.ExactGame>`);
+        tree: the game's information states (:attr:`ExactGame.tree <marllm.games.exploitability.ExactGame>`);
             the policies added are ``TabularPolicy`` objects of its solved twin, rows in its order.
         weighting: ``uniform`` (every policy the same weight) or ``linear`` (the k-th added weighs k).
     """
