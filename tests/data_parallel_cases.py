@@ -49,7 +49,13 @@ CASES: dict[str, dict[str, Any]] = {
     # The same in whole mini-batches: the loss metrics micro-batches report must be these.
     "ppo_whole_batches": {"ppo": {**PPO, "mini_batch_size": 4, "gradient_accumulation_steps": 1,
                                   "micro_batch_size": None, "ratio_threshold": 1.02}},
+    # A game's action modes (marllm.algorithms.actions): each learner re-scores its rank's moves as it played them.
+    "ppo_score": {"ppo": PPO, "actions": "score"},
+    "grpo_constrained": {"ppo": PPO, "algorithm": "grpo", "actions": "constrained"},
+    "reinforce_pp_think": {"ppo": {**PPO, "micro_batch_size": 1}, "algorithm": "reinforce_pp", "actions": "think"},
 }
+LEGAL_MOVES = (["good", "bad"], ["pass", "bet", "fold"], ["a b c", "a b d"], ["good", "bad"])
+"""A game case's legal moves, per prompt of a turn (several tokens, two sharing their first ones)."""
 
 
 SHARDED_CASES = ("ppo", "ppo_clipped", "grpo_kl_in_loss")
@@ -60,7 +66,7 @@ def build_learner(case: str, tokenizer: Any, data_parallel: Any = None, sharded:
     """The learner of ``case`` on a tiny GPT-2 seeded alike on every process, with the adaptive KL controller;
     ``sharded``: its models sharded over the ranks of ``data_parallel``."""
     spec = CASES[case]
-    extra: dict[str, Any] = {"data_parallel": data_parallel}
+    extra: dict[str, Any] = {"data_parallel": data_parallel, "actions": spec.get("actions", "generate")}
     learner_class = PPOLearner
     if "algorithm" in spec:
         learner_class = CriticFreeLearner

@@ -1,5 +1,5 @@
-"""Data-parallel training (marllm.parallel.distributed): two gloo ranks update as one process does, and train end to
-end."""
+"""Data-parallel training (marllm.parallel.distributed): two gloo ranks update as one process does (PPO and the
+critic-free learners, in free text and in a game's action modes), and train end to end."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from marllm.envs.text_env import SequentialTextEnv
 from tests.conftest import make_tiny_gpt2
 from tests.data_parallel_cases import (
     CASES,
+    LEGAL_MOVES,
     PPO,
     RATIO_SKIPS,
     SHARDED_CASES,
@@ -56,7 +57,9 @@ def rewarded_rollout(case: str, tokenizer) -> object:
     target = tokenizer.encode(" good")[0]
     torch.manual_seed(1)
     for turn in range(turns):
-        learner.act({"prompt": [p for p in TURN_PROMPTS[turn] for _ in range(2)]})
+        prompts = [p for p in TURN_PROMPTS[turn] for _ in range(2)]
+        moves = {"legal_moves": [m for m in LEGAL_MOVES for _ in range(2)]} if "actions" in CASES[case] else {}
+        learner.act({"prompt": prompts, **moves})
         ids = [tokenizer.encode(r) for r in learner.rollouts[turn].responses]
         learner.finish([sum(t == target for t in row) / max(len(row), 1) + 0.1 * i for i, row in enumerate(ids)])
     return learner.rollouts[0] if turns == 1 else list(learner.rollouts)

@@ -143,9 +143,13 @@ class PPOLearner:
         self._rng = np.random.default_rng(seed)
         self.rollouts: list[Rollout] = []
         self.num_updates = 0
-        self.collector = new_collector(
+        self.collector = self._new_collector(actions, normalization)
+
+    def _new_collector(self, actions: str, normalization: str | None) -> Collector:
+        """The collector of ``actions`` (with ``score``'s ``normalization``) on this learner's parts."""
+        return new_collector(
             actions,
-            owner=f"learner {name!r}",
+            owner=f"learner {self.name!r}",
             options=None if normalization is None else {"normalization": normalization},
             name=self.name,
             model=self.model,

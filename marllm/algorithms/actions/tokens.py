@@ -102,42 +102,13 @@ class TokenCollector(Collector):
         generated = time.perf_counter()
         input_ids = torch.cat([prompt_ids, response], 1)  # (B, P+L)
         attention_mask = torch.cat([prompt_mask, torch.ones_like(response)], 1)
-        prompt_length = prompt_ids.shape[1]
         columns: dict[str, list[torch.Tensor]] = defaultdict(list)
-        settings = (prompt_length, self.generation, self.tokenizer.eos_token_id)
         for rows in self._chunks(len(prompts)):
-            ids, attention = input_ids[rows], attention_mask[rows]
-            with autocast_for(self.model, self.config.autocast_dtype):
-                if from_generate:  # generate's own forwards, instead of a second one over prompt and response
-                    logits, values = generated_batch.logits[rows], None
-                    if self.value_head is not None:
-                        values = self.value_head(generated_batch.hidden[rows])
-                else:
-                    logits, values = shared_prefix_response_forward(
-                        self.model, ids, attention, prompt_length, self.value_head
-                    )
-            if allowed is not None:  # the distribution constrained answers were sampled from
-                logits = restrict_logits(logits, allowed[rows], inplace=True)
-            # Tempered or processed in place: at most the policy's and the reference's (b, L, V) logits are alive.
-            logits = logprob_logits(logits, ids, attention, *settings, inplace=True)
-            with self.reference_model() as reference:
-                # The reference may live on another device than the policy (agents.reference_device).
-                on = next(reference.parameters()).device
-                with autocast_for(reference, self.config.autocast_dtype):
-                    ref_logits, _ = shared_prefix_response_forward(
-                        reference, ids.to(on), attention.to(on), prompt_length
-                    )
-                ref_logits = ref_logits.to(logits.device)
-            if allowed is not None:  # π_0 restricted alike: both are distributions over the same legal tokens
-                ref_logits = restrict_logits(ref_logits, allowed[rows], inplace=True)
-            ref_logits = reference_logprob_logits(ref_logits, logits, ids, attention, *settings, inplace=True)
-            logprobs, ref_logprobs, kl_full = logprobs_and_full_kl(logits, ref_logits, response[rows])
-            del logits, ref_logits  # before the next chunk's forward
-            columns["logprobs"].append(floor_logprobs(logprobs))
-            columns["ref_logprobs"].append(floor_logprobs(ref_logprobs))
-            if values is not None:
-                columns["values"].append(values.float())
-            columns["kl_full"].append(kl_full)
+            captured = (generated_batch.logits[rows], generated_batch.hidden[rows]) if from_generate else None
+            restriction = None if allowed is None else allowed[rows]
+            scored = self._score(input_ids[rows], attention_mask[rows], prompt_ids.shape[1], captured, restriction)
+            for key, value in scored.items():
+                columns[key].append(value)
         tensors = Batch(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -150,7 +121,48 @@ class TokenCollector(Collector):
             tensors.kl_full if self.config.kl_penalty == "full" else sampled_kl(tensors.logprobs, tensors.ref_logprobs)
         ) * tensors.mask
         timings = {"generation_s": generated - started, "forward_s": time.perf_counter() - generated}
-        return Rollout(prompts, generated_batch.texts, prompt_length, tensors, role=role, timings=timings)
+        return Rollout(prompts, generated_batch.texts, prompt_ids.shape[1], tensors, role=role, timings=timings)
+
+    def _score(
+        self,
+        ids: torch.Tensor,
+        attention: torch.Tensor,
+        prompt_length: int,
+        captured: tuple[torch.Tensor, torch.Tensor] | None,
+        allowed: torch.Tensor | None,
+    ) -> dict[str, torch.Tensor]:
+        """The rollout's columns of some rows (``ids``: prompt and response, (b, P+L)): log π and log π_0 of each
+        response token under the distribution sampled, V, and the full KL. ``captured``: generate's own logits and
+        hidden states of these rows, used instead of a second forward; ``allowed``: their restriction, if any."""
+        response = ids[:, prompt_length:]
+        settings = (prompt_length, self.generation, self.tokenizer.eos_token_id)
+        with autocast_for(self.model, self.config.autocast_dtype):
+            if captured is not None:  # generate's own forwards, instead of a second one over prompt and response
+                logits, hidden = captured
+                values = None if self.value_head is None else self.value_head(hidden)
+            else:
+                logits, values = shared_prefix_response_forward(
+                    self.model, ids, attention, prompt_length, self.value_head
+                )
+        if allowed is not None:  # the distribution constrained answers were sampled from
+            logits = restrict_logits(logits, allowed, inplace=True)
+        # Tempered or processed in place: at most the policy's and the reference's (b, L, V) logits are alive.
+        logits = logprob_logits(logits, ids, attention, *settings, inplace=True)
+        with self.reference_model() as reference:
+            # The reference may live on another device than the policy (agents.reference_device).
+            on = next(reference.parameters()).device
+            with autocast_for(reference, self.config.autocast_dtype):
+                ref_logits, _ = shared_prefix_response_forward(reference, ids.to(on), attention.to(on), prompt_length)
+            ref_logits = ref_logits.to(logits.device)
+        if allowed is not None:  # π_0 restricted alike: both are distributions over the same legal tokens
+            ref_logits = restrict_logits(ref_logits, allowed, inplace=True)
+        ref_logits = reference_logprob_logits(ref_logits, logits, ids, attention, *settings, inplace=True)
+        logprobs, ref_logprobs, kl_full = logprobs_and_full_kl(logits, ref_logits, response)
+        del logits, ref_logits  # before the next chunk's forward
+        scored = {"logprobs": floor_logprobs(logprobs), "ref_logprobs": floor_logprobs(ref_logprobs)}
+        if values is not None:
+            scored["values"] = values.float()
+        return scored | {"kl_full": kl_full}
 
     def _chunks(self, batch_size: int) -> list[slice]:
         size = self.config.forward_batch_size or batch_size
