@@ -7,7 +7,7 @@ actions with a per-token KL-penalised reward over a padded batch, so the loss is
 computes, without gradients, everything its epochs need from a rollout (scores, token rewards, advantages, returns),
 and a :class:`~marllm.algorithms.ppo_steps.PPOSteps` runs the epochs on that. The learner is composed of parts with
 explicit inputs: acting is the collector of its action mode (:mod:`marllm.algorithms.actions`), which also re-scores
-each mini-batch, the objective is in :mod:`marllm.algorithms.ppo_objective`, checkpoints a
+each mini-batch, the targets and objective are in :mod:`marllm.algorithms.ppo_update`, checkpoints a
 :class:`~marllm.algorithms.learner_checkpoint.LearnerCheckpoint`.
 """
 
@@ -27,6 +27,7 @@ from tianshou.data import Batch
 from tianshou.utils.statistics import RunningMeanStd
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from marllm.algorithms import ppo_update
 from marllm.algorithms.actions import Collector, new_collector
 from marllm.algorithms.catalog import AlgorithmOptions
 from marllm.algorithms.kl_controller import KLController, kl_controller_from
@@ -40,7 +41,6 @@ from marllm.algorithms.learner_arguments import (
 )
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
-from marllm.algorithms.ppo_objective import ppo_objective, ppo_target_stats, ppo_targets
 from marllm.algorithms.ppo_steps import NonFiniteLossError, PPOSteps
 from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_scores, update_stats
 from marllm.algorithms.rollout import Rollout, finish_rollout, merge_rollouts
@@ -371,7 +371,7 @@ class PPOLearner:
         PPO: token ``rewards`` (the score at the last response token, −η·KL at every token), GAE against the value
         head (Schulman et al., 2016) and, if ``whiten_advantages``, whitening over the batch's response tokens.
         """
-        return ppo_targets(b, scores, kl_coef, self.config, self._all_reduce())
+        return ppo_update.ppo_targets(b, scores, kl_coef, self.config, self._all_reduce())
 
     def _controlled_kl(self, b: Batch) -> float:
         """The batch's mean summed KL that the penalty uses, which the KL controller steers: the reward's."""
@@ -379,7 +379,7 @@ class PPOLearner:
 
     def _advantage_stats(self, b: Batch) -> dict[str, float]:
         """The reported statistics of the update's targets (``returns/mean``, …)."""
-        return ppo_target_stats(b)
+        return ppo_update.ppo_target_stats(b)
 
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         """A mini-batch's loss and its parts: :meth:`_objective` of the collector's re-scoring of its actions (the
@@ -392,5 +392,5 @@ class PPOLearner:
         self, mb: Batch, logprobs: torch.Tensor, values: torch.Tensor | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """PPO's loss of a mini-batch: the clipped surrogate plus ``vf_coef`` × the clipped value loss."""
-        return ppo_objective(mb, logprobs, values, self.config)
+        return ppo_update.ppo_objective(mb, logprobs, values, self.config)
 

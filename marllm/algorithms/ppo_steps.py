@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -116,63 +116,34 @@ class PPOSteps:
     def accumulate(
         self, minibatch: _MiniBatch, data: UpdateBatch, masses: torch.Tensor, losses: dict[str, list[float]]
     ) -> tuple[bool, str | None]:
-        """Add one mini-batch's weighted loss gradient (this rank's rows of it) to the step's gradient, in the passes
-        of :func:`passes` (one, unless ``ppo.micro_batch_size`` asks for more).
+        """Add one mini-batch's weighted loss gradient (this rank's rows of it) to the step's gradient, unless the
+        ratio threshold skips it; its loss parts are appended to ``losses``.
 
-        Each pass's loss (a mean over its own tokens or responses) is weighted by its share of the mini-batch's
-        :attr:`sample_masses`, so that the passes sum to the mini-batch's loss; data-parallel, by its share of the
-        *global* mini-batch's mass (the ranks' gradients are summed), while the recorded loss parts are this rank's
-        means (the ranks' metrics are averaged). The ratio threshold needs the whole mini-batch's ratio: one pass
-        waits for it before its backward; several run their backwards as they go, taken back if it then skips.
+        Three concerns, one after the other: the passes that compute it (:class:`_Passes`: micro-batches, each
+        weighted by its share of the mini-batch's mass, a non-finite loss stopping them), the ratio guard over the
+        whole mini-batch (:meth:`_skips`), then the gradient kept or taken back. A rank that holds no row of it
+        stands in (:meth:`_stand_in`).
 
-        Returns whether the mini-batch counts towards the step (not skipped by the ratio threshold) and, if a loss is
-        not finite, the failure to report. A non-finite pass stops the passes (sharded, its backward runs all the
-        same: FSDP's reduce-scatter needs every rank) but not the collectives every rank makes per mini-batch, so
-        that the ranks stay in step until they agree to fail.
+        Returns whether the mini-batch counts towards the step and, if a loss is not finite, the failure to report.
+        The collectives every rank makes per mini-batch run even after a failure, so that the ranks stay in step
+        until they agree to fail.
         """
-        b = data.batch
-        plan = passes(minibatch, b, data.prompt_length, self.config.passes_of(self.sharded))
+        plan = passes(minibatch, data.batch, data.prompt_length, self.config.passes_of(self.sharded))
         if not plan:  # this rank holds no row of the mini-batch
-            return self._stand_in(b, data.prompt_length), None
-        total = float(masses[minibatch.indices].sum()) or 1.0  # the global mini-batch's
-        own_total = float(masses[minibatch.mine].sum()) or 1.0  # this rank's rows of it
-        tokens = float(b.mask[torch.as_tensor(np.concatenate([one.rows for one in plan]))].sum())
-        deferred = len(plan) == 1  # the ratio is known before the one pass's backward: nothing to take back
-        before = None if deferred else self._gradients_before()
-        combined: dict[str, float] = defaultdict(float)
-        failure, pending = None, None
-        for one in plan:
-            loss, parts = self.loss(one.batch, one.prompt_length)
-            mass = float(masses[one.mine].sum())
-            weight = minibatch.weight * (mass / total)
-            if deferred or not torch.isfinite(loss):
-                combined = defaultdict(float, parts)  # one pass's parts as they are (a failing pass's too)
-            else:
-                mass_share = mass / own_total
-                token_share = float(one.batch.mask.sum()) / (tokens or 1.0)
-                for key, value in parts.items():  # the objective's parts are means by its masses, _loss's by tokens
-                    combined[key] += value * (token_share if key in _TOKEN_MEANS else mass_share)
-            if not torch.isfinite(loss):
-                failure = self._nonfinite_loss(parts, minibatch.epoch)
-                pending = (loss, weight) if self.sharded else None  # FSDP's reduce-scatter needs the backward
-                break
-            if deferred:
-                pending = (loss, weight)
-            else:
-                (loss * weight).backward()
-        parts = dict(combined)
-        skipped = self._skips(parts.get("ratio", 0.0), tokens)  # every rank decides alike, even after a failure
+            return self._stand_in(data.batch, data.prompt_length), None
+        computed = _Passes(plan, minibatch, masses, data.batch.mask, self.sharded)
+        computed.run(self.loss, self._gradients_before, lambda parts: self._nonfinite_loss(parts, minibatch.epoch))
+        parts = computed.parts
+        skipped = self._skips(parts.get("ratio", 0.0), computed.tokens)  # every rank decides alike, even on failure
         parts["skipped_minibatch_fraction"] = float(skipped)
         for key, value in parts.items():
             losses[key].append(value)
         if skipped:
-            if not deferred:
-                self._restore_gradients(before)
-            return False, failure
-        if pending is not None:
-            loss, weight = pending
-            (loss * weight).backward()
-        return True, failure
+            if not computed.deferred:
+                self._restore_gradients(computed.before)
+            return False, computed.failure
+        computed.backward_pending()
+        return True, computed.failure
 
     def _stand_in(self, b: Batch, prompt_length: int) -> bool:
         """A mini-batch this rank holds no row of: whether it counts towards the step. Sharded, FSDP needs every
@@ -230,6 +201,75 @@ class PPOSteps:
                 "the optimiser step was not applied"
             )
         self.optimizer.step()
+
+
+@dataclass(eq=False)
+class _Passes:
+    """The passes that compute one mini-batch (this rank's rows of it, :func:`passes`), and what they leave: the
+    mini-batch's loss parts, its response tokens, the backward still to run, the gradients to put back if it is
+    skipped, and a failure.
+
+    Each pass's loss (a mean over its own tokens or responses) is weighted by its share of the mini-batch's mass, so
+    that the passes sum to the mini-batch's loss; data-parallel, by its share of the *global* mini-batch's mass (the
+    ranks' gradients are summed), while the recorded parts are this rank's means (the ranks' metrics are averaged).
+    The ratio guard needs the whole mini-batch's ratio: one pass waits for it before its backward (``deferred``);
+    several run their backwards as they go, to be taken back if the mini-batch is skipped. A non-finite loss stops
+    the passes; sharded, its backward still runs (FSDP's reduce-scatter needs every rank).
+    """
+
+    plan: list[Pass]
+    minibatch: _MiniBatch
+    masses: torch.Tensor
+    mask: torch.Tensor
+    sharded: bool
+    parts: dict[str, float] = field(default_factory=dict)
+    failure: str | None = None
+    pending: tuple[torch.Tensor, float] | None = None
+    before: list[torch.Tensor | None] | None = None
+
+    def __post_init__(self) -> None:
+        self.total = float(self.masses[self.minibatch.indices].sum()) or 1.0  # the global mini-batch's mass
+        self.own_total = float(self.masses[self.minibatch.mine].sum()) or 1.0  # this rank's rows of it
+        self.tokens = float(self.mask[torch.as_tensor(np.concatenate([one.rows for one in self.plan]))].sum())
+        self.deferred = len(self.plan) == 1  # the ratio is known before the one pass's backward
+
+    def run(
+        self,
+        loss: LossFunction,
+        gradients_before: Callable[[], list[torch.Tensor | None] | None],
+        nonfinite: Callable[[dict[str, float]], str],
+    ) -> None:
+        """Compute the passes in order (``loss`` of each), backward as they go unless ``deferred``; keep the
+        gradients from before them (``gradients_before``) to take back, and ``nonfinite(parts)``'s message on a
+        non-finite loss."""
+        self.before = None if self.deferred else gradients_before()
+        combined: dict[str, float] = defaultdict(float)
+        for one in self.plan:
+            value, parts = loss(one.batch, one.prompt_length)
+            mass = float(self.masses[one.mine].sum())
+            weight = self.minibatch.weight * (mass / self.total)
+            finite = bool(torch.isfinite(value))
+            if self.deferred or not finite:
+                combined = defaultdict(float, parts)  # one pass's parts as they are (a failing pass's too)
+            else:
+                mass_share, token_share = mass / self.own_total, float(one.batch.mask.sum()) / (self.tokens or 1.0)
+                for key, part in parts.items():  # objective: by masses; rescore: by tokens
+                    combined[key] += part * (token_share if key in _TOKEN_MEANS else mass_share)
+            if not finite:
+                self.failure = nonfinite(parts)
+                self.pending = (value, weight) if self.sharded else None
+                break
+            if self.deferred:
+                self.pending = (value, weight)
+            else:
+                (value * weight).backward()
+        self.parts = dict(combined)
+
+    def backward_pending(self) -> None:
+        """The backward a deferred (or failed sharded) pass still owes."""
+        if self.pending is not None:
+            value, weight = self.pending
+            (value * weight).backward()
 
 
 def plan_steps(
@@ -302,7 +342,7 @@ def split_points(count: int, size: int, merge_last: bool) -> list[slice]:
     return [slice(start, end) for start, end in zip(starts, [*starts[1:], count], strict=True)]
 
 
-_TOKEN_MEANS = ("ratio", "entropy")  # the loss parts PPOLearner._loss averages over tokens whatever the aggregation
+_TOKEN_MEANS = ("ratio", "entropy")  # the loss parts a collector's rescore averages over tokens (or moves), always
 
 
 def trim_padding(mb: Any, prompt_length: int) -> tuple[Any, int]:

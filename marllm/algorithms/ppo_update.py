@@ -1,17 +1,34 @@
-"""What one PPO update works with: the scores it trains on, the batch its epochs train on, and the statistics it
-reports."""
+"""One PPO update as functions of their inputs, in the order it runs: the scores it trains on
+(:func:`transform_scores`), the targets it trains towards (:func:`ppo_targets`), the batch its epochs train on
+(:class:`UpdateBatch`), PPO's clipped loss of a mini-batch from the log-probs and values that the learner's action
+mode re-scores (:func:`ppo_objective`; :meth:`~marllm.algorithms.actions.base.Collector.rescore`), and the statistics
+it reports. The maths they compose is in :mod:`marllm.algorithms.core`; the optimiser steps in
+:mod:`marllm.algorithms.ppo_steps`."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 from tianshou.data import Batch
 from tianshou.utils.statistics import RunningMeanStd
 
+from marllm.algorithms.core import (
+    clipped_policy_loss,
+    clipped_value_loss,
+    explained_variance,
+    gae,
+    masked_mean,
+    masked_whiten,
+    token_rewards,
+)
+
 if TYPE_CHECKING:
+    from marllm.algorithms.ppo_config import PPOConfig
     from marllm.algorithms.rollout import Rollout
 
 
@@ -37,6 +54,59 @@ def transform_scores(
     if clip is not None:
         scores = np.clip(scores, -clip, clip)
     return scores
+
+
+
+Objective = Callable[[Any, torch.Tensor, "torch.Tensor | None"], tuple[torch.Tensor, dict[str, float]]]
+"""``objective(mini_batch, logprobs, values) -> (loss, parts)``: an algorithm's loss of a mini-batch from the
+updated policy's log-probs (b, L) of its responses and its values (b, L), or None without a value head."""
+
+
+def ppo_targets(
+    b: Any,
+    scores: torch.Tensor,
+    kl_coef: float,
+    config: PPOConfig,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """PPO's columns for a rollout's tensors ``b``, from its (transformed) scores (B,) and η: token ``rewards`` (the
+    score at the last response token, −η·KL at every token), GAE ``advantages`` and ``returns`` against the value
+    head's ``b.values`` (Schulman et al., 2016), the advantages whitened over the batch's response tokens if
+    ``config.whiten_advantages`` (data-parallel, over the global batch: ``all_reduce`` sums over the ranks)."""
+    rewards = token_rewards(scores, b.kl, b.mask, kl_coef)
+    advantages, returns = gae(rewards, b.values, b.mask, config.gamma, config.lam)
+    if config.whiten_advantages:
+        advantages = masked_whiten(advantages, b.mask, all_reduce=all_reduce)
+    return {"rewards": rewards, "advantages": advantages, "returns": returns}
+
+
+def ppo_target_stats(b: Any) -> dict[str, float]:
+    """The mean return and value over the response tokens of ``b``, and how much of the returns' variance the values
+    explain."""
+    return {
+        "returns/mean": masked_mean(b.returns, b.mask).item(),
+        "values/mean": masked_mean(b.values, b.mask).item(),
+        "explained_variance": explained_variance(b.values, b.returns, b.mask),
+    }
+
+
+def ppo_objective(
+    mb: Any, logprobs: torch.Tensor, values: torch.Tensor | None, config: PPOConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's loss of a mini-batch: the clipped surrogate plus ``vf_coef`` × the clipped value loss, and its parts."""
+    pg_loss, clipfrac, approx_kl = clipped_policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_range)
+    assert values is not None  # uses_critic
+    v_loss, v_clipfrac = clipped_value_loss(values.float(), mb.values, mb.returns, mb.mask, config.clip_range_value)
+    loss = pg_loss + config.vf_coef * v_loss
+    parts = {
+        "loss/policy": pg_loss.item(),
+        "loss/value": v_loss.item(),
+        "loss/total": loss.item(),
+        "clipfrac": clipfrac.item(),
+        "value_clipfrac": v_clipfrac.item(),
+        "approx_kl": approx_kl.item(),
+    }
+    return loss, parts
 
 
 @dataclass(frozen=True)
