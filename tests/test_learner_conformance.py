@@ -15,6 +15,7 @@ from marllm.testing import (
     check_first_update_is_on_policy,
     check_move_probabilities_are_played,
     check_resume_equals_uninterrupted,
+    check_two_ranks_equal_one_process,
 )
 from tests.conftest import make_tiny_gpt2
 
@@ -44,25 +45,39 @@ def observations(algorithm: str) -> tuple[list[dict], list[list[float]]]:
 
 
 def maker(algorithm: str, actions: str, micro_batch_size: int | None, from_generate: bool = False):
+    def make():
+        return tiny_learner(None, algorithm, actions, micro_batch_size, from_generate)
+
+    return make
+
+
+def tiny_learner(
+    data_parallel=None, algorithm="ppo", actions="generate", micro_batch_size=None, from_generate=False
+):
+    """The matrix's learner: a tiny GPT-2 policy and reference, seeded alike on every call (and every rank)."""
     config = PPOConfig(
         mini_batch_size=6, ppo_epochs=1, micro_batch_size=micro_batch_size,
         rollout_from_generate=True if from_generate else "auto",
     )  # fmt: skip
     options = AlgorithmOptions(actions=actions, group_size=2 if algorithm in GROUPED else 1)
+    tokenizer = make_tokenizer_once()
+    model, reference = make_tiny_gpt2(tokenizer, seed=1), make_tiny_gpt2(tokenizer, seed=2)
+    with torch.no_grad():  # logits large enough for the repetition penalty to move probabilities measurably
+        model.transformer.ln_f.weight.mul_(8)
+        reference.transformer.ln_f.weight.mul_(8)
+    torch.manual_seed(0)
+    return build_learner(
+        algorithm, "llm", options, model=model, tokenizer=tokenizer, reference=reference, config=config,
+        generation=GENERATION, data_parallel=data_parallel,
+    )  # fmt: skip
 
-    def make():
-        tokenizer = make_tokenizer_once()
-        model, reference = make_tiny_gpt2(tokenizer, seed=1), make_tiny_gpt2(tokenizer, seed=2)
-        with torch.no_grad():  # logits large enough for the repetition penalty to move probabilities measurably
-            model.transformer.ln_f.weight.mul_(8)
-            reference.transformer.ln_f.weight.mul_(8)
-        torch.manual_seed(0)
-        return build_learner(
-            algorithm, "llm", options, model=model, tokenizer=tokenizer, reference=reference, config=config,
-            generation=GENERATION,
-        )  # fmt: skip
 
-    return make
+def without_gradient_sums(data_parallel=None, **options):
+    """A learner whose ranks never sum their gradients: each steps on its own half of every mini-batch."""
+    learner = tiny_learner(data_parallel, **options)
+    if data_parallel is not None:
+        object.__setattr__(data_parallel, "sum_gradients_", lambda parameters: None)  # a frozen dataclass
+    return learner
 
 
 _TOKENIZER = []
@@ -159,3 +174,19 @@ def test_sharing_the_prompts_beginning_changes_no_sample_and_no_log_prob(actions
     whole = rollout()
     assert shared[0] == whole[0]
     torch.testing.assert_close(shared[1], whole[1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "actions", "micro_batch_size"), [("ppo", "score", None), ("reinforce_pp", "constrained", 1)]
+)
+def test_two_gloo_ranks_update_as_one_process(algorithm, actions, micro_batch_size):
+    turns, rewards = observations(algorithm)
+    options = {"algorithm": algorithm, "actions": actions, "micro_batch_size": micro_batch_size}
+    largest = check_two_ranks_equal_one_process(f"{__name__}:tiny_learner", turns, rewards, options)
+    assert largest < 2e-5
+
+
+def test_the_two_rank_check_fails_on_ranks_that_do_not_sum_their_gradients():
+    turns, rewards = observations("ppo")
+    with pytest.raises(AssertionError, match="the ranks do not sum to one process"):
+        check_two_ranks_equal_one_process(f"{__name__}:without_gradient_sums", turns, rewards, {"actions": "score"})

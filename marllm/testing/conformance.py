@@ -15,7 +15,9 @@ models seeded inside), and the observations of one iteration (dicts with ``promp
 
 :func:`check_learner` runs every check that applies and says which it ran. The test suite runs it over the matrix of
 algorithms × action modes × prefix sharing × micro-batches (``tests/test_learner_conformance.py``); a learner of one's
-own runs it the same way.
+own runs it the same way. :func:`~marllm.testing.data_parallel.check_two_ranks_equal_one_process` checks that two
+gloo ranks update as one process does; it builds the learner from a factory named by reference, as the ranks are
+other processes.
 """
 
 from __future__ import annotations
