@@ -19,7 +19,13 @@ from tests.conftest import make_tiny_gpt2
 SIGN_PPO = '''
 import numpy as np
 
-from marllm.algorithms import PPOLearner
+from marllm.algorithms import CriticFreeLearner, PPOLearner
+
+
+class MyRLOO(CriticFreeLearner):
+    """RLOO under another name: a critic-free learner says its advantage by its variant."""
+
+    variant = "rloo"
 
 
 class SignPPO(PPOLearner):
@@ -53,12 +59,12 @@ def project(tmp_path, tiny_lm_dir):
     return tmp_path
 
 
-def config_of(project, lm_dir, algorithm):
+def config_of(project, lm_dir, algorithm, roles=("speaker",)):
     data = {
         "model": {"name_or_path": str(lm_dir), "device": "cpu"},
         "task": {"name": "text", "dataset": str(project / "prompts.jsonl"), "query_column": "prompt",
                  "reward": f"{project / 'rewards.py'}:length"},
-        "env": {"roles": ["speaker"], "templates": {"speaker": "{query}"}, "batch_size": 2},
+        "env": {"roles": list(roles), "templates": {role: "{query}" for role in roles}, "batch_size": 2},
         "agents": {"algorithm": algorithm},
         "ppo": {"mini_batch_size": 2, "ppo_epochs": 1},
         "generation": {"min_new_tokens": 2, "max_new_tokens": 3},
@@ -119,3 +125,32 @@ def test_the_catalog_loads_no_torch():
     code = "import sys, marllm.algorithms.catalog; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_a_critic_free_learner_named_by_reference_computes_its_variant(project, tokenizer):
+    model, reference = make_tiny_gpt2(tokenizer), make_tiny_gpt2(tokenizer)
+    learner = build_learner(f"{project / 'learner.py'}:MyRLOO", "llm", AlgorithmOptions(group_size=2), model=model,
+                            tokenizer=tokenizer, reference=reference)  # fmt: skip
+    assert type(learner).__name__ == "MyRLOO" and learner.algorithm == "rloo" and not learner.uses_critic
+    with pytest.raises(ValueError, match="rloo compares the responses to the same query"):
+        build_learner(f"{project / 'learner.py'}:MyRLOO", "llm", AlgorithmOptions(group_size=1), model=model,
+                      tokenizer=tokenizer, reference=reference)  # fmt: skip
+
+
+def test_a_missing_learner_file_is_a_config_error_before_anything_loads(project, tiny_lm_dir):
+    with pytest.raises(ConfigError, match=r"'.*gone.py:SignPPO' names the file .*gone.py, which does not exist"):
+        load_config(config_of(project, tiny_lm_dir, "gone.py:SignPPO"))
+
+
+def test_each_learners_reference_is_relative_to_where_it_was_set(project, tiny_lm_dir, tmp_path_factory, monkeypatch):
+    """A per-learner mapping: the entry from the file against the config's folder, the one an override set against
+    the working directory."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "other.py").write_text(SIGN_PPO)
+    path = config_of(project, tiny_lm_dir, {"llm1": "learner.py:SignPPO"}, roles=("a", "b"))
+    monkeypatch.chdir(elsewhere)
+    config = load_config(path, ["agents.algorithm.llm2=other.py:SignPPO"])
+    assert config.agents.algorithm == {
+        "llm1": f"{project / 'learner.py'}:SignPPO",
+        "llm2": f"{elsewhere / 'other.py'}:SignPPO",
+    }

@@ -99,7 +99,7 @@ def test_scored_moves_refuse_a_name_that_begins_another(tokenizer, normalization
 
 def test_a_moves_target_holds_its_own_states_kl_and_not_the_seats_later_moves(tokenizer):
     """A seat's two moves of one game with payoff R = 0 and η > 0 (action-level PPO): each move's return is −η·KL at
-    its own state, the second move's KL is not in the first's (the choice marllm.algorithms.action_ppo documents)."""
+    its own state, the second move's KL is not in the first's (the choice marllm.algorithms.actions.score documents)."""
     from tianshou.data import Batch
 
     from marllm.algorithms.ppo_config import PPOConfig

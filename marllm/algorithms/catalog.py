@@ -7,7 +7,10 @@ the config's folder) or ``package.module:MyLearner``. Adding an algorithm is the
 
 A referenced class is built by its ``from_options(learner_id, algorithm, options, **learner_kwargs)`` classmethod
 (:meth:`PPOLearner.from_options <marllm.algorithms.ppo.PPOLearner.from_options>`, which every subclass of
-:class:`~marllm.algorithms.ppo.PPOLearner` inherits); a function with that signature is called as it is.
+:class:`~marllm.algorithms.ppo.PPOLearner` inherits, and which passes ``actions`` and ``normalization`` on: a subclass
+whose constructor takes other arguments overrides it); a function with that signature is called as it is. A
+subclass of :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` says which advantage it computes by its
+``variant``.
 ``learner_kwargs`` are every learner's arguments (:class:`~marllm.algorithms.learner_arguments.LearnerArguments`),
 ``options`` an :class:`AlgorithmOptions`, and ``algorithm`` the name or reference the config gave.
 """
@@ -16,10 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from marllm.algorithms.critic_free_config import CriticFreeConfig
-from marllm.utils.imports import load_reference, split_reference
+from marllm.utils.imports import is_file_reference, load_reference, split_reference
 
 
 @dataclass(frozen=True)
@@ -89,12 +93,15 @@ def is_reference(algorithm: str) -> bool:
 
 
 def check_algorithm(algorithm: Any, owner: str) -> None:
-    """Refuse an ``algorithm`` that is neither a catalog name nor a well-formed reference (naming both forms).
+    """Refuse an ``algorithm`` that is neither a catalog name nor a well-formed reference (naming both forms), and a
+    file reference whose file does not exist.
 
-    A reference is only parsed here; its module is imported when the learner is built.
+    A reference's module is imported when the learner is built, not here (the config stays free of torch).
     """
     if isinstance(algorithm, str) and is_reference(algorithm):
-        split_reference(algorithm)
+        module, _ = split_reference(algorithm)
+        if is_file_reference(algorithm) and not Path(module).expanduser().is_file():
+            raise ValueError(f"{owner}: {algorithm!r} names the file {module}, which does not exist")
         return
     if algorithm not in CATALOG:
         raise ValueError(
@@ -104,8 +111,9 @@ def check_algorithm(algorithm: Any, owner: str) -> None:
 
 
 def compares_groups(algorithm: str) -> bool:
-    """Whether a catalog ``algorithm`` compares the answers to one query (False for a reference: its class's own
-    concern)."""
+    """Whether a catalog ``algorithm`` compares the answers to one query. False for a reference: the config cannot
+    know without importing it, so a referenced learner that compares groups checks ``group_size`` itself when it is
+    built (as :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` does)."""
     entry = CATALOG.get(algorithm)
     return entry is not None and entry.compares_groups
 

@@ -55,6 +55,9 @@ class CriticFreeLearner(PPOLearner):
     """
 
     uses_critic = False
+    variant: str = "grpo"
+    """The advantage a subclass named by reference (``agents.algorithm: my_file.py:MyLearner``) computes, one of
+    :data:`VARIANTS`: a catalog name says it itself."""
 
     def __init__(
         self,
@@ -85,10 +88,10 @@ class CriticFreeLearner(PPOLearner):
         cls, learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any
     ) -> CriticFreeLearner:
         """The ``algorithm`` learner ``learner_id`` with the options' group size, critic-free settings and action
-        mode (the algorithm catalog's builder)."""
+        mode (the algorithm catalog's builder); a class named by reference computes its :attr:`variant`."""
         return cls(
             learner_id,
-            algorithm=algorithm,
+            algorithm=algorithm if algorithm in VARIANTS else cls.variant,
             group_size=options.group_size,
             settings=options.critic_free,
             actions=options.actions,
@@ -171,4 +174,3 @@ class CriticFreeLearner(PPOLearner):
         # The loss aggregation's weight of each response: its tokens for a token mean, 1 for a mean over responses
         # (0 for an empty one).
         return aggregation_weights(mask, self.settings.loss_aggregation).sum(1)
-

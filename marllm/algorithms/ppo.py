@@ -393,4 +393,3 @@ class PPOLearner:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """PPO's loss of a mini-batch: the clipped surrogate plus ``vf_coef`` × the clipped value loss."""
         return ppo_update.ppo_objective(mb, logprobs, values, self.config)
-

@@ -56,12 +56,6 @@ def transform_scores(
     return scores
 
 
-
-Objective = Callable[[Any, torch.Tensor, "torch.Tensor | None"], tuple[torch.Tensor, dict[str, float]]]
-"""``objective(mini_batch, logprobs, values) -> (loss, parts)``: an algorithm's loss of a mini-batch from the
-updated policy's log-probs (b, L) of its responses and its values (b, L), or None without a value head."""
-
-
 def ppo_targets(
     b: Any,
     scores: torch.Tensor,

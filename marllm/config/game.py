@@ -141,12 +141,13 @@ class GameConfig:
             the parser: the model must learn the answer format, and may answer illegally); ``constrained`` (sampled
             token by token from the model's distribution restricted to continuations of the legal moves' names, then
             EOS: every answer is legal, and the token-level update re-applies the restriction, so its ratio is that
-            of the distribution sampled; for ``ppo`` and ``reinforce_pp``); ``score`` (TWOSOME/GLAM: a categorical
-            over the legal moves, each scored by the model's likelihood of its name after the prompt, normalised
-            by ``action_normalization``; action-level PPO with a value head on the prompt's last hidden state; for
-            ``ppo``); ``think`` (SPIRAL's reason, then act: free text of generation's budget, then ``\\nMove:`` and a
-            ``constrained`` move, credited as one response; its move probabilities are sampled, as ``generate``'s).
-            ``marllm eval`` plays with the same mode.
+            of the distribution sampled); ``score`` (TWOSOME/GLAM: a categorical over the legal moves, each scored
+            by the model's likelihood of its name after the prompt, normalised by ``action_normalization``; one
+            move is one action, with a value head on the prompt's last hidden state for ``ppo``); ``think``
+            (SPIRAL's reason, then act: free text of generation's budget, then ``\\nMove:`` and a ``constrained``
+            move, credited as one response; its move probabilities are sampled, as ``generate``'s).
+            ``marllm eval`` plays with the same mode. Every learner of ``agents.algorithm`` plays every mode
+            (:mod:`marllm.algorithms.actions`); ``grpo`` and ``rloo`` are refused in a game.
         max_moves: answers per game (every seat's) after which a game still on is ended as a draw (payoff 0 to
             every seat), with a warning and the metric ``game/capped_rate``; null: the game's own bound where it has
             one (an OpenSpiel game's maximum length), else 1000.

@@ -59,7 +59,7 @@ PATH_KEYS: dict[str, Callable[[Any, Path], Any]] = {
     "task.reward_model": _existing,
     "task.name": _reference,
     "task.reward": _reference,
-    "agents.algorithm": _reference,
+    "agents.algorithm": absolute_reference,  # a mapping per learner: below, entry by entry
 }
 
 
@@ -80,14 +80,17 @@ def absolute_config_paths(
         holder = dict(holder)
         holder[name] = absolute(holder[name], cwd if _from_override(key, overridden) else base)
         data = {**data, section: holder} if section else holder
-    models = (data.get("agents") or {}).get("models") if isinstance(data.get("agents"), dict) else None
-    if isinstance(models, dict):
-        fixed = {
-            learner: _existing(model, cwd if _from_override(f"agents.models.{learner}", overridden) else base)
-            if _relative(model) else model
-            for learner, model in models.items()
-        }
-        data = {**data, "agents": {**data["agents"], "models": fixed}}
+    agents = data.get("agents") if isinstance(data.get("agents"), dict) else {}
+    for name, resolve in (("models", _existing), ("algorithm", absolute_reference)):
+        per_learner = agents.get(name)
+        if isinstance(per_learner, dict):  # each learner's entry against where it was set
+            fixed = {
+                learner: resolve(value, cwd if _from_override(f"agents.{name}.{learner}", overridden) else base)
+                if _relative(value) else value
+                for learner, value in per_learner.items()
+            }
+            agents = {**agents, name: fixed}
+            data = {**data, "agents": agents}
     return data
 
 

@@ -51,17 +51,20 @@ def check_two_ranks_equal_one_process(
     parameter difference from one process.
 
     Raises:
-        AssertionError: naming the step or parameter that differs, or the ranks' own error.
+        AssertionError: naming the step or parameter that differs, or the ranks' own error (or their timeout).
         ValueError: a turn whose prompts do not split into ``world_size`` equal slices.
     """
     options = dict(options or {})
     for observation in observations:
         if len(observation["prompt"]) % world_size:
             raise ValueError(f"a turn of {len(observation['prompt'])} prompts does not split over {world_size} ranks")
-    learner = load_reference(factory)(data_parallel=None, **options)
-    _play(learner, observations, rewards)
-    rollouts = copy.deepcopy(learner.rollouts)
-    single = _update(learner, rollouts)
+    make = load_reference(factory)
+    player = make(data_parallel=None, **options)
+    _play(player, observations, rewards)
+    rollouts = player.rollouts
+    # A fresh learner, as each rank's: playing advanced the player's generator, which also shuffles mini-batches.
+    learner = make(data_parallel=None, **options)
+    single = _update(learner, copy.deepcopy(rollouts))
     with tempfile.TemporaryDirectory() as directory:
         torch.save({"factory": factory, "options": options, "rollouts": rollouts}, Path(directory) / "job.pt")
         _launch(directory, world_size, timeout)
@@ -75,7 +78,10 @@ def _launch(directory: str, world_size: int, timeout: float) -> None:
                "-m", "marllm.testing.data_parallel", directory]  # fmt: skip
     path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as error:
+        raise AssertionError(f"the data-parallel ranks did not finish in {timeout} s") from error
     if done.returncode != 0:
         raise AssertionError(f"the data-parallel ranks failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
 

@@ -92,7 +92,7 @@ class TokenCollector(Collector):
     def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
         started = time.perf_counter()
         from_generate = self._from_generate()
-        # Every mode draws the batch's budget, used or not: the generator also shuffles the update's mini-batches.
+        # Every token mode draws the batch's budget, used or not: the generator also shuffles the mini-batches.
         budget = self.sample_length()
         self.activate()
         with autocast_for(self.model, self.config.autocast_dtype):
