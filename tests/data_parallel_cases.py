@@ -23,6 +23,7 @@ from marllm.models.generation import generate_responses
 from marllm.models.generation_config import GenerationConfig
 from marllm.parallel.distributed import init_data_parallel
 from marllm.parallel.sharding import full_tensor, shard_module
+from marllm.testing.data_parallel import rank_slice as one_rank_slice
 from tests.conftest import make_tiny_gpt2, make_tokenizer
 from tests.test_ppo_learner import make_learner
 
@@ -82,15 +83,8 @@ def rank_slice(rollout: Rollout | list[Rollout], rank: int, world_size: int) -> 
     """The ``rank``-th of ``world_size`` equal slices of a rewarded rollout (the rank's dialogues of the batch), or
     of each of a list of them."""
     if isinstance(rollout, list):
-        return [rank_slice(turn, rank, world_size) for turn in rollout]  # type: ignore[misc]
-    size = len(rollout.responses) // world_size
-    rows = slice(rank * size, (rank + 1) * size)
-    part = copy.copy(rollout)
-    part.prompts, part.responses = rollout.prompts[rows], rollout.responses[rows]
-    part.tensors = rollout.tensors[rows]
-    part.received_rewards = rollout.received_rewards[rows]
-    part.task_rewards = rollout.task_rewards[rows]
-    return part
+        return [one_rank_slice(turn, rank, world_size) for turn in rollout]
+    return one_rank_slice(rollout, rank, world_size)
 
 
 def state_after_update(learner: PPOLearner, rollouts: Rollout | list[Rollout]) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def _compare(name: str, single: dict[str, list[torch.Tensor]], ranks: list[dict[
     return largest
 
 
-def _rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
+def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
     """The ``rank``-th of ``world_size`` equal, contiguous slices of a rewarded rollout."""
     size = len(rollout.responses) // world_size
     rows = slice(rank * size, (rank + 1) * size)
@@ -157,7 +157,7 @@ def main(directory: str) -> None:
     job = torch.load(Path(directory) / "job.pt", weights_only=False)
     learner = load_reference(job["factory"])(data_parallel=data_parallel, **job["options"])
     rank, world_size = data_parallel.rank, data_parallel.world_size
-    result = _update(learner, [_rank_slice(rollout, rank, world_size) for rollout in job["rollouts"]])
+    result = _update(learner, [rank_slice(rollout, rank, world_size) for rollout in job["rollouts"]])
     torch.save(result, Path(directory) / f"rank{rank}.pt")
 
 
