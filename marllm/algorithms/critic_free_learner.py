@@ -13,7 +13,7 @@ from typing import Any, Unpack
 import torch
 from tianshou.data import Batch
 
-from marllm.algorithms.catalog import AlgorithmOptions
+from marllm.algorithms.catalog import AlgorithmOptions, compares_groups
 from marllm.algorithms.core import masked_mean
 from marllm.algorithms.critic_free import (
     aggregation_weights,
@@ -72,7 +72,7 @@ class CriticFreeLearner(PPOLearner):
     ):
         if algorithm not in VARIANTS:
             raise ValueError(f"a critic-free learner's algorithm must be one of {list(VARIANTS)}, got {algorithm!r}")
-        if algorithm in ("grpo", "rloo") and group_size < 2:
+        if compares_groups(algorithm) and group_size < 2:
             raise ValueError(
                 f"{algorithm} compares the responses to the same query: it needs env.group_size >= 2, got "
                 f"{group_size}"
@@ -131,7 +131,7 @@ class CriticFreeLearner(PPOLearner):
             "returns/mean": masked_mean(b.returns, b.mask).item(),
             "advantages/abs_mean": masked_mean(b.advantages.abs(), b.mask).item(),
         }
-        if self.algorithm != "reinforce_pp":
+        if compares_groups(self.algorithm):
             stats["groups/constant_fraction"] = constant_group_fraction(b.outcome, self.group_size)
         return stats
 

@@ -8,7 +8,6 @@ from typing import Any, NotRequired, TypedDict
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from marllm.algorithms.actions import COLLECTORS
 from marllm.algorithms.kl_controller import KLController
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.models.activations import fuse_tanh_gelus, recompute_activations_in_backward
@@ -101,11 +100,10 @@ def check_learner_settings(
 
 
 def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
-    """Refuse an unknown action mode, constrained and thought-then-move answers without an EOS to end them, and
-    thought-then-move answers with log-probs taken from ``generate`` (``ppo.rollout_from_generate: true``: a thought
-    and its move are two generate calls)."""
-    if actions not in COLLECTORS:
-        raise ValueError(f"learner {name!r}: actions must be one of {list(COLLECTORS)}, got {actions!r}")
+    """Refuse constrained and thought-then-move answers without an EOS to end them, and thought-then-move answers
+    with log-probs taken from ``generate`` (``ppo.rollout_from_generate: true``: a thought and its move are two
+    generate calls). An unknown mode is refused where its collector is built
+    (:func:`~marllm.algorithms.actions.new_collector`)."""
     if actions in ("constrained", "think"):
         check_constrained(tokenizer, generation, f"learner {name!r}")
     if actions == "think" and learner.config.rollout_from_generate is True:

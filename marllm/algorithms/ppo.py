@@ -112,7 +112,6 @@ class PPOLearner:
     ):
         self.name = name
         self.model = model
-        self.actions = actions
         prepare_networks(model, reference, fused=config is not None and config.fused_kernels)
         self.tokenizer = ready_for_generation(tokenizer, f"learner {name}")
         self.sharded = is_sharded(model)
@@ -164,6 +163,11 @@ class PPOLearner:
             sharded=self.sharded,
             rng=self._rng,
         )
+
+    @property
+    def actions(self) -> str:
+        """The learner's action mode (``game.actions``): its collector's."""
+        return self.collector.actions
 
     @classmethod
     def from_options(cls, learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any) -> Any:
