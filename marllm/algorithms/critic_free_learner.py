@@ -44,7 +44,8 @@ class CriticFreeLearner(PPOLearner):
             GRPO and RLOO compare the responses of a group and need at least 2; REINFORCE++ ignores groups.
         settings: where the KL goes, its estimator, the loss aggregation and GRPO's std scaling (None:
             :class:`CriticFreeConfig`'s defaults).
-        actions, normalization: how the learner acts, any mode (see :class:`PPOLearner`).
+        actions: how the learner acts, any mode (see :class:`PPOLearner`).
+        normalization: the ``score`` mode's normalisation of move scores (see :class:`PPOLearner`).
         **learner_kwargs: :class:`PPOLearner`'s other arguments (:class:`LearnerArguments`: ``model``,
             ``tokenizer``, ``reference``, ``config``, ``generation``, ``seed``, ``adapter``, ``kl_controller``,
             ``data_parallel``). ``config`` holds the optimiser, epoch, mini-batch, clip-range, KL-coefficient and
