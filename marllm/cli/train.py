@@ -18,7 +18,6 @@ from marllm.studies.files import EXPANSION_FILE, STUDY_FILE
 def train_command(args: argparse.Namespace) -> int:
     """``marllm train CONFIG``: train (or resume) a run; with ``--nproc N``, launch it on N data-parallel ranks."""
     from marllm.parallel import distributed, launcher  # torch: kept out of `marllm --help`
-    from marllm.run.train import train  # torch: kept out of `marllm --help`
 
     config = load_config(args.config, args.overrides)
     run_dir = _train_run_dir(args) or config.resolved_run_dir()
@@ -26,6 +25,8 @@ def train_command(args: argparse.Namespace) -> int:
     if args.nproc > 1:
         config.check_data_parallel(args.nproc)
         return launcher.launch_ranks(args.nproc, _train_arguments(args))
+    # Training's modules (seconds to import): kept out of `marllm --help` and of the launcher of --nproc's ranks.
+    from marllm.run.train import train
     world_size = distributed.launched_world_size()
     ranks = ["--nproc", str(world_size)] if world_size > 1 else []
     resume_command = shlex.join(["marllm", "train", args.config, *args.overrides, *ranks, "--resume", str(run_dir)])
