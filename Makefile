@@ -8,10 +8,10 @@ run: setup
 	.venv/bin/marllm main --out runs/main
 
 # Tests never need the hub: offline mode makes an accidental hub access fail at once instead of hanging.
-# One worker per core (pytest-xdist); a test module stays on one worker, so its module fixtures are built once.
-# The slowest tests are listed at the end, to keep the suite's time in view.
+# One worker per logical core (pytest-xdist); a test module stays on one worker, so its module fixtures are built
+# once. The slowest tests are listed at the end, to keep the suite's time in view.
 test: setup
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m pytest -q -n auto --dist loadscope --durations=15
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m pytest -q -n logical --dist loadscope --durations=15
 
 lint: setup
 	.venv/bin/ruff check .
