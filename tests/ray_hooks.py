@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Callable, Mapping
@@ -43,3 +44,15 @@ def dying_attempts(
             run_one({**config_data, "iterations": 1}, run_dir, action)
         die()
     return run_one(config_data, run_dir, action)
+
+
+def environment_seen(config_data: dict[str, Any], run_dir: str, action: Action, *, variable: str) -> RunOutcome:
+    """Record what the worker sees, train nothing: ``variable``'s value and whether training's modules were already
+    imported when the run began (a forked worker's are: the forkserver imported them)."""
+    import sys
+
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    seen = {"value": os.environ.get(variable), "preloaded": "marllm.run.train" in sys.modules}
+    (path / "seen.json").write_text(json.dumps(seen))
+    return RunOutcome(path.name, "finished")

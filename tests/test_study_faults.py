@@ -16,7 +16,7 @@ import pytest
 
 from .ray_hooks import dying_attempts, sigkill_self
 
-on_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc and the parent-death signal")
+on_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc")
 
 
 @pytest.fixture
@@ -145,17 +145,23 @@ def test_a_study_run_again_while_old_workers_hold_their_runs_is_refused_naming_t
     check_runs_not_held(out, ["runs/base__seed0", "runs/base__seed1"])
 
 
-@on_linux
-def test_a_worker_whose_parent_is_already_gone_ends_itself():
-    """The race ``die_with_parent`` closes: a parent that died before the request leaves no signal to come, so the
-    worker sends it to itself; with its parent alive the request is just set."""
+def test_a_worker_ends_itself_once_its_lifeline_ends():
+    """A lifeline whose writing end is closed (the study's process is gone, even before the worker started watching)
+    has the worker send itself SIGTERM; one whose writing end is still held leaves it be."""
     from .test_train import ROOT
 
-    code = "import os, sys; from marllm.studies.processes import die_with_parent; print(die_with_parent({}))"
-    alive = subprocess.run([sys.executable, "-c", code.format("os.getppid()")], cwd=ROOT, capture_output=True)
-    assert alive.returncode == 0 and alive.stdout.strip() == b"True", alive.stderr
-    gone_parent = subprocess.run([sys.executable, "-c", code.format(2**22 + 1)], cwd=ROOT, capture_output=True)
-    assert gone_parent.returncode == -signal.SIGTERM and not gone_parent.stdout, gone_parent.stderr
+    code = (
+        "import time; from multiprocessing import Pipe; from marllm.studies.processes import die_with_study\n"
+        "lifeline, study = Pipe(duplex=False)\n{ended}\ndie_with_study(lifeline)\ntime.sleep({wait})\nprint('on')"
+    )
+    ended = subprocess.run(
+        [sys.executable, "-c", code.format(ended="study.close()", wait=30)], cwd=ROOT, capture_output=True, timeout=60
+    )
+    assert ended.returncode == -signal.SIGTERM and not ended.stdout, ended.stderr
+    held = subprocess.run(
+        [sys.executable, "-c", code.format(ended="", wait=1)], cwd=ROOT, capture_output=True, timeout=60
+    )
+    assert held.returncode == 0 and held.stdout.strip() == b"on", held.stderr
 
 
 def test_how_a_worker_ended_is_said_plainly():

@@ -6,11 +6,11 @@ The study directory holds ``study.yaml`` (the study file, base inline), ``study.
 One process at a time runs a study directory (:func:`hold_study_dir`: ``marllm study`` holds its lock while it runs),
 and one at a time each of its runs (the worker that trains a run holds its run directory's lock): a study run again
 while a worker of an earlier one still holds a run is refused, naming it
-(:func:`~marllm.studies.processes.check_runs_not_held`). Workers die with the study that started them (on Linux,
-:mod:`marllm.studies.processes`: a training run then checkpoints and stops), so that worker is an orphan still
-checkpointing, or one on another platform, training its run to the end.
+(:func:`~marllm.studies.processes.check_runs_not_held`). Workers die with the study that started them, however it
+ends (:mod:`marllm.studies.processes`: a training run then checkpoints and stops), so that worker is an orphan still
+checkpointing.
 
-Locally each run trains in a spawned process of its own (:class:`~marllm.studies.local_executor.LocalExecutor`): one
+Locally each run trains in a process of its own (:class:`~marllm.studies.local_executor.LocalExecutor`): one
 that dies (a signal, the out-of-memory killer) fails only its run, which is tried once more from its checkpoint, as on
 Ray. What a worker does with its run is :mod:`marllm.studies.worker`'s, and how signals stop a study
 :mod:`marllm.studies.signals`'.

@@ -1,8 +1,13 @@
-"""Running a study's runs locally: each in a spawned worker process of its own, a few at a time.
+"""Running a study's runs locally: each in a worker process of its own, a few at a time.
+
+Where the platform has it (Linux, macOS) a worker is forked from a ``forkserver`` that has imported training's
+modules (torch, transformers, marllm's training) once: a run starts at once instead of importing them afresh, which
+takes seconds. Elsewhere each worker is a spawned interpreter. Either way a worker holds nothing of the study's
+process but the run it is given and the study's environment variables, read when it starts.
 
 A worker that dies (a signal, the out-of-memory killer) fails only its run, which is tried once more from its
-checkpoint, as on Ray. Workers die with the study that started them (on Linux, :mod:`marllm.studies.processes`: a
-training run then checkpoints and stops).
+checkpoint, as on Ray. Workers die with the study that started them, however it ends (its lifeline,
+:mod:`marllm.studies.processes`: a training run then checkpoints and stops).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from multiprocessing import connection
 from pathlib import Path
 from typing import Any
 
-from marllm.studies.processes import die_with_parent, exit_description
+from marllm.studies.processes import die_with_study, exit_description
 from marllm.studies.signals import sigint_ignored as _sigint_ignored
 from marllm.studies.signals import sigterm_interrupts
 from marllm.studies.spec import StudyRun
@@ -36,10 +41,22 @@ from marllm.studies.worker import (
 
 ATTEMPTS = 2  # a run whose worker process dies is tried once more
 
+PRELOADED = ("marllm.run.train", "marllm.studies.local_executor")
+"""What the forkserver imports before it forks workers: everything a run imports to train."""
+
+
+def _worker_context() -> Any:
+    """The workers' start method: ``forkserver`` preloaded with :data:`PRELOADED` where the platform has it, else
+    ``spawn``. (Not ``fork``: the study's own process may hold threads, and a fork copies their locks.)"""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOADED))
+    return context
+
 
 class LocalExecutor:
-    """Runs a study's runs here, each in a spawned process of its own, ``workers`` at a time (default:
-    ``os.cpu_count()``).
+    """Runs a study's runs here, each in a process of its own, ``workers`` at a time (default: ``os.cpu_count()``).
 
     A run whose process dies (killed by a signal, by the out-of-memory killer, a crash in native code) fails alone:
     the other runs go on, and it is tried once more, planned afresh (it resumes from the checkpoint the first attempt
@@ -49,7 +66,7 @@ class LocalExecutor:
     Args:
         workers: how many runs train at once.
         run_function: what each process calls with ``(config_data, run_dir, action)`` (default: :func:`run_one`;
-            tests put one that kills its process here). It must be importable by name in a spawned process.
+            tests put one that kills its process here). It must be importable by name in a worker process.
     """
 
     def __init__(self, workers: int | None = None, run_function: RunFunction = run_one):
@@ -80,8 +97,8 @@ class LocalExecutor:
     ) -> dict[str, RunOutcome]:
         outcomes: dict[str, RunOutcome] = {}
         threads = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"  # spawned workers inherit it before they import torch
-        context = multiprocessing.get_context("spawn")
+        os.environ["OMP_NUM_THREADS"] = "1"  # the workers (and the forkserver) start with it, before importing torch
+        context = _worker_context()
         stopping = context.Event()
         queue = deque((run, action, 1) for run, action in todo)
         running: list[_Attempt] = []
@@ -141,7 +158,7 @@ class LocalExecutor:
 
 
 class _Attempt:
-    """Attempt ``number`` at a run, planned as ``action``: a spawned process of its own, started here, and the pipe
+    """Attempt ``number`` at a run, planned as ``action``: a worker process of its own, started here, and the pipe
     its outcome comes back on."""
 
     def __init__(
@@ -158,11 +175,14 @@ class _Attempt:
         self.outcome: RunOutcome | None = None
         self.exitcode: int | None = None
         self.results, sender = context.Pipe(duplex=False)
-        args = (sender, os.getpid(), stopping, run_function, run.config.to_dict(), str(run_dir), action)
+        lifeline, self._lifeline = context.Pipe(duplex=False)  # this process holds the writing end until it ends
+        environment = dict(os.environ)  # now, not when the forkserver started
+        args = (sender, lifeline, environment, stopping, run_function, run.config.to_dict(), str(run_dir), action)
         self.process = context.Process(target=_worker_main, args=args, name=f"marllm-study:{run.name}")
         with _sigint_ignored():  # a worker spawned here starts immune until its initializer runs
             self.process.start()
         sender.close()
+        lifeline.close()
 
     def handles(self) -> list[Any]:
         """What to wait on: the process's end and, until it has come, its outcome (read at once, so that a long one
@@ -190,16 +210,20 @@ class _Attempt:
 
 def _worker_main(
     results: Any,
-    parent_pid: int,
+    lifeline: Any,
+    environment: dict[str, str],
     stopping: Any,
     run_function: RunFunction,
     config_data: dict[str, Any],
     run_dir: str,
     action: Action,
 ) -> None:
-    """A worker process: die with the study (SIGTERM when its parent dies, so a training run checkpoints and
-    stops), run one run and send its outcome back."""
-    die_with_parent(parent_pid)
+    """A worker process: die with the study (SIGTERM once the study's process has ended, so a training run
+    checkpoints and stops), take the study's environment variables, run one run and send its outcome back."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a spawned worker starts: until worker_init's handler
+    die_with_study(lifeline)
+    os.environ.clear()
+    os.environ.update(environment)
     try:
         worker_init(stopping)
         outcome = run_function(config_data, run_dir, action)

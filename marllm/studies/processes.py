@@ -1,9 +1,10 @@
-"""The lifetime of a study's worker processes: dying with the parent that started them, and saying how one ended.
+"""The lifetime of a study's worker processes: dying with the study that started them, and saying how one ended.
 
-On Linux a worker asks the kernel for a signal when its parent dies (``prctl(PR_SET_PDEATHSIG)``), so that a
-``marllm study`` killed with SIGKILL, which cannot stop its workers itself, leaves no orphan training on. Other
-platforms have no such call: there an orphaned worker trains its run to the end and then exits (each run has its own
-process, which nothing waits on afterwards).
+Each worker holds the reading end of a pipe, its lifeline, whose writing end only the study's process holds and never
+writes to: when that process ends, however it ends (a ``marllm study`` killed with SIGKILL cannot stop its workers
+itself), the kernel closes the writing end, the worker reads the end of the pipe and sends itself SIGTERM, so that a
+training run checkpoints and stops and no orphan trains on. It works whoever the worker's parent is (the study's
+process for a spawned worker, the forkserver for a forked one) and on every platform with pipes.
 
 A worker so stopped first checkpoints its run, which takes up to about 20 s, holding its run directory's lock.
 :func:`check_runs_not_held` refuses a study run again meanwhile, naming those workers, so that no new worker plans a
@@ -12,39 +13,32 @@ run from a checkpoint the old one is still writing.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import sys
+import threading
 from collections.abc import Sequence
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from marllm.run.run_dir import DirectoryInUseError
 from marllm.run.run_files import LOCK_FILE
 from marllm.utils.files import LockHeldError, exclusive_lock
 
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
+def die_with_study(lifeline: Connection, signal_number: int = signal.SIGTERM) -> threading.Thread:
+    """Send this process ``signal_number`` once the study's process has ended: a daemon thread waits on
+    ``lifeline`` (the reading end of a pipe the study never writes to), whose end comes when the study's process, the
+    only holder of its writing end, is gone; a study already gone signals at once. Returns the thread."""
 
-def die_with_parent(parent_pid: int, signal_number: int = signal.SIGTERM) -> bool:
-    """Have this process receive ``signal_number`` when its parent dies (Linux); if the parent ``parent_pid`` died
-    before that was set, send it now. Elsewhere, or where ``prctl`` fails, nothing happens.
+    def watch() -> None:
+        try:
+            lifeline.recv_bytes()
+        except (EOFError, OSError):  # the end of the pipe: the study's process is gone
+            os.kill(os.getpid(), signal_number)
 
-    The signal comes when the parent's *thread* that started this process ends, so that thread must outlive it (a
-    study's executor waits for its workers in the thread that started them). Returns whether it was set.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        unset = libc.prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal_number), *[ctypes.c_ulong(0)] * 3)
-    except (OSError, AttributeError):
-        return False
-    if unset:
-        return False
-    if os.getppid() != parent_pid:  # the parent was gone before the request: no signal will come
-        os.kill(os.getpid(), signal_number)
-    return True
+    watcher = threading.Thread(target=watch, name="marllm-study-lifeline", daemon=True)
+    watcher.start()
+    return watcher
 
 
 def exit_description(exitcode: int | None) -> str:
