@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ def trains_nothing(config_data: dict[str, Any], run_dir: str, action: str) -> Ru
 def seconds_per_run(start_method: str, runs: int, workers: int) -> float:
     """Wall seconds of the whole study over its runs, its workers started by ``start_method``."""
     if start_method == "spawn":
-        local_executor._worker_context = lambda: multiprocessing.get_context("spawn")
+        local_executor.worker_context = lambda: multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as directory:
         study_file = Path(directory) / "study.yaml"
         study = {"name": "bench", "base": str(BASE), "seeds": list(range(runs))}
@@ -56,7 +57,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    methods = ["forkserver", "spawn"] if "forkserver" in multiprocessing.get_all_start_methods() else ["spawn"]
+    methods = ["forkserver", "spawn"] if sys.platform.startswith("linux") else ["spawn"]
     for method in methods:  # forkserver first: spawn replaces the executor's choice for the rest of this process
         print(f"{method:>10}: {seconds_per_run(method, args.runs, args.workers):.2f} s per run "
               f"({args.runs} runs, {args.workers} workers)")  # fmt: skip

@@ -46,13 +46,24 @@ def dying_attempts(
     return run_one(config_data, run_dir, action)
 
 
-def environment_seen(config_data: dict[str, Any], run_dir: str, action: Action, *, variable: str) -> RunOutcome:
-    """Record what the worker sees, train nothing: ``variable``'s value and whether training's modules were already
-    imported when the run began (a forked worker's are: the forkserver imported them)."""
+def environment_seen(
+    config_data: dict[str, Any], run_dir: str, action: Action, *, variable: str, study_group: int
+) -> RunOutcome:
+    """Record what the worker sees, train nothing: ``variable``'s value, whether training's modules were already
+    imported when the run began (a forked worker's are: its server imported them), whether its parent (the server)
+    is out of the study's process group ``study_group`` and ignores SIGTERM, and whether the worker itself takes
+    SIGTERM's default."""
     import sys
 
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
-    seen = {"value": os.environ.get(variable), "preloaded": "marllm.run.train" in sys.modules}
+    parent = os.getppid()
+    ignored = int(Path(f"/proc/{parent}/status").read_text().split("SigIgn:")[1].split()[0], 16)
+    seen = {
+        "value": os.environ.get(variable),
+        "preloaded": "marllm.run.train" in sys.modules,
+        "server_apart": os.getpgid(parent) != study_group and bool(ignored >> (signal.SIGTERM - 1) & 1),
+        "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+    }
     (path / "seen.json").write_text(json.dumps(seen))
     return RunOutcome(path.name, "finished")

@@ -1,9 +1,11 @@
 """Running a study's runs locally: each in a worker process of its own, a few at a time.
 
-Where the platform has it (Linux, macOS) a worker is forked from a ``forkserver`` that has imported training's
-modules (torch, transformers, marllm's training) once: a run starts at once instead of importing them afresh, which
-takes seconds. Elsewhere each worker is a spawned interpreter. Either way a worker holds nothing of the study's
-process but the run it is given and the study's environment variables, read when it starts.
+On Linux a worker is forked from a server that has imported training's modules once
+(:mod:`marllm.studies.worker_server`): a run starts at once instead of importing torch and transformers afresh, which
+takes seconds. Elsewhere each worker is a spawned interpreter. Either way a worker holds nothing of the study's process
+but the run it is given and the study's environment variables as they are when the run starts (what a library reads
+once, at import, such as ``HF_HUB_OFFLINE``, a forked worker has as it was when the server started, at the first run
+of a study in this process).
 
 A worker that dies (a signal, the out-of-memory killer) fails only its run, which is tried once more from its
 checkpoint, as on Ray. Workers die with the study that started them, however it ends (its lifeline,
@@ -13,7 +15,6 @@ checkpoint, as on Ray. Workers die with the study that started them, however it 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import signal
 import sys
@@ -38,21 +39,9 @@ from marllm.studies.worker import (
     run_one,
     worker_init,
 )
+from marllm.studies.worker_server import ensure_server, worker_context
 
 ATTEMPTS = 2  # a run whose worker process dies is tried once more
-
-PRELOADED = ("marllm.run.train", "marllm.studies.local_executor")
-"""What the forkserver imports before it forks workers: everything a run imports to train."""
-
-
-def _worker_context() -> Any:
-    """The workers' start method: ``forkserver`` preloaded with :data:`PRELOADED` where the platform has it, else
-    ``spawn``. (Not ``fork``: the study's own process may hold threads, and a fork copies their locks.)"""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOADED))
-    return context
 
 
 class LocalExecutor:
@@ -97,8 +86,9 @@ class LocalExecutor:
     ) -> dict[str, RunOutcome]:
         outcomes: dict[str, RunOutcome] = {}
         threads = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"  # the workers (and the forkserver) start with it, before importing torch
-        context = _worker_context()
+        os.environ["OMP_NUM_THREADS"] = "1"  # the workers (and their server) start with it, before importing torch
+        context = worker_context()
+        ensure_server(context)
         stopping = context.Event()
         queue = deque((run, action, 1) for run, action in todo)
         running: list[_Attempt] = []
@@ -176,10 +166,13 @@ class _Attempt:
         self.exitcode: int | None = None
         self.results, sender = context.Pipe(duplex=False)
         lifeline, self._lifeline = context.Pipe(duplex=False)  # this process holds the writing end until it ends
-        environment = dict(os.environ)  # now, not when the forkserver started
+        environment = dict(os.environ)  # now, not when the server started
         args = (sender, lifeline, environment, stopping, run_function, run.config.to_dict(), str(run_dir), action)
         self.process = context.Process(target=_worker_main, args=args, name=f"marllm-study:{run.name}")
-        with _sigint_ignored():  # a worker spawned here starts immune until its initializer runs
+        if context.get_start_method() == "spawn":
+            with _sigint_ignored():  # a worker spawned here starts immune until its initializer runs
+                self.process.start()
+        else:  # a forked worker takes its signal settings from the server, which ignores SIGINT
             self.process.start()
         sender.close()
         lifeline.close()
@@ -221,6 +214,8 @@ def _worker_main(
     """A worker process: die with the study (SIGTERM once the study's process has ended, so a training run
     checkpoints and stops), take the study's environment variables, run one run and send its outcome back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a spawned worker starts: until worker_init's handler
+    for number in (signal.SIGTERM, signal.SIGHUP):  # ignored by the server a forked worker comes from
+        signal.signal(number, signal.SIG_DFL)
     die_with_study(lifeline)
     os.environ.clear()
     os.environ.update(environment)

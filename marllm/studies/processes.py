@@ -4,7 +4,7 @@ Each worker holds the reading end of a pipe, its lifeline, whose writing end onl
 writes to: when that process ends, however it ends (a ``marllm study`` killed with SIGKILL cannot stop its workers
 itself), the kernel closes the writing end, the worker reads the end of the pipe and sends itself SIGTERM, so that a
 training run checkpoints and stops and no orphan trains on. It works whoever the worker's parent is (the study's
-process for a spawned worker, the forkserver for a forked one) and on every platform with pipes.
+process for a spawned worker, the server of :mod:`marllm.studies.worker_server` for a forked one).
 
 A worker so stopped first checkpoints its run, which takes up to about 20 s, holding its run directory's lock.
 :func:`check_runs_not_held` refuses a study run again meanwhile, naming those workers, so that no new worker plans a
@@ -59,7 +59,7 @@ def exit_description(exitcode: int | None) -> str:
 def check_runs_not_held(study_dir: Path, run_dirs: Sequence[str]) -> None:
     """Refuse to run the study in ``study_dir`` while another process holds the lock of one of its run directories
     (``run_dirs``, relative to it): the workers of an earlier run of the study, still checkpointing after it was
-    killed (even with SIGKILL), or still training on a platform without the parent-death signal.
+    killed (even with SIGKILL).
 
     Raises:
         DirectoryInUseError: some run directory is held; the message names each with its holder's PID.
