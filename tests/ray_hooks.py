@@ -1,4 +1,4 @@
-"""Run functions for the Ray executor's tests, imported by the Ray workers (kept free of pytest and test modules)."""
+"""Run functions for the study executors' tests, imported by their workers (kept free of pytest and test modules)."""
 
 from __future__ import annotations
 
