@@ -2,7 +2,7 @@
 behaviour.
 
 Trains 3 iterations of each config below (a 2-rank ``--nproc`` run of ``cory_offline``, and Kuhn poker on the embedded
-base under each of ``game.actions``' four modes, its exploitability tabulated) into OUT, then writes
+base under each of ``game.actions.mode``' four modes, its exploitability tabulated) into OUT, then writes
 ``OUT/digest.json``: per run, sha256 of ``metrics.jsonl`` with every ``time/*`` key removed, of ``samples.jsonl`` and
 of ``eval_samples.jsonl``. Run it before and after a change and compare the two files::
 
@@ -35,8 +35,12 @@ CONFIGS = {
 }
 # A game run per action mode, its exploitability tabulated at the last iteration: what a game run computes (moves
 # sampled, the tabulated policy, the update) shows in its metrics and samples.
-_KUHN = ["examples/games/kuhn_poker_offline.yaml", "game.exploitability_every=3", "game.exploitability_samples=8"]
-CONFIGS.update({f"kuhn_{actions}_offline": [*_KUHN, f"game.actions={actions}"]
+_KUHN = [
+    "examples/games/kuhn_poker_offline.yaml",
+    "game.measurement.exploitability_every=3",
+    "game.measurement.exploitability_samples=8",
+]
+CONFIGS.update({f"kuhn_{actions}_offline": [*_KUHN, f"game.actions.mode={actions}"]
                 for actions in ("generate", "constrained", "think", "score")})
 ITERATIONS = 3
 MARLLM = str(Path(sys.executable).with_name("marllm"))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from marllm.cli import main
-from marllm.config import ConfigError, config_from_dict, load_config
+from marllm.config import ConfigError, config_from_dict, load_config, resume_differences
 from marllm.config.game import parse_seat
 from marllm.envs.games import BatchedGameEnv
 from marllm.games.seats import seat_players, seat_slots
@@ -86,6 +86,10 @@ def test_a_game_config_names_its_learners_and_shares_rewards_over_its_seats():
         ({"illegal_penalty": -1.0}, {}, "game.illegal_penalty must be a finite number >= 0"),
         ({"batch_size": 0}, {}, "game.batch_size must be an integer >= 1"),
         ({"role_baselines": 1.0}, {}, r"game.role_baselines must be a decay in \[0, 1\)"),
+        ({"opponents": {"pool_size": 0}}, {}, "game.opponents.pool_size must be an integer >= 1, got 0"),
+        ({"opponents": {"mcts_iterations": 9}}, {}, r"unknown config key 'game.opponents.mcts_iterations' \(did you"),
+        ({"measurement": {"exploitability_every": 0}}, {}, "game.measurement.exploitability_every must be an integer"),
+        ({"measurement": {"policy_average": "last"}}, {}, r"game.measurement.policy_average must be one of"),
         ({"colour": "red"}, {}, r"unknown config key 'game.colour'; valid keys here: "),
         ({"templates": "{board}"}, {}, r"game.templates: .*board"),
         ({"templates": {"player_1": "{state}"}}, {}, r"game.templates: .*missing \['player_2'\]"),
@@ -107,6 +111,43 @@ def test_a_game_config_names_its_learners_and_shares_rewards_over_its_seats():
 def test_bad_game_settings_are_refused_naming_the_key(game, sections, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict(game_config(game, **sections))
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("pool_size", "opponents.pool_size"),
+        ("best_response_every", "opponents.best_response_every"),
+        ("exploitability_every", "measurement.exploitability_every"),
+        ("policy_average", "measurement.policy_average"),
+        ("action_normalization", "actions.normalization"),
+    ],
+)
+def test_a_key_of_the_flat_game_layout_is_refused_with_its_place_in_a_section(old, new):
+    with pytest.raises(ConfigError, match=rf"config key 'game.{old}' is now 'game.{new}'; write it there"):
+        config_from_dict(game_config({old: 2}))
+
+
+def test_an_action_mode_given_as_the_whole_actions_section_is_refused_naming_its_key():
+    written = r"game.actions is a section; write game.actions.mode: score \(keys of game.actions: \['mode', 'norm"
+    with pytest.raises(ConfigError, match=written):
+        config_from_dict(game_config({"actions": "score"}))
+    with pytest.raises(ConfigError, match=written):
+        load_config(ROOT / "examples" / "games" / "tictactoe_offline.yaml", ["game.actions=score"])
+    with pytest.raises(ConfigError, match="game.actions must be a mapping, got list"):
+        config_from_dict(game_config({"actions": ["score"]}))
+    assert config_from_dict(game_config({"actions": {"mode": "score"}})).game.actions.mode == "score"
+
+
+def test_a_checkpoint_recorded_with_the_flat_game_layout_resumes_under_the_sections():
+    config = config_from_dict(game_config({"actions": {"mode": "constrained"}, "opponents": {"pool_size": 3}}))
+    saved = config.to_dict()
+    game = saved["game"]
+    flat = {key: value for key, value in game.items() if key not in ("actions", "opponents", "measurement")}
+    flat.update(game["opponents"], **game["measurement"], actions="constrained", action_normalization="token")
+    assert resume_differences({**saved, "game": flat}, config) == []
+    flat["pool_size"] = 5
+    assert resume_differences({**saved, "game": flat}, config) == ["game.opponents.pool_size: 5 -> 3"]
 
 
 def test_a_game_section_needs_its_name_and_seats():

@@ -81,7 +81,7 @@ def test_scored_moves_refuse_a_name_that_begins_another(tokenizer, normalization
     from marllm.models.packed_moves import scored_move_tokens
 
     tokenizer.padding_side = "left"
-    with pytest.raises(ValueError, match=r"row 1: .*'1' is the beginning of '10'.*game.actions: constrained"):
+    with pytest.raises(ValueError, match=r"row 1: .*'1' is the beginning of '10'.*game.actions.mode: constrained"):
         scored_move_tokens(tokenizer, ["pick", "pick"], [["a", "b"], ["10", "1", "2"]], False)
     options = AlgorithmOptions(actions="score", action_normalization=normalization)
     learner = build_learner(
@@ -117,7 +117,7 @@ def test_a_game_config_defaults_to_no_repetition_penalty_a_text_task_keeps_its_o
     from marllm.config import config_from_dict
     from tests.test_games_config import game_config
 
-    assert config_from_dict(game_config({"actions": "constrained"})).generation.repetition_penalty == 1.0
+    assert config_from_dict(game_config({"actions": {"mode": "constrained"}})).generation.repetition_penalty == 1.0
     explicit = {**game_config({}), "generation": {"repetition_penalty": 1.2, "max_new_tokens": 4}}
     assert config_from_dict(explicit).generation.repetition_penalty == 1.2
     assert config_from_dict(explicit).generation.max_new_tokens == 4

@@ -108,7 +108,7 @@ def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generat
         check_constrained(tokenizer, generation, f"learner {name!r}")
     if actions == "think" and learner.config.rollout_from_generate is True:
         raise ValueError(
-            f"learner {name!r}: game.actions: think samples a thought and its move in two generate calls, whose "
+            f"learner {name!r}: game.actions.mode: think samples a thought and its move in two generate calls, whose "
             "log-probs come from one forward over both; set ppo.rollout_from_generate to auto or false"
         )
 

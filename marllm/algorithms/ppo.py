@@ -166,7 +166,7 @@ class PPOLearner:
 
     @property
     def actions(self) -> str:
-        """The learner's action mode (``game.actions``): its collector's."""
+        """The learner's action mode (``game.actions.mode``): its collector's."""
         return self.collector.actions
 
     @classmethod

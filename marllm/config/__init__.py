@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from marllm.config.custom_tasks import task_class
+from marllm.config.game import sectioned
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml  # noqa: F401 - ConfigError re-exported
 from marllm.config.paths import absolute_config_paths
 from marllm.config.train_config import TrainConfig, per_learner  # noqa: F401 - per_learner re-exported
@@ -75,8 +76,10 @@ def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[st
     ``config``, leaving out :data:`RESUMABLE_KEYS`; each as ``"key: saved -> now"``.
 
     ``saved`` is first read back with this version's defaults, so that a key added since it was written compares as
-    its default.
+    its default, and a game key that has moved into a section since compares at its new place.
     """
+    if isinstance(saved.get("game"), Mapping):
+        saved = {**saved, "game": sectioned(saved["game"])}
     # not readable by this version (a key since removed, a device this machine lacks): compare what it holds
     with contextlib.suppress(ValueError):
         saved = config_from_dict(dict(saved)).to_dict()

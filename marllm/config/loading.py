@@ -139,15 +139,28 @@ def _quoted_override(key: str, raw: str) -> str:
 
 
 def build(cls: type[T], data: Any, path: str = "") -> T:
-    """Construct dataclass ``cls`` from a mapping, recursively and strictly."""
+    """Construct dataclass ``cls`` from a mapping, recursively and strictly.
+
+    A dataclass may name its keys that moved (``MOVED_KEYS``: old key -> new dotted key under it) and the field a
+    scalar given for the whole section was meant for (``SCALAR_FIELD``): either is refused with its new place.
+    """
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
+        scalar_field = getattr(cls, "SCALAR_FIELD", None)
+        if scalar_field is not None and not isinstance(data, list):
+            raise ConfigError(
+                f"{path} is a section; write {_join(path, scalar_field)}: {data} (keys of {path}: "
+                f"{[f.name for f in dataclasses.fields(cls) if f.init]})"
+            )
         raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__} {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [key for key in data if key not in fields]
     if unknown:
         key = unknown[0]
+        moved = getattr(cls, "MOVED_KEYS", {})
+        if key in moved:
+            raise ConfigError(f"config key {_join(path, key)!r} is now {_join(path, moved[key])!r}; write it there")
         close = difflib.get_close_matches(str(key), fields, n=1)
         hint = f" (did you mean {_join(path, close[0])!r}?)" if close else ""
         raise ConfigError(f"unknown config key {_join(path, key)!r}{hint}; valid keys here: {sorted(fields)}")

@@ -5,7 +5,7 @@ A model is the base model or a saved learner (``RUN_DIR/checkpoints/LEARNER``), 
 generation settings and the full ``max_new_tokens`` budget. Each (model, opponent, seat) plays ``games`` games of the
 config's game, parser and illegal-answer policy, dealt from the same seeds for every model (so models are compared on
 the same deals). The opponents are ``random``, ``minimax`` (tic-tac-toe), ``mcts``, ``cfr`` (small OpenSpiel games:
-CFR's average policy after ``game.cfr_iterations`` iterations) and ``self`` (the model in every seat).
+CFR's average policy after ``game.opponents.cfr_iterations`` iterations) and ``self`` (the model in every seat).
 
 Rates are per game (win, draw, loss) or per answer (illegal moves), with Wilson score 95% intervals; the mean payoff
 has a Student-t 95% interval over games (:mod:`marllm.utils.statistics`). Where the game's view names a cooperative
@@ -116,7 +116,7 @@ class GameEvalResult:
     seats: list[str]
     rows: list[GameEvalRow] = field(default_factory=list)
     actions: str = "generate"
-    """How the models' answers became moves (``game.actions``)."""
+    """How the models' answers became moves (``game.actions.mode``)."""
 
     def row(self, model: str, opponent: str, seat: str) -> GameEvalRow:
         for row in self.rows:
@@ -217,11 +217,11 @@ def evaluate_game(
     opponents = list(default_opponents(game) if opponents is None else opponents)
     check_opponents(game, opponents)
     seats = list(game.info.seats)
-    result = GameEvalResult(game.name, seats, actions=game.actions)
+    result = GameEvalResult(game.name, seats, actions=game.actions.mode)
     for checkpoint in checkpoints:
         model, label, tokenizer = load_deployed_model(config, checkpoint)
         model.eval()
-        player = ModelPlayer(label, model, tokenizer, config.generation, game.actions, game.action_normalization)
+        player = ModelPlayer(label, model, tokenizer, config.generation, game.actions.mode, game.actions.normalization)
         for opponent in opponents:
             for seat in seats:
                 result.rows.append(_play(config, player, opponent, seat, games, batch_size, seed))

@@ -112,7 +112,7 @@ def round_robin(
     for checkpoint in checkpoints:
         model, label, tokenizer = load_deployed_model(config, checkpoint)
         model.eval()
-        player = ModelPlayer(label, model, tokenizer, config.generation, game.actions, game.action_normalization)
+        player = ModelPlayer(label, model, tokenizer, config.generation, game.actions.mode, game.actions.normalization)
         sources[str(checkpoint)] = player_source(game, label, player)
     for name in fixed:
         sources[name] = player_source(game, name)

@@ -1,6 +1,6 @@
 """A config's game, as training and evaluation both play it: the batched env and the fixed players
 (:mod:`~marllm.games.parts`), who sits in which seat (:mod:`~marllm.games.seats`), a model playing as
-``game.actions`` says (:mod:`~marllm.games.model_player`), the exact tabulation of its strategy and its
+``game.actions.mode`` says (:mod:`~marllm.games.model_player`), the exact tabulation of its strategy and its
 exploitability (:mod:`~marllm.games.strategy`, :mod:`~marllm.games.exploitability`) and the average policy
 (:mod:`~marllm.games.average_policy`).
 

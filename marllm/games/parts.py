@@ -46,7 +46,7 @@ def fixed_player(game: GameConfig, kind: str, name: str, seed: int) -> FixedPlay
     if kind == "minimax":
         return TicTacToeMinimax(name, seed=seed)
     if kind == "mcts":
-        return MCTSPlayer(game.info.mcts_game(), name, simulations=game.mcts_simulations, seed=seed)
+        return MCTSPlayer(game.info.mcts_game(), name, simulations=game.opponents.mcts_simulations, seed=seed)
     if kind == "cfr":
-        return CFRPlayer(game.info.openspiel, game.cfr_iterations, name, seed=seed)
+        return CFRPlayer(game.info.openspiel, game.opponents.cfr_iterations, name, seed=seed)
     raise ValueError(f"unknown fixed player {kind!r}; the fixed players are {list(FIXED_PLAYERS)}")

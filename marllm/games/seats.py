@@ -52,10 +52,12 @@ def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping
         return fixed_player(game, seat.kind, seat.player_id, seed)
     if seat.kind == "snapshot_pool":
         learner = learners[seat.learner]
-        return OpponentPool(learner, size=game.pool_size, every=game.pool_every, name=seat.player_id, seed=seed)
+        opponents = game.opponents
+        return OpponentPool(learner, opponents.pool_size, opponents.pool_every, name=seat.player_id, seed=seed)
     if seat.kind == "best_response":  # the config checked that the run has one learner
         target = learner_policy(config, game.learner_ids[0], learners[game.learner_ids[0]])
-        return BestResponsePlayer(game.info.openspiel, target, game.best_response_every, seat.player_id, seed=seed)
+        every = game.opponents.best_response_every
+        return BestResponsePlayer(game.info.openspiel, target, every, seat.player_id, seed=seed)
     raise ValueError(f"seat {seat.spec!r} is a learner, not a fixed opponent")
 
 

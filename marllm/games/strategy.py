@@ -3,10 +3,10 @@ seat and the training metric ``<learner>/game/exploitability`` run (:mod:`marllm
 
 A model's policy is tabulated with the config's prompts (``game.templates``), parser and illegal-answer policy. A
 player or learner with ``move_probabilities(prompts, legal_moves)`` (the ``score`` and ``constrained`` action modes)
-is tabulated exactly; otherwise the model answers ``game.exploitability_samples`` times per information state with the
-config's generation settings (the ``generate`` mode) and its answers' frequencies are tabulated. A learner is sampled
-in eval mode (no dropout) from the global torch generator, so a run that measures draws other samples afterwards than
-one that does not (each is still reproducible from its seed).
+is tabulated exactly; otherwise the model answers ``game.measurement.exploitability_samples`` times per information
+state with the config's generation settings (the ``generate`` mode) and its answers' frequencies are tabulated. A
+learner is sampled in eval mode (no dropout) from the global torch generator, so a run that measures draws other
+samples afterwards than one that does not (each is still reproducible from its seed).
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ def exact_game(game: GameConfig) -> ExactGame:
 
 def game_policy_source(game: GameConfig, player: Any, batch_size: int = 256) -> PolicySource:
     """:func:`~marllm.games.exploitability.policy_source` of ``player`` with the config's parser, illegal-answer
-    policy and ``exploitability_samples``: exact (without gradients) where ``game.actions`` is ``score`` or
+    policy and ``exploitability_samples``: exact (without gradients) where ``game.actions.mode`` is ``score`` or
     ``constrained`` and the player has ``move_probabilities``."""
     probabilities = getattr(player, "move_probabilities", None)
-    if game.actions in EXACT_ACTIONS and callable(probabilities):
+    if game.actions.mode in EXACT_ACTIONS and callable(probabilities):
         return ExactProbabilities(torch.no_grad()(probabilities))
-    return policy_source(player, game.parser, game.exploitability_samples, game.illegal, batch_size, exact=False)
+    samples = game.measurement.exploitability_samples
+    return policy_source(player, game.parser, samples, game.illegal, batch_size, exact=False)
 
 
 class LearnerAnswers(ModelPlayer):
@@ -73,9 +74,9 @@ def learner_player(config: TrainConfig, name: str, learner: Any) -> Any:
     :class:`LearnerAnswers`."""
     game = config.game
     assert game is not None
-    if game.actions in EXACT_ACTIONS and callable(getattr(learner, "move_probabilities", None)):
+    if game.actions.mode in EXACT_ACTIONS and callable(getattr(learner, "move_probabilities", None)):
         return learner
-    return LearnerAnswers(name, learner, config.generation, game.actions, game.action_normalization)
+    return LearnerAnswers(name, learner, config.generation, game.actions.mode, game.actions.normalization)
 
 
 def learner_policy(config: TrainConfig, name: str, learner: Any) -> Callable[[], Any]:
@@ -88,21 +89,22 @@ def learner_policy(config: TrainConfig, name: str, learner: Any) -> Callable[[],
 
 
 class ExploitabilityMetrics:
-    """An iteration's metrics hook that adds, every ``game.exploitability_every`` iterations (counting from 1, read
-    from the metrics' ``iteration``), ``<learner>/game/nash_conv``, ``<learner>/game/exploitability`` (NaN where the
-    game is not two-player zero-sum) and, for a sampled policy, ``<learner>/game/exploitability_illegal_rate``; and
-    the same of the average of the policies measured so far (:class:`~marllm.games.average_policy.AveragePolicy`:
-    what self-play converges to where its last iterate cycles; weighted by ``game.policy_average``),
+    """An iteration's metrics hook that adds, every ``game.measurement.exploitability_every`` iterations (counting from
+    1, read from the metrics' ``iteration``), ``<learner>/game/nash_conv``, ``<learner>/game/exploitability`` (NaN
+    where the game is not two-player zero-sum) and, for a sampled policy,
+    ``<learner>/game/exploitability_illegal_rate``; and the same of the average of the policies measured so far
+    (:class:`~marllm.games.average_policy.AveragePolicy`: what self-play converges to where its last iterate cycles;
+    weighted by ``game.measurement.policy_average``),
     ``<learner>/game/nash_conv_average`` and ``<learner>/game/exploitability_average``. The averages are saved and
     restored with the run's checkpoints."""
 
     def __init__(self, config: TrainConfig, learners: Mapping[str, Any], inner: Callable[[dict], dict]):
         game = config.game
-        assert game is not None and game.exploitability_every is not None
-        self.every, self.inner, self.game = game.exploitability_every, inner, game
+        assert game is not None and game.measurement.exploitability_every is not None
+        self.every, self.inner, self.game = game.measurement.exploitability_every, inner, game
         self.exact = exact_game(game)
         self.players = {name: learner_player(config, name, learners[name]) for name in game.learner_ids}
-        self.averages = {name: AveragePolicy(self.exact.tree, game.policy_average) for name in self.players}
+        self.averages = {name: AveragePolicy(self.exact.tree, game.measurement.policy_average) for name in self.players}
 
     def __call__(self, metrics: dict[str, Any]) -> dict[str, Any]:
         merged = self.inner(metrics)

@@ -132,9 +132,9 @@ def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
 
 
 def metrics_hook(config: TrainConfig, learners: Mapping[str, Any], hook: Any) -> Any:
-    """``hook``, with the learners' exploitability added every ``game.exploitability_every`` iterations if it is set
-    (:class:`~marllm.games.strategy.ExploitabilityMetrics`)."""
+    """``hook``, with the learners' exploitability added every ``game.measurement.exploitability_every`` iterations if
+    it is set (:class:`~marllm.games.strategy.ExploitabilityMetrics`)."""
     game = config.game
-    if game is None or game.exploitability_every is None:
+    if game is None or game.measurement.exploitability_every is None:
         return hook
     return ExploitabilityMetrics(config, learners, hook)

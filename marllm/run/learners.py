@@ -154,9 +154,9 @@ def algorithm_options(config: TrainConfig) -> AlgorithmOptions:
         algorithm=config.learner_algorithms(),
         critic_free=config.critic_free,
         group_size=config.env.group_size,
-        actions=game.actions if game is not None else "generate",
+        actions=game.actions.mode if game is not None else "generate",
         # The normalisation is score's; the config refuses another value with another mode.
-        action_normalization=game.action_normalization if game is not None and game.actions == "score" else None,
+        action_normalization=game.actions.normalization if game is not None and game.actions.mode == "score" else None,
     )
 
 

@@ -19,7 +19,7 @@ SCORE_KL = "exact KL(policy || reference) over the legal moves of the state, per
 
 def kl_metric(config: TrainConfig) -> str:
     """What ``<learner>/kl`` measures under ``config``'s action mode and ``generation.logprobs_from``."""
-    actions = config.game.actions if config.game is not None else "generate"
+    actions = config.game.actions.mode if config.game is not None else "generate"
     if actions == "score":
         return SCORE_KL
     restricted = CONSTRAINED_KL if actions == "constrained" else None
@@ -35,18 +35,18 @@ def exploitability_measure(config: TrainConfig) -> str | None:
     if game is None:
         return None
     best_response = any(seat.kind == "best_response" for seat in game.parsed_seats())
-    if game.exploitability_every is None and not best_response:
+    if game.measurement.exploitability_every is None and not best_response:
         return None
-    if game.actions == "score":
+    if game.actions.mode == "score":
         return "the policy that plays: the exact softmax over the legal moves' scores, from which moves are drawn"
-    if game.actions == "constrained":
+    if game.actions.mode == "constrained":
         return (
             "the policy that plays: each legal move's exact probability under constrained sampling, every sampling "
             "processor applied (repetition penalty, temperature, top-k/top-p), EOS included"
         )
     return (
-        f"the policy that plays, estimated: the frequencies of game.exploitability_samples = "
-        f"{game.exploitability_samples} {game.actions} answers per information state, each with a budget drawn from "
-        f"[generation.min_new_tokens, generation.max_new_tokens] = [{config.generation.min_new_tokens}, "
-        f"{config.generation.max_new_tokens}] as in training"
+        f"the policy that plays, estimated: the frequencies of game.measurement.exploitability_samples = "
+        f"{game.measurement.exploitability_samples} {game.actions.mode} answers per information state, each with a "
+        f"budget drawn from [generation.min_new_tokens, generation.max_new_tokens] = "
+        f"[{config.generation.min_new_tokens}, {config.generation.max_new_tokens}] as in training"
     )

@@ -39,7 +39,7 @@ __all__ = [
 COLLECTORS: dict[str, type[Collector]] = {
     cls.actions: cls for cls in (TokenCollector, ConstrainedCollector, ThinkCollector, ScoreCollector)
 }
-"""Action mode name (``game.actions``) -> its collector class."""
+"""Action mode name (``game.actions.mode``) -> its collector class."""
 
 
 def new_collector(actions: str, *, owner: str, options: dict[str, Any] | None = None, **parts: Any) -> Collector:

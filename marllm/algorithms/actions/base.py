@@ -63,7 +63,7 @@ class Collector:
     """
 
     actions: ClassVar[str]
-    """The ``game.actions`` name of this mode."""
+    """The ``game.actions.mode`` name of this mode."""
     needs_legal_moves: ClassVar[bool] = True
     """Whether :meth:`collect` needs ``observation["legal_moves"]`` (a game's)."""
 
@@ -113,7 +113,7 @@ class Collector:
         if "legal_moves" not in observation:
             raise ValueError(
                 f"learner {self.name!r} answers with {self.actions} actions, which need the game's legal moves "
-                "(observation['legal_moves']); a text task has none: use game.actions: generate"
+                "(observation['legal_moves']); a text task has none: use game.actions.mode: generate"
             )
         return [list(names) for names in observation["legal_moves"]]
 

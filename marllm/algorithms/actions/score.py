@@ -1,4 +1,4 @@
-"""Scored moves (``game.actions: score``; TWOSOME, Tan et al., ICLR 2024; GLAM, Carta et al., ICML 2023): a
+"""Scored moves (``game.actions.mode: score``; TWOSOME, Tan et al., ICLR 2024; GLAM, Carta et al., ICML 2023): a
 categorical policy over a game's legal moves, each scored by the model's likelihood of its name.
 
 π(a | s) = softmax over the legal moves a of the (normalised) log-likelihood of a's tokens after the prompt
@@ -70,7 +70,8 @@ class ScoreCollector(Collector):
     def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
         """Refused: scored moves need a game's legal moves."""
         raise ValueError(
-            f"{self.owner} scores a game's legal moves (game.actions: score) and cannot answer prompts without them"
+            f"{self.owner} scores a game's legal moves (game.actions.mode: score) and cannot answer prompts without "
+            "them"
         )
 
     @torch.no_grad()

@@ -1,5 +1,5 @@
-"""Free-text answers (``game.actions: generate``, and every text task): a response sampled token by token, each token
-one action of the rollout.
+"""Free-text answers (``game.actions.mode: generate``, and every text task): a response sampled token by token, each
+token one action of the rollout.
 
 The rollout records, per response token, log π and log π_0 of the token under the distribution it was sampled from
 (``generation``'s processing; a restriction to legal continuations where a subclass samples under one, kept as the
