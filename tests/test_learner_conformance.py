@@ -5,6 +5,9 @@ which come in no groups, :mod:`tests.test_config`)."""
 
 from __future__ import annotations
 
+import multiprocessing
+import time
+
 import pytest
 import torch
 
@@ -70,6 +73,20 @@ def tiny_learner(
         algorithm, "llm", options, model=model, tokenizer=tokenizer, reference=reference, config=config,
         generation=GENERATION, data_parallel=data_parallel,
     )  # fmt: skip
+
+
+def failing_on_rank_one(data_parallel=None, **options):
+    """A learner whose second rank cannot be built (the first then waits for it in the update's collectives)."""
+    if data_parallel is not None and data_parallel.rank == 1:
+        raise RuntimeError("rank one cannot build its learner")
+    return tiny_learner(data_parallel, **options)
+
+
+def hanging_on_rank_one(data_parallel=None, **options):
+    """A learner whose second rank never comes to the update."""
+    if data_parallel is not None and data_parallel.rank == 1:
+        time.sleep(3600)
+    return tiny_learner(data_parallel, **options)
 
 
 def without_gradient_sums(data_parallel=None, **options):
@@ -178,8 +195,8 @@ def test_sharing_the_prompts_beginning_changes_no_sample_and_no_log_prob(actions
 
 
 def test_two_gloo_ranks_update_as_one_process():
-    """The public check on one pair (torchrun's ranks cost seconds each); tests/test_data_parallel.py holds the
-    learners and modes on two ranks, micro-batched too."""
+    """The public check on one pair; tests/test_data_parallel.py holds the learners and modes on two ranks,
+    micro-batched too."""
     turns, rewards = observations("reinforce_pp")
     options = {"algorithm": "reinforce_pp", "actions": "constrained", "micro_batch_size": 1}
     largest = check_two_ranks_equal_one_process(f"{__name__}:tiny_learner", turns, rewards, options)
@@ -190,3 +207,19 @@ def test_the_two_rank_check_fails_on_ranks_that_do_not_sum_their_gradients():
     turns, rewards = observations("ppo")
     with pytest.raises(AssertionError, match="the ranks do not sum to one process"):
         check_two_ranks_equal_one_process(f"{__name__}:without_gradient_sums", turns, rewards, {"actions": "score"})
+
+
+def test_a_rank_that_fails_ends_the_check_with_its_traceback_and_no_rank_left_running():
+    turns, rewards = observations("ppo")
+    started = time.monotonic()
+    with pytest.raises(AssertionError, match=r"(?s)rank 1 exited with 1:.*RuntimeError: rank one cannot build"):
+        check_two_ranks_equal_one_process(f"{__name__}:failing_on_rank_one", turns, rewards, timeout=120)
+    assert time.monotonic() - started < 60  # rank 0, waiting in a collective, was ended, not awaited
+    assert not multiprocessing.active_children()
+
+
+def test_ranks_that_do_not_finish_in_time_are_ended():
+    turns, rewards = observations("ppo")
+    with pytest.raises(AssertionError, match="the data-parallel ranks did not finish in 5 s"):
+        check_two_ranks_equal_one_process(f"{__name__}:hanging_on_rank_one", turns, rewards, timeout=5)
+    assert not multiprocessing.active_children()

@@ -2,30 +2,37 @@
 turn, take the steps one process takes on the whole batch (:func:`check_two_ranks_equal_one_process`).
 
 The learner is named by a reference to its factory (``package.module:function`` or ``file.py:function``), because
-the ranks are other processes (started by torchrun) that build it again: ``factory(data_parallel=..., **options)``
-must build the same learner, seeded alike, whether ``data_parallel`` is None (one process) or a rank's
+the ranks are other processes that build it again: ``factory(data_parallel=..., **options)`` must build the same
+learner, seeded alike, whether ``data_parallel`` is None (one process) or a rank's
 :class:`~marllm.parallel.distributed.DataParallel`. The rollouts are played once, in this process, and each rank is
 handed its equal, contiguous slice of each turn: the ranks compare updates, not samples.
 
-Run as ``python -m torch.distributed.run --nproc-per-node N -m marllm.testing.data_parallel DIR`` by the check itself;
-each rank reads ``DIR/job.pt`` and writes ``DIR/rank<r>.pt``.
+The ranks are forked from this process on Linux (they start at once, with everything this process imported; a
+process that has initialised CUDA spawns them instead, as other systems do, and a spawned rank imports the script
+that runs the check anew: it needs the usual ``if __name__ == "__main__":`` guard). They meet in a gloo group
+through a file in a temporary directory, where each reads ``job.pt`` and writes ``rank<r>.pt`` (or ``rank<r>.error``,
+its traceback). One rank that fails ends the others.
 """
 
 from __future__ import annotations
 
 import copy
+import multiprocessing
+import multiprocessing.connection
 import os
-import subprocess
 import sys
 import tempfile
+import time
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from marllm.algorithms.rollout import Rollout
-from marllm.parallel.distributed import init_data_parallel
+from marllm.parallel.distributed import WORLD_SIZE_VARIABLE, close_data_parallel, init_data_parallel
 from marllm.testing.conformance import Observation, _play
 from marllm.utils.imports import load_reference
 
@@ -73,17 +80,59 @@ def check_two_ranks_equal_one_process(
 
 
 def _launch(directory: str, world_size: int, timeout: float) -> None:
-    """The ranks, started by torchrun on this machine; the factory's module found from the working directory."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-               "-m", "marllm.testing.data_parallel", directory]  # fmt: skip
-    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    """Start the ranks, wait for all of them, and end the others as soon as one fails."""
+    context = multiprocessing.get_context(_start_method())
+    ranks = [context.Process(target=_rank, args=(directory, rank, world_size), name=f"rank{rank}", daemon=True)
+             for rank in range(world_size)]  # fmt: skip
+    for process in ranks:
+        process.start()
+    deadline = time.monotonic() + timeout
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired as error:
-        raise AssertionError(f"the data-parallel ranks did not finish in {timeout} s") from error
-    if done.returncode != 0:
-        raise AssertionError(f"the data-parallel ranks failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+        running = list(ranks)
+        while running:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"the data-parallel ranks did not finish in {timeout} s")
+            multiprocessing.connection.wait([process.sentinel for process in running], timeout=left)
+            running = [process for process in ranks if process.exitcode is None]
+            failed = [rank for rank, process in enumerate(ranks) if process.exitcode not in (None, 0)]
+            if failed:
+                raise AssertionError(_failure(directory, failed[0], ranks[failed[0]].exitcode))
+    finally:
+        for process in ranks:
+            if process.exitcode is None:
+                process.kill()
+            process.join()
+
+
+def _start_method() -> str:
+    """``fork`` on Linux unless CUDA is initialised here (a forked child cannot use it), else ``spawn``."""
+    if sys.platform.startswith("linux") and not torch.cuda.is_initialized():
+        return "fork"
+    return "spawn"
+
+
+def _failure(directory: str, rank: int, exit_code: int | None) -> str:
+    error = Path(directory) / f"rank{rank}.error"
+    told = error.read_text()[-4000:] if error.is_file() else "(it left no traceback)"
+    return f"the data-parallel ranks failed: rank {rank} exited with {exit_code}:\n{told}"
+
+
+def _rank(directory: str, rank: int, world_size: int) -> None:
+    """One rank's process: joins the group through a file store, updates on its slice, leaves the group."""
+    os.environ.update({WORLD_SIZE_VARIABLE: str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
+    torch.set_num_threads(1)
+    try:
+        store = dist.FileStore(str(Path(directory) / "rendezvous"), world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+        data_parallel = init_data_parallel("cpu")
+        try:
+            _update_slice(directory, data_parallel)
+        finally:
+            close_data_parallel(data_parallel)
+    except BaseException:
+        (Path(directory) / f"rank{rank}.error").write_text(traceback.format_exc())
+        raise
 
 
 def _update(learner: Any, rollouts: list[Rollout]) -> dict[str, list[torch.Tensor]]:
@@ -148,18 +197,11 @@ def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
     return part
 
 
-def main(directory: str) -> None:
-    """One rank: its slice of every turn of ``DIR/job.pt``, one update, and what it did into ``DIR/rank<r>.pt``."""
-    torch.set_num_threads(1)
-    data_parallel = init_data_parallel("cpu")
-    if data_parallel is None:
-        raise SystemExit("run me under torchrun with 2 or more processes")
+def _update_slice(directory: str, data_parallel: Any) -> None:
+    """One rank's work: its slice of every turn of ``DIR/job.pt``, one update, and what it did into
+    ``DIR/rank<r>.pt``."""
     job = torch.load(Path(directory) / "job.pt", weights_only=False)
     learner = load_reference(job["factory"])(data_parallel=data_parallel, **job["options"])
     rank, world_size = data_parallel.rank, data_parallel.world_size
     result = _update(learner, [rank_slice(rollout, rank, world_size) for rollout in job["rollouts"]])
     torch.save(result, Path(directory) / f"rank{rank}.pt")
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])
