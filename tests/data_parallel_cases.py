@@ -1,7 +1,7 @@
 """Learners updated on one process and on two data-parallel ranks, for tests/test_data_parallel.py.
 
-Run by torchrun as ``python -m torch.distributed.run --nproc-per-node 2 -m tests.data_parallel_cases ROLLOUTS OUT``:
-each rank takes its half of every case's rollout (saved by the test), runs one update, and saves its parameters,
+Run on two ranks by :func:`marllm.testing.run_ranks` (:func:`on_rank`): each rank takes its half of every case's
+rollout (saved by the test to ``OUT/rollouts.pt``), runs one update, and saves its parameters,
 metrics, controller state and checkpoint state to ``OUT/rank<r>.pt``. The :data:`SHARDED_CASES` run again with
 the models sharded over the ranks (FSDP, under ``fsdp/<case>``), and also restore their checkpoint state into
 fresh sharded learners and export to ``OUT/export-<case>``.
@@ -10,7 +10,6 @@ fresh sharded learners and export to ``OUT/export-<case>``.
 from __future__ import annotations
 
 import copy
-import sys
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import PPOLearner, Rollout
 from marllm.models.generation import generate_responses
 from marllm.models.generation_config import GenerationConfig
-from marllm.parallel.distributed import init_data_parallel
+from marllm.parallel.distributed import DataParallel
 from marllm.parallel.sharding import full_tensor, shard_module
 from marllm.testing.data_parallel import rank_slice as one_rank_slice
 from tests.conftest import make_tiny_gpt2, make_tokenizer
@@ -190,12 +189,12 @@ def micro_batches_nonfinite(tokenizer: Any, data_parallel: Any, part: Rollout) -
     return found
 
 
-def main(rollouts_file: str, out_dir: str) -> None:
+def on_rank(out_dir: str, data_parallel: DataParallel) -> None:
+    """One rank (:func:`marllm.testing.run_ranks`): every case's update on its slice of ``OUT/rollouts.pt``, into
+    ``OUT/rank<r>.pt``."""
     torch.set_num_threads(1)
-    data_parallel = init_data_parallel("cpu")
-    assert data_parallel is not None, "run me under torchrun with 2 processes"
     tokenizer = make_tokenizer()
-    rollouts = torch.load(rollouts_file, weights_only=False)
+    rollouts = torch.load(f"{out_dir}/rollouts.pt", weights_only=False)
     results = {}
     ranks = (data_parallel.rank, data_parallel.world_size)
     for case in CASES:
@@ -219,7 +218,3 @@ def main(rollouts_file: str, out_dir: str) -> None:
     results["fsdp/generation"] = sharded_generation(tokenizer, data_parallel)
     results["fsdp/agreement"] = sharded_agreement(tokenizer, data_parallel, rank_slice(rollouts["ppo"], *ranks))
     torch.save(results, f"{out_dir}/rank{data_parallel.rank}.pt")
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from marllm.algorithms.ppo import PPOLearner
 from marllm.config import load_config
 from marllm.config.loading import ConfigError
 from marllm.envs.text_env import SequentialTextEnv
+from marllm.testing import run_ranks
 from tests.conftest import make_tiny_gpt2
 from tests.data_parallel_cases import (
     CASES,
@@ -27,17 +26,13 @@ from tests.data_parallel_cases import (
     SHARDED_CASES,
     build_learner,
     generated,
+    on_rank,
     state_after_update,
 )
 from tests.test_ppo_learner import make_learner
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
-
-
-def torchrun(*arguments: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *arguments]
-    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=ENV)
 
 
 TURN_PROMPTS = (
@@ -68,8 +63,7 @@ def one_and_two_ranks(tmp_path_factory, tokenizer):
     directory = tmp_path_factory.mktemp("data_parallel")
     rollouts = {case: rewarded_rollout(case, tokenizer) for case in CASES}
     torch.save(rollouts, directory / "rollouts.pt")
-    completed = torchrun("-m", "tests.data_parallel_cases", str(directory / "rollouts.pt"), str(directory))
-    assert completed.returncode == 0, completed.stderr[-4000:]
+    run_ranks(on_rank, directory, timeout=300)
     single = {case: state_after_update(build_learner(case, tokenizer), copy.deepcopy(rollouts[case])) for case in CASES}
     ranks = [{**torch.load(directory / f"rank{r}.pt", weights_only=False), "out_dir": directory} for r in range(2)]
     return single, ranks

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +32,16 @@ import torch
 import torch.distributed as dist
 
 from marllm.algorithms.rollout import Rollout
-from marllm.parallel.distributed import WORLD_SIZE_VARIABLE, close_data_parallel, init_data_parallel
+from marllm.parallel.distributed import (
+    WORLD_SIZE_VARIABLE,
+    DataParallel,
+    close_data_parallel,
+    init_data_parallel,
+)
 from marllm.testing.conformance import Observation, _play
 from marllm.utils.imports import load_reference
 
-__all__ = ["check_two_ranks_equal_one_process"]
+__all__ = ["check_two_ranks_equal_one_process", "run_ranks"]
 
 ZERO_GRADIENT = 1e-9
 """A gradient element below this at every step is zero up to rounding; Adam turns its rounding noise into steps of
@@ -74,15 +79,26 @@ def check_two_ranks_equal_one_process(
     single = _update(learner, copy.deepcopy(rollouts))
     with tempfile.TemporaryDirectory() as directory:
         torch.save({"factory": factory, "options": options, "rollouts": rollouts}, Path(directory) / "job.pt")
-        _launch(directory, world_size, timeout)
+        run_ranks(_update_slice, directory, world_size, timeout)
         ranks = [torch.load(Path(directory) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
     return _compare(learner.name, single, ranks)
 
 
-def _launch(directory: str, world_size: int, timeout: float) -> None:
-    """Start the ranks, wait for all of them, and end the others as soon as one fails."""
+def run_ranks(
+    work: Callable[[str, DataParallel], None], directory: str | Path, world_size: int = 2, timeout: float = 600
+) -> None:
+    """``work(directory, data_parallel)`` on ``world_size`` gloo ranks of this machine, each its own process (forked
+    on Linux, see above), which meet through a file store in ``directory``; it returns once every rank has. ``work``
+    must be a module-level function (a spawned rank imports it); ``directory`` is where the ranks read their job and
+    write what they found.
+
+    Raises:
+        AssertionError: a rank failed (with its traceback; the other ranks are ended), or the ranks did not finish
+            in ``timeout`` seconds (every rank is ended).
+    """
+    directory = str(directory)
     context = multiprocessing.get_context(_start_method())
-    ranks = [context.Process(target=_rank, args=(directory, rank, world_size), name=f"rank{rank}", daemon=True)
+    ranks = [context.Process(target=_rank, args=(work, directory, rank, world_size), name=f"rank{rank}", daemon=True)
              for rank in range(world_size)]  # fmt: skip
     for process in ranks:
         process.start()
@@ -118,16 +134,17 @@ def _failure(directory: str, rank: int, exit_code: int | None) -> str:
     return f"the data-parallel ranks failed: rank {rank} exited with {exit_code}:\n{told}"
 
 
-def _rank(directory: str, rank: int, world_size: int) -> None:
-    """One rank's process: joins the group through a file store, updates on its slice, leaves the group."""
+def _rank(work: Callable[[str, DataParallel], None], directory: str, rank: int, world_size: int) -> None:
+    """One rank's process: joins the group through a file store, does its work, leaves the group."""
     os.environ.update({WORLD_SIZE_VARIABLE: str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
     torch.set_num_threads(1)
     try:
         store = dist.FileStore(str(Path(directory) / "rendezvous"), world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
         data_parallel = init_data_parallel("cpu")
+        assert data_parallel is not None
         try:
-            _update_slice(directory, data_parallel)
+            work(directory, data_parallel)
         finally:
             close_data_parallel(data_parallel)
     except BaseException:
@@ -197,7 +214,7 @@ def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
     return part
 
 
-def _update_slice(directory: str, data_parallel: Any) -> None:
+def _update_slice(directory: str, data_parallel: DataParallel) -> None:
     """One rank's work: its slice of every turn of ``DIR/job.pt``, one update, and what it did into
     ``DIR/rank<r>.pt``."""
     job = torch.load(Path(directory) / "job.pt", weights_only=False)
