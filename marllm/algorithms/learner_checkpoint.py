@@ -231,7 +231,7 @@ class LearnerCheckpoint:
 
     def _set_policy(self, tensors: Mapping[str, torch.Tensor]) -> None:
         if self.adapter is not None:
-            from peft import set_peft_model_state_dict
+            from peft import set_peft_model_state_dict  # as get_peft_model_state_dict above
 
             result = set_peft_model_state_dict(self.model, dict(tensors), adapter_name=self.adapter)
             if result.unexpected_keys:

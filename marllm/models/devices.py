@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import torch
+    import torch  # on use only: the config checks device names without torch
 
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
@@ -61,7 +61,7 @@ def resolve_device(device: str) -> torch.device:
 
 def _available_devices() -> list[str]:
     """The device names :func:`resolve_device` accepts on this machine."""
-    import torch
+    import torch  # on use only: the config checks device names without torch
 
     names = ["auto", "cpu"]
     if torch.cuda.is_available():
@@ -80,7 +80,7 @@ def check_dtype_name(dtype: str) -> None:
 def resolve_dtype(dtype: str) -> torch.dtype:
     """The torch dtype of a :data:`DTYPE_NAMES` name."""
     check_dtype_name(dtype)
-    import torch
+    import torch  # on use only: the config checks device names without torch
 
     return getattr(torch, dtype)
 
@@ -90,7 +90,7 @@ def autocast_for(model: torch.nn.Module, dtype: str | None) -> contextlib.Abstra
     nothing for None: matrix products in ``dtype``, the weights (and so gradients and optimiser state) as they are."""
     if dtype is None:
         return contextlib.nullcontext()
-    import torch
+    import torch  # on use only: the config checks device names without torch
 
     device_type = next(model.parameters()).device.type
     return torch.autocast(device_type=device_type, dtype=resolve_dtype(dtype))

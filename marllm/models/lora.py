@@ -26,7 +26,7 @@ def adaptable_module_names(model: torch.nn.Module) -> list[str]:
 
 def attach_adapters(base: PreTrainedModel, adapter_names: list[str], settings: LoraSettings) -> PeftModel:
     """One LoRA adapter per name on ``base``; the base weights are frozen and shared."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # where adapters are made (see TYPE_CHECKING above)
 
     if settings.target_modules is not None:
         available = adaptable_module_names(base)
@@ -78,7 +78,7 @@ def load_adapter_checkpoint(base: PreTrainedModel, directory: str | Path) -> Pef
     candidates = [directory] + [d for d in directory.iterdir() if d.is_dir()] if directory.is_dir() else []
     for candidate in candidates:
         if (candidate / "adapter_config.json").is_file():
-            from peft import PeftModel
+            from peft import PeftModel  # where adapters are loaded (see TYPE_CHECKING above)
 
             return PeftModel.from_pretrained(base, candidate)
     raise FileNotFoundError(f"no adapter_config.json in {str(directory)!r} or its sub-directories")

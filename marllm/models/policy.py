@@ -67,7 +67,7 @@ def load_causal_lm(
     """
     options = {}
     if load_in_4bit:
-        from transformers import BitsAndBytesConfig
+        from transformers import BitsAndBytesConfig  # 4-bit loading only; about 1 s to import
 
         from marllm.models.lora import check_4bit_available  # peft: loaded only by runs that ask for it
 

@@ -40,7 +40,7 @@ class MCTSPlayer(FixedPlayer):
     ):
         super().__init__(name)
         pyspiel, _ = require_openspiel()
-        from open_spiel.python.algorithms import mcts
+        from open_spiel.python.algorithms import mcts  # OpenSpiel: the optional marllm[games] extra
 
         self.game = pyspiel.load_game(game) if isinstance(game, str) else game
         random_state = np.random.RandomState(seed)

@@ -59,7 +59,7 @@ class FrozenSnapshot(FixedPlayer):
     def policy_tensors(self) -> dict[str, Any]:
         """Its weights as its learner trains them: the whole model's, or the adapter's alone (under peft's names)."""
         if self.adapter is not None:
-            from peft import get_peft_model_state_dict
+            from peft import get_peft_model_state_dict  # a LoRA learner's snapshot only
 
             return get_peft_model_state_dict(self.model, adapter_name=self.adapter, save_embedding_layers=False)
         return {name: parameter.detach() for name, parameter in self.model.named_parameters()}
@@ -72,7 +72,7 @@ class FrozenSnapshot(FixedPlayer):
         """
         check_tensors(self.policy_tensors(), tensors, f"snapshot {self.name!r}")
         if self.adapter is not None:
-            from peft import set_peft_model_state_dict
+            from peft import set_peft_model_state_dict  # a LoRA learner's snapshot only
 
             set_peft_model_state_dict(self.model, dict(tensors), adapter_name=self.adapter)
             return

@@ -103,7 +103,7 @@ def cfr_average_policy(game: str, iterations: int) -> Any:
     iterations; cached, so that players made again (a batch each) do not solve again. Refuses games too large."""
     if iterations < 1:
         raise ValueError(f"CFR needs iterations >= 1, got {iterations}")
-    from open_spiel.python.algorithms import cfr
+    from open_spiel.python.algorithms import cfr  # OpenSpiel: the optional marllm[games] extra
 
     enumerate_info_states(game)
     solver = cfr.CFRSolver(solved_twin(load_game(game)))
@@ -137,7 +137,7 @@ class BestResponsePlayer(TabularPlayer):
 
     def policy(self, player: int) -> Any:
         if player not in self._responses:
-            from open_spiel.python.algorithms.best_response import BestResponsePolicy
+            from open_spiel.python.algorithms.best_response import BestResponsePolicy  # the marllm[games] extra
 
             if not self._responses:
                 self._target_policy = self.target()

@@ -73,7 +73,7 @@ class RunLog:
 
 
 def _summary_writer(log_dir: Path, start: int) -> Any:
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # logging.tensorboard only
 
     # purge_step: events of iterations >= start (logged before a resumed run's checkpoint was cut to) are hidden.
     return SummaryWriter(str(log_dir), purge_step=start if start else None)

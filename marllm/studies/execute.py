@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 import yaml
+from tqdm.auto import tqdm
 
 from marllm.config import resume_differences
 from marllm.config.loading import ConfigError
@@ -124,7 +125,6 @@ class StudyProgress:
     """
 
     def __init__(self, total: int, workers: int | Callable[[], int], enabled: bool = True):
-        from tqdm.auto import tqdm
 
         self.workers = workers
         self.running = self.failed = 0

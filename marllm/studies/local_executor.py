@@ -24,6 +24,8 @@ from multiprocessing import connection
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from marllm.studies.processes import die_with_study, exit_description
 from marllm.studies.signals import sigint_ignored as _sigint_ignored
 from marllm.studies.signals import sigterm_interrupts
@@ -136,7 +138,6 @@ class LocalExecutor:
             action = plan(run, attempt.run_dir)
             if action == "skip":  # it finished, and died before its result came back
                 return RunOutcome(run.name, "finished")
-            from tqdm.auto import tqdm
 
             again = "resuming from its checkpoint" if action == "resume" else "starting it over (no checkpoint)"
             tqdm.write(f"marllm: run {run.name}: its worker process died ({how}); {again}", file=sys.stderr)

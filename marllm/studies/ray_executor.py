@@ -55,7 +55,7 @@ _WAIT_S = 1.0  # how long one ray.wait blocks (Ctrl-C and SIGTERM are seen betwe
 
 def import_ray() -> Any:
     """Import Ray, or raise ConfigError saying how to install it."""
-    try:
+    try:  # the optional marllm[ray] extra
         import ray
     except ImportError as error:
         raise ConfigError(
@@ -249,6 +249,7 @@ def _attempt(run_function: RunFunction, run: StudyRun, study_dir: str, threads: 
     os.environ["OMP_NUM_THREADS"] = str(threads)  # as a local worker does: no progress bars of its own either
     os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    # after the variables above, which these libraries read as they are imported
     import datasets
     import torch
     import transformers

@@ -139,6 +139,7 @@ def worker_init(stopping: Any = None) -> None:
     _stopping = stopping
     os.setpgrp()
     signal.signal(signal.SIGINT, _idle_sigint)
+    # after the variables above, which these libraries read as they are imported
     import datasets
     import torch
     import transformers

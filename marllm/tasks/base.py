@@ -92,7 +92,7 @@ def load_text_dataset(
     if path is not None:
         dataset, rows = load_local_file(path, text_columns)
     else:
-        import datasets
+        import datasets  # 1.2 s to import; the config imports the tasks to check them
 
         dataset = datasets.load_dataset(source, split=split)
     if text_columns:
@@ -123,7 +123,7 @@ def load_local_file(path: Path, columns: Sequence[str] = ()) -> tuple[datasets.D
 
 def read_local_file(path: Path) -> datasets.Dataset:
     """A checked local file as a dataset; one ``datasets`` cannot parse raises ``ValueError`` naming it."""
-    import datasets
+    import datasets  # 1.2 s to import; the config imports the tasks to check them
     from datasets.exceptions import DatasetGenerationError
 
     kind = DATA_FORMATS[path.suffix].builder

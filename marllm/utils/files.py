@@ -17,6 +17,7 @@ import socket
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,7 +182,7 @@ def file_lock(path: str | Path) -> Iterator[None]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        import fcntl
+        import fcntl  # POSIX only
     except ImportError:  # pragma: no cover - non-POSIX platforms
         yield
         return
@@ -241,7 +242,7 @@ def exclusive_lock(path: str | Path) -> Iterator[None]:
     """
     path = Path(path)
     try:
-        import fcntl
+        import fcntl  # POSIX only
     except ImportError:  # pragma: no cover - non-POSIX platforms
         yield
         return
@@ -253,7 +254,6 @@ def exclusive_lock(path: str | Path) -> Iterator[None]:
     except OSError as error:
         if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
             raise
-        import warnings
 
         warnings.warn(f"cannot lock {path} ({error}); going on unlocked", RuntimeWarning, stacklevel=3)
         yield

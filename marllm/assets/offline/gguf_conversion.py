@@ -9,8 +9,12 @@ saved with the tokenizer, its chat template and the generation config, then relo
 from __future__ import annotations
 
 import contextlib
+import copy
 from pathlib import Path
 from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 __all__ = ["CONVERSION_VERSION", "LOGIT_TOLERANCE", "convert_gguf"]
 
@@ -30,8 +34,6 @@ def convert_gguf(gguf_file: Path, out: Path) -> dict[str, Any]:
         ValueError: the saved model does not reproduce the GGUF's logits within :data:`LOGIT_TOLERANCE`; also what
             transformers raises for an architecture or tokenizer it cannot read from a GGUF.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     directory, name = str(gguf_file.parent), gguf_file.name
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
@@ -57,7 +59,6 @@ def convert_gguf(gguf_file: Path, out: Path) -> dict[str, Any]:
 
 def _plain_model(loaded: Any) -> Any:
     """A model of ``loaded``'s class and config, without the GGUF quantization flag, holding its weights."""
-    import copy
 
     config = copy.deepcopy(loaded.config)
     with contextlib.suppress(AttributeError):

@@ -42,6 +42,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import gguf
+import torch
+import transformers
 from tqdm.auto import tqdm
 
 from marllm.assets.offline.gguf_conversion import CONVERSION_VERSION, LOGIT_TOLERANCE, convert_gguf
@@ -214,9 +217,6 @@ def _timed(step: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def _manifest(spec: GGUFWheelModel, root: Path, origin: dict[str, Any], metrics: dict[str, Any],
               wall: float) -> dict[str, Any]:
-    import gguf
-    import torch
-    import transformers
 
     return {
         "asset": f"marllm:{spec.asset}",

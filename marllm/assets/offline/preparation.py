@@ -30,6 +30,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import tokenizers
+import torch
+import transformers
 from tqdm.auto import tqdm
 
 from marllm.assets.offline.base_model import train_base_model
@@ -352,9 +355,6 @@ def _build_reward_model(out: Path, corpus_dir: Path, recipe: OfflineRecipe) -> d
 
 
 def _manifest(recipe: OfflineRecipe, records: dict[str, dict[str, Any]], wall: float) -> dict[str, Any]:
-    import tokenizers
-    import torch
-    import transformers
 
     files: dict[str, str] = {}
     for record in records.values():

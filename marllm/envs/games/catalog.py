@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pettingzoo.classic
 from pettingzoo import AECEnv
 
 from marllm.envs.games.openspiel import openspiel_factory, require_openspiel
@@ -83,7 +84,6 @@ def playable_classic_games() -> tuple[str, ...]:
 def classic_games() -> tuple[str, ...]:
     """The PettingZoo classic env names installed (``chess_v6``, ``connect_four_v3``, ``rps_v2``, ``tictactoe_v3``,
     ...), found without importing them (some need optional packages)."""
-    import pettingzoo.classic
 
     names = (module.name for module in pkgutil.iter_modules(pettingzoo.classic.__path__))
     return tuple(sorted(name for name in names if re.fullmatch(r"[a-z_]+_v\d+", name)))

@@ -76,7 +76,7 @@ class GameTree:
 
     def uniform_policy(self) -> Any:
         """A uniform ``TabularPolicy`` of the solved twin (rows in :attr:`info_states` order)."""
-        from open_spiel.python import policy as policy_lib
+        from open_spiel.python import policy as policy_lib  # OpenSpiel: the optional marllm[games] extra
 
         return policy_lib.TabularPolicy(self.solved, states=self.decision_states)
 

@@ -54,7 +54,7 @@ def compact_rounds_text(rounds: Sequence[tuple[str, str]], total: int | None) ->
 @functools.cache
 def _rps_payoffs(num_actions: int) -> tuple[tuple[tuple[float, float], ...], ...]:
     """PettingZoo's own rule, read off a scratch env: table[a][b] = rewards of (player_0 plays a, player_1 b)."""
-    from pettingzoo.classic import rps_v2
+    from pettingzoo.classic import rps_v2  # it imports pygame, which marllm does not depend on
 
     scratch = rps_v2.raw_env(num_actions=num_actions, max_cycles=1)
     table = []

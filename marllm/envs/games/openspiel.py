@@ -24,7 +24,7 @@ EXTRA = "marllm[games]"
 
 def require_openspiel() -> tuple[Any, Any]:
     """``(pyspiel, shimmy)``, or an ImportError that names the optional dependencies."""
-    try:
+    try:  # the optional marllm[games] extra
         import pyspiel
         import shimmy
     except ImportError as error:
