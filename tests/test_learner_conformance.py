@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from marllm.testing import (
     check_move_probabilities_are_played,
     check_resume_equals_uninterrupted,
     check_two_ranks_equal_one_process,
+    run_ranks,
 )
 from tests.conftest import make_tiny_gpt2
 
@@ -87,6 +89,25 @@ def hanging_on_rank_one(data_parallel=None, **options):
     if data_parallel is not None and data_parallel.rank == 1:
         time.sleep(3600)
     return tiny_learner(data_parallel, **options)
+
+
+def summing_ranks(directory, data_parallel):
+    """Each rank sums its rank + 1 over the group and writes what it got."""
+    total = data_parallel.all_reduce_sum(torch.tensor([data_parallel.rank + 1.0]))
+    Path(directory, f"sum{data_parallel.rank}.txt").write_text(str(float(total)))
+
+
+def failing_rank_one(directory, data_parallel):
+    if data_parallel.rank == 1:
+        raise RuntimeError("rank one fails")
+    data_parallel.barrier()
+
+
+def stuck_rank_one(directory, data_parallel):
+    data_parallel.barrier()
+    if data_parallel.rank == 1:
+        time.sleep(3600)
+    data_parallel.barrier()
 
 
 def without_gradient_sums(data_parallel=None, **options):
@@ -212,7 +233,7 @@ def test_the_two_rank_check_fails_on_ranks_that_do_not_sum_their_gradients():
 def test_a_rank_that_fails_ends_the_check_with_its_traceback_and_no_rank_left_running():
     turns, rewards = observations("ppo")
     started = time.monotonic()
-    with pytest.raises(AssertionError, match=r"(?s)rank 1 exited with 1:.*RuntimeError: rank one cannot build"):
+    with pytest.raises(AssertionError, match=r"(?s)rank 1 failed first.*RuntimeError: rank one cannot build"):
         check_two_ranks_equal_one_process(f"{__name__}:failing_on_rank_one", turns, rewards, timeout=120)
     assert time.monotonic() - started < 60  # rank 0, waiting in a collective, was ended, not awaited
     assert not multiprocessing.active_children()
@@ -223,3 +244,15 @@ def test_ranks_that_do_not_finish_in_time_are_ended():
     with pytest.raises(AssertionError, match="the data-parallel ranks did not finish in 5 s"):
         check_two_ranks_equal_one_process(f"{__name__}:hanging_on_rank_one", turns, rewards, timeout=5)
     assert not multiprocessing.active_children()
+
+
+def test_ranks_launched_again_in_one_directory_meet_afresh(tmp_path):
+    with pytest.raises(AssertionError, match=r"(?s)rank 1 failed first.*RuntimeError: rank one fails"):
+        run_ranks(failing_rank_one, tmp_path, timeout=60)
+    with pytest.raises(AssertionError, match="did not finish in 5 s"):  # killed: they leave their rendezvous behind
+        run_ranks(stuck_rank_one, tmp_path, timeout=5)
+    for _ in range(2):  # neither a failed launch's traceback nor an earlier rendezvous is read again
+        run_ranks(summing_ranks, tmp_path, timeout=60)
+        assert [Path(tmp_path, f"sum{rank}.txt").read_text() for rank in (0, 1)] == ["3.0", "3.0"]
+    assert not (tmp_path / "rank1.error").exists()
+    assert [entry.name for entry in tmp_path.iterdir() if entry.name.startswith("rendezvous")] == []

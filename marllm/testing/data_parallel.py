@@ -10,8 +10,8 @@ handed its equal, contiguous slice of each turn: the ranks compare updates, not 
 The ranks are forked from this process on Linux (they start at once, with everything this process imported; a
 process that has initialised CUDA spawns them instead, as other systems do, and a spawned rank imports the script
 that runs the check anew: it needs the usual ``if __name__ == "__main__":`` guard). They meet in a gloo group
-through a file in a temporary directory, where each reads ``job.pt`` and writes ``rank<r>.pt`` (or ``rank<r>.error``,
-its traceback). One rank that fails ends the others.
+through a file store of their own, in a temporary directory where each reads ``job.pt`` and writes ``rank<r>.pt`` (or
+``rank<r>.error``, its traceback). One rank that fails ends the others.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import copy
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -97,8 +98,12 @@ def run_ranks(
             in ``timeout`` seconds (every rank is ended).
     """
     directory = str(directory)
+    for rank in range(world_size):  # a failed launch's tracebacks would be read as this one's
+        (Path(directory) / f"rank{rank}.error").unlink(missing_ok=True)
+    # A store file of its own: a file store left by an earlier launch would hand this one its stale keys.
+    store = Path(tempfile.mkdtemp(prefix="rendezvous-", dir=directory)) / "store"
     context = multiprocessing.get_context(_start_method())
-    ranks = [context.Process(target=_rank, args=(work, directory, rank, world_size), name=f"rank{rank}", daemon=True)
+    ranks = [context.Process(target=_rank, args=(work, directory, str(store), rank, world_size), name=f"rank{rank}")
              for rank in range(world_size)]  # fmt: skip
     for process in ranks:
         process.start()
@@ -113,12 +118,13 @@ def run_ranks(
             running = [process for process in ranks if process.exitcode is None]
             failed = [rank for rank, process in enumerate(ranks) if process.exitcode not in (None, 0)]
             if failed:
-                raise AssertionError(_failure(directory, failed[0], ranks[failed[0]].exitcode))
+                raise AssertionError(_failure(directory, [process.exitcode for process in ranks]))
     finally:
         for process in ranks:
             if process.exitcode is None:
                 process.kill()
             process.join()
+        shutil.rmtree(store.parent, ignore_errors=True)
 
 
 def _start_method() -> str:
@@ -128,28 +134,38 @@ def _start_method() -> str:
     return "spawn"
 
 
-def _failure(directory: str, rank: int, exit_code: int | None) -> str:
-    error = Path(directory) / f"rank{rank}.error"
-    told = error.read_text()[-4000:] if error.is_file() else "(it left no traceback)"
-    return f"the data-parallel ranks failed: rank {rank} exited with {exit_code}:\n{told}"
+def _failure(directory: str, exit_codes: list[int | None]) -> str:
+    """The failure of the rank that failed first: the earliest traceback written (each rank writes its own before it
+    leaves the group, whose peers then fail in their collectives, which says nothing of the cause), with the exit
+    codes of the ranks that have ended."""
+    errors = {rank: Path(directory) / f"rank{rank}.error" for rank in range(len(exit_codes))}
+    written = [rank for rank, error in errors.items() if error.is_file()]
+    failed = [rank for rank, code in enumerate(exit_codes) if code not in (None, 0)]
+    first = min(written, key=lambda rank: errors[rank].stat().st_mtime_ns) if written else failed[0]
+    told = errors[first].read_text()[-4000:] if first in written else "(it left no traceback)"
+    code = f" (exit code {exit_codes[first]})" if exit_codes[first] is not None else ""
+    others = ", ".join(f"rank {rank} (exit code {exit_codes[rank]})" for rank in failed if rank != first)
+    after = f"; after it {others}" if others else ""
+    return f"the data-parallel ranks failed: rank {first} failed first{code}{after}:\n{told}"
 
 
-def _rank(work: Callable[[str, DataParallel], None], directory: str, rank: int, world_size: int) -> None:
-    """One rank's process: joins the group through a file store, does its work, leaves the group."""
+def _rank(work: Callable[[str, DataParallel], None], directory: str, store: str, rank: int, world_size: int) -> None:
+    """One rank's process: joins the group through the file store ``store``, does its work, leaves the group. A
+    failure's traceback is written before the group is left, which fails the peers' collectives: the first traceback
+    written is the cause."""
     os.environ.update({WORLD_SIZE_VARIABLE: str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
     torch.set_num_threads(1)
+    data_parallel = None
     try:
-        store = dist.FileStore(str(Path(directory) / "rendezvous"), world_size)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+        dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
         data_parallel = init_data_parallel("cpu")
         assert data_parallel is not None
-        try:
-            work(directory, data_parallel)
-        finally:
-            close_data_parallel(data_parallel)
+        work(directory, data_parallel)
     except BaseException:
         (Path(directory) / f"rank{rank}.error").write_text(traceback.format_exc())
         raise
+    finally:
+        close_data_parallel(data_parallel)
 
 
 def _update(learner: Any, rollouts: list[Rollout]) -> dict[str, list[torch.Tensor]]:
