@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import GPT2LMHeadModel, get_cosine_with_min_lr_schedule_with_warmup
+from transformers import GPT2LMHeadModel
 
 from marllm.assets.offline.base_model_recipe import BaseModelRecipe
 
@@ -60,6 +60,9 @@ def pretrain(model: GPT2LMHeadModel, blocks: torch.Tensor, recipe: BaseModelReci
     optimizer = torch.optim.AdamW(
         _decay_groups(model, recipe.weight_decay), lr=recipe.learning_rate, betas=(0.9, 0.95), eps=1e-8
     )
+    # here: transformers' schedules import peft, which a run that neither pretrains nor trains LoRA never needs
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
     schedule = get_cosine_with_min_lr_schedule_with_warmup(
         optimizer, recipe.warmup_steps, recipe.max_steps, min_lr_rate=recipe.min_lr_ratio
     )
