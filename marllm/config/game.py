@@ -212,7 +212,7 @@ def sectioned(game: Mapping[str, Any]) -> dict[str, Any]:
     resuming it compares that config with today's."""
     upgraded = dict(game)
     if isinstance(upgraded.get("actions"), str):
-        upgraded["actions"] = {"mode": upgraded["actions"]}
+        upgraded["actions"] = {ActionsConfig.SCALAR_FIELD: upgraded["actions"]}
     for old, new in _MOVED_KEYS.items():
         if old in upgraded:
             section, key = new.split(".")

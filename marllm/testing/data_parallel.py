@@ -99,7 +99,7 @@ def run_ranks(
     """
     directory = str(directory)
     for rank in range(world_size):  # a failed launch's tracebacks would be read as this one's
-        (Path(directory) / f"rank{rank}.error").unlink(missing_ok=True)
+        _error_file(directory, rank).unlink(missing_ok=True)
     # A store file of its own: a file store left by an earlier launch would hand this one its stale keys.
     store = Path(tempfile.mkdtemp(prefix="rendezvous-", dir=directory)) / "store"
     context = multiprocessing.get_context(_start_method())
@@ -116,8 +116,7 @@ def run_ranks(
                 raise AssertionError(f"the data-parallel ranks did not finish in {timeout} s")
             multiprocessing.connection.wait([process.sentinel for process in running], timeout=left)
             running = [process for process in ranks if process.exitcode is None]
-            failed = [rank for rank, process in enumerate(ranks) if process.exitcode not in (None, 0)]
-            if failed:
+            if any(process.exitcode not in (None, 0) for process in ranks):
                 raise AssertionError(_failure(directory, [process.exitcode for process in ranks]))
     finally:
         for process in ranks:
@@ -138,7 +137,7 @@ def _failure(directory: str, exit_codes: list[int | None]) -> str:
     """The failure of the rank that failed first: the earliest traceback written (each rank writes its own before it
     leaves the group, whose peers then fail in their collectives, which says nothing of the cause), with the exit
     codes of the ranks that have ended."""
-    errors = {rank: Path(directory) / f"rank{rank}.error" for rank in range(len(exit_codes))}
+    errors = {rank: _error_file(directory, rank) for rank in range(len(exit_codes))}
     written = [rank for rank, error in errors.items() if error.is_file()]
     failed = [rank for rank, code in enumerate(exit_codes) if code not in (None, 0)]
     first = min(written, key=lambda rank: errors[rank].stat().st_mtime_ns) if written else failed[0]
@@ -147,6 +146,11 @@ def _failure(directory: str, exit_codes: list[int | None]) -> str:
     others = ", ".join(f"rank {rank} (exit code {exit_codes[rank]})" for rank in failed if rank != first)
     after = f"; after it {others}" if others else ""
     return f"the data-parallel ranks failed: rank {first} failed first{code}{after}:\n{told}"
+
+
+def _error_file(directory: str, rank: int) -> Path:
+    """Where rank ``rank`` writes the traceback of its failure."""
+    return Path(directory) / f"rank{rank}.error"
 
 
 def _rank(work: Callable[[str, DataParallel], None], directory: str, store: str, rank: int, world_size: int) -> None:
@@ -162,7 +166,7 @@ def _rank(work: Callable[[str, DataParallel], None], directory: str, store: str,
         assert data_parallel is not None
         work(directory, data_parallel)
     except BaseException:
-        (Path(directory) / f"rank{rank}.error").write_text(traceback.format_exc())
+        _error_file(directory, rank).write_text(traceback.format_exc())
         raise
     finally:
         close_data_parallel(data_parallel)
