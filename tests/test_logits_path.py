@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner, core, ppo_update
+from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner, core
 from marllm.algorithms.core import (
     entropy_of,
     floor_logprobs,
@@ -95,12 +95,13 @@ def test_sampling_logprobs_are_the_samplers_and_the_first_ratio_is_one(tokenizer
     assert batch.kl_full[mask].abs().max().item() < 1e-5
 
     seen = []
+    clipped_policy_loss = core.clipped_policy_loss
 
     def recording_loss(logprobs, old_logprobs, *args):
         seen.append((logprobs.detach().clone(), old_logprobs.clone(), args[1].bool()))
-        return core.clipped_policy_loss(logprobs, old_logprobs, *args)
+        return clipped_policy_loss(logprobs, old_logprobs, *args)
 
-    monkeypatch.setattr(ppo_update, "clipped_policy_loss", recording_loss)
+    monkeypatch.setattr(core, "clipped_policy_loss", recording_loss)
     learner.finish(torch.linspace(0, 1, len(PROMPTS)).numpy())
     stats = learner.update()
     logprobs, old, first_mask = seen[0]

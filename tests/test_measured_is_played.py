@@ -102,8 +102,8 @@ def test_a_moves_target_holds_its_own_states_kl_and_not_the_seats_later_moves(to
     its own state, the second move's KL is not in the first's (the choice marllm.algorithms.actions.score documents)."""
     from tianshou.data import Batch
 
+    from marllm.algorithms.core import ppo_targets
     from marllm.algorithms.ppo_config import PPOConfig
-    from marllm.algorithms.ppo_update import ppo_targets
 
     kl = torch.tensor([[0.3], [0.5]])  # first move, then the same seat's second move
     moves = Batch(kl=kl, mask=torch.ones(2, 1), values=torch.zeros(2, 1))

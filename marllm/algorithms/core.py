@@ -1,4 +1,5 @@
-"""Token-level math of RLHF-style PPO as small pure functions over padded (B, T) tensors.
+"""Token-level math of RLHF-style PPO as small pure functions over padded (B, T) tensors, composed into the targets an
+update trains towards (:func:`ppo_targets`) and PPO's clipped loss of a mini-batch (:func:`ppo_objective`).
 
 Every function takes a ``mask`` (1 for a real response token, 0 for padding) so that padded positions never leak
 into a mean, a variance, a bootstrap value or a loss.
@@ -8,9 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from marllm.algorithms.ppo_config import PPOConfig
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -332,3 +337,50 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor, mask: torc
     if var_target == 0:
         return float("nan")
     return float(1.0 - masked_var(target - predicted, mask) / var_target)
+
+
+def ppo_targets(
+    b: Any,
+    scores: torch.Tensor,
+    kl_coef: float,
+    config: PPOConfig,
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """PPO's columns for a rollout's tensors ``b``, from its (transformed) scores (B,) and η: token ``rewards`` (the
+    score at the last response token, −η·KL at every token), GAE ``advantages`` and ``returns`` against the value
+    head's ``b.values`` (Schulman et al., 2016), the advantages whitened over the batch's response tokens if
+    ``config.whiten_advantages`` (data-parallel, over the global batch: ``all_reduce`` sums over the ranks)."""
+    rewards = token_rewards(scores, b.kl, b.mask, kl_coef)
+    advantages, returns = gae(rewards, b.values, b.mask, config.gamma, config.lam)
+    if config.whiten_advantages:
+        advantages = masked_whiten(advantages, b.mask, all_reduce=all_reduce)
+    return {"rewards": rewards, "advantages": advantages, "returns": returns}
+
+
+def ppo_target_stats(b: Any) -> dict[str, float]:
+    """The mean return and value over the response tokens of ``b``, and how much of the returns' variance the values
+    explain."""
+    return {
+        "returns/mean": masked_mean(b.returns, b.mask).item(),
+        "values/mean": masked_mean(b.values, b.mask).item(),
+        "explained_variance": explained_variance(b.values, b.returns, b.mask),
+    }
+
+
+def ppo_objective(
+    mb: Any, logprobs: torch.Tensor, values: torch.Tensor | None, config: PPOConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's loss of a mini-batch: the clipped surrogate plus ``vf_coef`` × the clipped value loss, and its parts."""
+    pg_loss, clipfrac, approx_kl = clipped_policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_range)
+    assert values is not None  # uses_critic
+    v_loss, v_clipfrac = clipped_value_loss(values.float(), mb.values, mb.returns, mb.mask, config.clip_range_value)
+    loss = pg_loss + config.vf_coef * v_loss
+    parts = {
+        "loss/policy": pg_loss.item(),
+        "loss/value": v_loss.item(),
+        "loss/total": loss.item(),
+        "clipfrac": clipfrac.item(),
+        "value_clipfrac": v_clipfrac.item(),
+        "approx_kl": approx_kl.item(),
+    }
+    return loss, parts

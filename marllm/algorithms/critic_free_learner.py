@@ -28,7 +28,7 @@ from marllm.algorithms.critic_free import (
 from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.learner_arguments import LearnerArguments
 from marllm.algorithms.ppo import PPOLearner
-from marllm.algorithms.ppo_update import UpdateBatch
+from marllm.algorithms.rollout import UpdateBatch
 
 VARIANTS = ("grpo", "rloo", "reinforce_pp")
 """The advantages :class:`CriticFreeLearner` computes (the catalog names that build it)."""

@@ -1,14 +1,12 @@
 """PPOLearner: one agent's token-level PPO with a KL penalty to a frozen reference.
 
 tianshou's PPO policies treat one transition as one action with one reward; an LLM response is a sequence of token
-actions with a per-token KL-penalised reward over a padded batch, so the loss is written here, as small functions in
-:mod:`marllm.algorithms.core`. tianshou still serves the running score statistics and the rollout container
-(:class:`tianshou.data.Batch`). As in tianshou's policies, an update is split in two: :meth:`PPOLearner._preprocess`
-computes, without gradients, everything its epochs need from a rollout (scores, token rewards, advantages, returns),
-and a :class:`~marllm.algorithms.ppo_steps.PPOSteps` runs the epochs on that. The learner is composed of parts with
-explicit inputs: acting is the collector of its action mode (:mod:`marllm.algorithms.actions`), which also re-scores
-each mini-batch, the targets and objective are in :mod:`marllm.algorithms.ppo_update`, checkpoints a
-:class:`~marllm.algorithms.learner_checkpoint.LearnerCheckpoint`.
+actions with a per-token KL-penalised reward over a padded batch, so the loss is written in ``core``; tianshou
+serves the running score statistics and the rollout container (:class:`tianshou.data.Batch`). As in tianshou, an
+update is split in two: :meth:`PPOLearner._preprocess` computes without gradients what its epochs need, and a
+:class:`~marllm.algorithms.ppo_steps.PPOSteps` runs them, re-scoring each mini-batch through the learner's collector
+(:mod:`marllm.algorithms.actions`). An update reads top to bottom in this file, ``ppo_steps``, the collector's
+``rescore`` and ``core``.
 """
 
 from __future__ import annotations
@@ -27,9 +25,9 @@ from tianshou.data import Batch
 from tianshou.utils.statistics import RunningMeanStd
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from marllm.algorithms import ppo_update
 from marllm.algorithms.actions import Collector, new_collector
 from marllm.algorithms.catalog import AlgorithmOptions
+from marllm.algorithms.core import ppo_objective, ppo_target_stats, ppo_targets
 from marllm.algorithms.kl_controller import KLController, kl_controller_from
 from marllm.algorithms.learner_arguments import (
     check_learner_arguments,
@@ -42,8 +40,15 @@ from marllm.algorithms.learner_arguments import (
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.ppo_steps import NonFiniteLossError, PPOSteps
-from marllm.algorithms.ppo_update import UpdateBatch, UpdateStats, transform_scores, update_stats
-from marllm.algorithms.rollout import Rollout, finish_rollout, merge_rollouts
+from marllm.algorithms.rollout import (
+    Rollout,
+    UpdateBatch,
+    UpdateStats,
+    finish_rollout,
+    merge_rollouts,
+    transform_scores,
+    update_stats,
+)
 from marllm.models.policy import context_length, ready_for_generation
 from marllm.parallel.distributed import DataParallel
 from marllm.parallel.sharding import is_sharded
@@ -90,9 +95,8 @@ class PPOLearner:
 
     uses_critic: bool = True
     collector: Collector
-    """What acts for this learner in its action mode (sampling and scoring the rollout, re-scoring each mini-batch):
-    :meth:`act`, :meth:`respond`, :meth:`move_probabilities`, :meth:`sample_length`, :meth:`activate` and
-    :meth:`reference_model` delegate to it, and :meth:`_loss` is :meth:`_objective` of its ``rescore``."""
+    """What acts for this learner in its action mode (playing, scoring the rollout, re-scoring each mini-batch): the
+    acting methods delegate to it, and :meth:`_loss` is :meth:`_objective` of its ``rescore``."""
 
     def __init__(
         self,
@@ -135,6 +139,7 @@ class PPOLearner:
         self.optimizer = new_optimizer(name, model, adapter, self.value_head, self.config, self.sharded)
         self.kl_controller = kl_controller if kl_controller is not None else kl_controller_from(self.config)
         self.data_parallel = data_parallel
+        self._world_size = 1 if data_parallel is None else data_parallel.world_size
         if data_parallel is not None and not self.sharded:  # shard_module started sharded ones from rank 0's
             data_parallel.broadcast_(self._trained_parameters())
         self.score_statistics = RunningMeanStd(mean=0.0, std=1.0, clip_max=None)
@@ -286,10 +291,6 @@ class PPOLearner:
         self.num_updates += 1
         return metrics if self.data_parallel is None else self.data_parallel.mean_metrics(metrics)
 
-    @property
-    def _world_size(self) -> int:
-        return 1 if self.data_parallel is None else self.data_parallel.world_size
-
     def _all_reduce(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
         return None if self.data_parallel is None else self.data_parallel.all_reduce_sum  # batch statistics' sum
 
@@ -375,7 +376,7 @@ class PPOLearner:
         PPO: token ``rewards`` (the score at the last response token, −η·KL at every token), GAE against the value
         head (Schulman et al., 2016) and, if ``whiten_advantages``, whitening over the batch's response tokens.
         """
-        return ppo_update.ppo_targets(b, scores, kl_coef, self.config, self._all_reduce())
+        return ppo_targets(b, scores, kl_coef, self.config, self._all_reduce())
 
     def _controlled_kl(self, b: Batch) -> float:
         """The batch's mean summed KL that the penalty uses, which the KL controller steers: the reward's."""
@@ -383,7 +384,7 @@ class PPOLearner:
 
     def _advantage_stats(self, b: Batch) -> dict[str, float]:
         """The reported statistics of the update's targets (``returns/mean``, …)."""
-        return ppo_update.ppo_target_stats(b)
+        return ppo_target_stats(b)
 
     def _loss(self, mb: Batch, prompt_length: int) -> tuple[torch.Tensor, dict[str, float]]:
         """A mini-batch's loss and its parts: :meth:`_objective` of the collector's re-scoring of its actions (the
@@ -396,4 +397,4 @@ class PPOLearner:
         self, mb: Batch, logprobs: torch.Tensor, values: torch.Tensor | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """PPO's loss of a mini-batch: the clipped surrogate plus ``vf_coef`` × the clipped value loss."""
-        return ppo_update.ppo_objective(mb, logprobs, values, self.config)
+        return ppo_objective(mb, logprobs, values, self.config)

@@ -19,8 +19,7 @@ import numpy as np
 import torch
 from tianshou.data import Batch
 
-from marllm.algorithms.ppo_update import UpdateBatch
-from marllm.algorithms.rollout import SEQUENCE_COLUMNS
+from marllm.algorithms.rollout import SEQUENCE_COLUMNS, UpdateBatch
 from marllm.parallel.sharding import full_tensor
 
 if TYPE_CHECKING:
