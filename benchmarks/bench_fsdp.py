@@ -34,9 +34,10 @@ from transformers.utils import logging as hf_logging
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import resolve_model
 from marllm.loop import run_iteration
+from marllm.models.placement import ModelPlacement
 from marllm.models.policy import load_tokenizer
 from marllm.parallel.distributed import close_data_parallel, init_data_parallel
-from marllm.run.learners import ModelPlacement, make_learners
+from marllm.run.learners import make_learners
 
 MIB = 2**20
 MODES = ("one process", "replicated", "sharded")

@@ -32,8 +32,9 @@ from transformers.utils import logging as hf_logging
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.loop import run_iteration
 from marllm.models.lora import LoraSettings
+from marllm.models.placement import ModelPlacement
 from marllm.models.policy import load_tokenizer, resolve_device
-from marllm.run.learners import ModelPlacement, make_learners
+from marllm.run.learners import make_learners
 
 MODES = ("full", "lora")
 MAX_AGENTS = 3

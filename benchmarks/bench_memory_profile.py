@@ -45,8 +45,9 @@ from transformers.utils import logging as hf_logging
 from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.loop import run_iteration
+from marllm.models.placement import ModelPlacement
 from marllm.models.policy import load_tokenizer
-from marllm.run.learners import ModelPlacement, make_learners
+from marllm.run.learners import make_learners
 
 QUERY_TOKENS = 8
 MIB = 2**20

@@ -35,7 +35,7 @@ _EXPORTS = {
     "PPOConfig": "marllm.algorithms.ppo_config",
     "GenerationConfig": "marllm.models.generation_config",
     "make_learners": "marllm.run.learners",
-    "ModelPlacement": "marllm.run.learners",
+    "ModelPlacement": "marllm.models.placement",
     "AlgorithmOptions": "marllm.algorithms.catalog",
     "run_iteration": "marllm.loop",
     "train": "marllm.run.train",
@@ -72,7 +72,8 @@ if TYPE_CHECKING:
     from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
     from marllm.loop import run_iteration
     from marllm.models.generation_config import GenerationConfig
-    from marllm.run.learners import ModelPlacement, make_learners
+    from marllm.models.placement import ModelPlacement
+    from marllm.run.learners import make_learners
     from marllm.run.train import train
     from marllm.wrappers.role_permutation import RolePermutation
     from marllm.wrappers.shared_reward import SharedReward

@@ -9,7 +9,8 @@ from marllm.config.loading import ConfigError
 from marllm.evaluation.cross_play import cross_play_of_checkpoints
 from marllm.evaluation.deployed import load_deployed_model
 from marllm.loop import run_iteration
-from marllm.run.learners import ModelPlacement, make_learners
+from marllm.models.placement import ModelPlacement
+from marllm.run.learners import make_learners
 from marllm.run.setup import build
 from marllm.run.train import train
 from tests.conftest import make_tiny_gpt2, make_tokenizer

@@ -62,7 +62,8 @@ def test_top_level_names_are_the_defining_objects():
     from marllm.algorithms.catalog import AlgorithmOptions
     from marllm.algorithms.ppo import PPOLearner
     from marllm.envs.text_env import SequentialTextEnv
-    from marllm.run.learners import ModelPlacement, make_learners
+    from marllm.models.placement import ModelPlacement
+    from marllm.run.learners import make_learners
     from marllm.wrappers.role_permutation import RolePermutation
 
     assert marllm.PPOLearner is PPOLearner and marllm.SequentialTextEnv is SequentialTextEnv

@@ -1,13 +1,14 @@
 """Learners from base models: one per learner id, with the frozen references they are penalised against.
 
-A run's config is turned once into two specs: a :class:`ModelPlacement` (where and how the models are loaded) and an
-:class:`~marllm.algorithms.catalog.AlgorithmOptions` (each learner's algorithm and what some algorithms read).
+A run's config is turned once into two specs: a :class:`~marllm.models.placement.ModelPlacement` (where and how the
+models are loaded: :func:`model_placement`) and an :class:`~marllm.algorithms.catalog.AlgorithmOptions` (each
+learner's algorithm and what some algorithms read: :func:`algorithm_options`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,110 +18,11 @@ from marllm.algorithms.learner import Learner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
-from marllm.models.lora import LoraSettings, attach_adapters
-from marllm.models.policy import ReferencePool, load_causal_lm, load_tokenizer, resolve_dtype
+from marllm.models.placement import ModelPlacement
+from marllm.models.policy import ReferencePool, load_tokenizer
 from marllm.parallel.distributed import DataParallel
-from marllm.parallel.sharding import is_sharded, shard_module
 
-
-@dataclass(frozen=True)
-class ModelPlacement:
-    """Where and how the learners' models are loaded; checked when made.
-
-    Attributes:
-        dtype: the dtype the models are loaded in (``float32``, ``bfloat16`` or ``float16``).
-        device: where models go (``auto``: CUDA if available) unless ``devices`` or ``reference_device`` say otherwise.
-        devices: learner id -> device, for the learners placed elsewhere than ``device`` (the learners of one LoRA
-            base go on the first one's device).
-        reference_device: where the shared frozen references go (None: ``device``).
-        lora: make the learners of each base LoRA adapters on that one base (the reference is the base with adapters
-            disabled); None gives each learner a full copy of its base and the learners of one base one shared
-            reference.
-        load_in_4bit: load a LoRA base in 4 bits (needs CUDA and bitsandbytes).
-        trust_remote_code: let transformers run the Python code a hub model ships with (only for code you trust).
-        fsdp: shard each policy and reference over the ranks of ``data_parallel`` (:mod:`marllm.parallel.sharding`):
-            each is loaded on the CPU and its shards go to the rank's device. Full models only.
-        fsdp_compute_dtype: the dtype the sharded models compute in (e.g. ``bfloat16``; None: ``dtype``).
-        fsdp_gather_for_generation: whether sharded models are gathered whole for each ``generate`` call (else layer
-            by layer at every token).
-        data_parallel: this process's rank of a data-parallel run, handed to every learner (and what ``fsdp``
-            shards over).
-    """
-
-    dtype: str = "float32"
-    device: str = "auto"
-    devices: Mapping[str, str] = field(default_factory=dict)
-    reference_device: str | None = None
-    lora: LoraSettings | None = None
-    load_in_4bit: bool = False
-    trust_remote_code: bool = False
-    fsdp: bool = False
-    fsdp_compute_dtype: str | None = None
-    fsdp_gather_for_generation: bool = True
-    data_parallel: DataParallel | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", dict(self.devices or {}))
-        if self.fsdp_compute_dtype is not None:
-            resolve_dtype(self.fsdp_compute_dtype)  # a known dtype name
-            if not self.fsdp:
-                raise ValueError("ModelPlacement: fsdp_compute_dtype is the compute dtype of sharded models: fsdp=True")
-        spread = any(device != self.device for device in self.devices.values())
-        if self.fsdp and (self.data_parallel is None or self.lora is not None or spread):
-            raise ValueError(
-                "ModelPlacement: fsdp shards full models (no lora) over the ranks of data_parallel, each on its rank's "
-                "device (no devices per learner)"
-            )
-
-    @classmethod
-    def from_config(cls, config: TrainConfig, data_parallel: DataParallel | None = None) -> ModelPlacement:
-        """The placement a config's ``model`` and ``agents`` settings give, on this process's ``data_parallel``."""
-        model = config.model
-        return cls(
-            dtype=model.dtype,
-            device=model.device,
-            devices=config.learner_devices(),
-            reference_device=config.agents.reference_device,
-            lora=model.lora,
-            load_in_4bit=model.load_in_4bit,
-            trust_remote_code=model.trust_remote_code,
-            fsdp=model.fsdp,
-            fsdp_compute_dtype=model.fsdp_compute_dtype,
-            fsdp_gather_for_generation=model.fsdp_gather_for_generation,
-            data_parallel=data_parallel,
-        )
-
-    def device_of(self, learner_id: str) -> str:
-        """The device of ``learner_id``'s model: its own in ``devices``, else ``device``."""
-        return self.devices.get(learner_id, self.device)
-
-    def load_policy(self, path: str, learner_id: str) -> Any:
-        """A full trainable copy of the base at ``path`` for ``learner_id``, on its device (sharded with ``fsdp``)."""
-        on = "cpu" if self.fsdp else self.device_of(learner_id)
-        policy = load_causal_lm(path, self.dtype, on, trust_remote_code=self.trust_remote_code)
-        if self.fsdp:
-            self._shard(policy)
-        return policy
-
-    def load_reference(self, path: str, references: ReferencePool) -> Any:
-        """The frozen reference of the base at ``path``, from ``references`` (sharded with ``fsdp``)."""
-        on = "cpu" if self.fsdp else self.reference_device or self.device
-        reference = references.get(path, self.dtype, on, trust_remote_code=self.trust_remote_code)
-        if self.fsdp and not is_sharded(reference):  # a pool's reference may be sharded already
-            self._shard(reference)
-        return reference
-
-    def load_lora_base(self, path: str, learner_ids: list[str]) -> Any:
-        """The base at ``path`` with one LoRA adapter per learner id, on the first learner's device."""
-        on = self.device_of(learner_ids[0])
-        shared = load_causal_lm(
-            path, self.dtype, on, load_in_4bit=self.load_in_4bit, trust_remote_code=self.trust_remote_code
-        )
-        return attach_adapters(shared, learner_ids, self.lora)
-
-    def _shard(self, module: torch.nn.Module) -> None:
-        compute = resolve_dtype(self.fsdp_compute_dtype) if self.fsdp_compute_dtype is not None else None
-        shard_module(module, self.data_parallel, compute, self.fsdp_gather_for_generation)
+__all__ = ["ModelPlacement", "algorithm_options", "learners_from_config", "make_learners", "model_placement"]
 
 
 def learners_from_config(
@@ -141,8 +43,26 @@ def learners_from_config(
         config.generation,
         config.seed,
         algorithm_options(config),
-        ModelPlacement.from_config(config, data_parallel),
+        model_placement(config, data_parallel),
         None if heterogeneous else tokenizer,
+    )
+
+
+def model_placement(config: TrainConfig, data_parallel: DataParallel | None = None) -> ModelPlacement:
+    """The placement a config's ``model`` and ``agents`` settings give, on this process's ``data_parallel``."""
+    model = config.model
+    return ModelPlacement(
+        dtype=model.dtype,
+        device=model.device,
+        devices=config.learner_devices(),
+        reference_device=config.agents.reference_device,
+        lora=model.lora,
+        load_in_4bit=model.load_in_4bit,
+        trust_remote_code=model.trust_remote_code,
+        fsdp=model.fsdp,
+        fsdp_compute_dtype=model.fsdp_compute_dtype,
+        fsdp_gather_for_generation=model.fsdp_gather_for_generation,
+        data_parallel=data_parallel,
     )
 
 
