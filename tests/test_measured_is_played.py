@@ -50,20 +50,20 @@ def test_a_free_text_player_answers_with_the_budgets_training_samples(tokenizer,
     plays and tabulates draws each answer's budget from the same range (it used max_new_tokens alone)."""
     from types import SimpleNamespace
 
-    from marllm.games import model_player as games
+    from marllm.algorithms.actions import think, tokens
+    from marllm.games.model_player import ModelPlayer
 
     budgets = []
 
     def record(model, tokenizer, prompts, *args):
         budget = args[0] if actions == "generate" else args[2]
         budgets.extend([budget] * len(prompts))
-        texts = tuple(f"{prompt}|{budget}" for prompt in prompts)
-        return SimpleNamespace(texts=texts) if actions == "generate" else SimpleNamespace(generated=record.batch(texts))
+        texts = SimpleNamespace(texts=tuple(f"{prompt}|{budget}" for prompt in prompts))
+        return texts if actions == "generate" else SimpleNamespace(generated=texts, allowed=None)
 
-    record.batch = lambda texts: SimpleNamespace(texts=texts)
-    monkeypatch.setattr(games, "generate_responses", record)
-    monkeypatch.setattr(games, "generate_thought_and_move", record)
-    player = games.ModelPlayer("p", make_tiny_gpt2(tokenizer), tokenizer, GenerationConfig(1, 3), actions)
+    monkeypatch.setattr(tokens, "generate_responses", record)
+    monkeypatch.setattr(think, "generate_thought_and_move", record)
+    player = ModelPlayer("p", make_tiny_gpt2(tokenizer), tokenizer, GenerationConfig(1, 3), actions)
     prompts = [f"prompt {i}" for i in range(300)]
     torch.manual_seed(0)
     answers = player.answer({"prompt": prompts, "legal_moves": [MOVES] * len(prompts)})

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from marllm.algorithms.actions import Collector
 from marllm.config import TrainConfig
 from marllm.config.game import EXACT_ACTIONS, GameConfig
 from marllm.games.average_policy import AveragePolicy
@@ -51,12 +52,15 @@ def game_policy_source(game: GameConfig, player: Any, batch_size: int = 256) -> 
 
 
 class LearnerAnswers(ModelPlayer):
-    """A learner's model answering with the config's generation settings, in eval mode, its adapter active."""
+    """A learner's model answering with the config's generation settings, in eval mode, its adapter active: through
+    the learner's own collector where it has one of ``actions`` (its autocast included, as in training)."""
 
     def __init__(
         self, name: str, learner: Any, generation: Any, actions: str = "generate", normalization: str = "token"
     ):
-        super().__init__(name, learner.model, learner.tokenizer, generation, actions, normalization)
+        own = getattr(learner, "collector", None)
+        collector = own if isinstance(own, Collector) and own.actions == actions else None
+        super().__init__(name, learner.model, learner.tokenizer, generation, actions, normalization, collector)
         self.learner = learner
 
     def answer(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:

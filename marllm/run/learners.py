@@ -35,16 +35,12 @@ def learners_from_config(
     and each base loads its own when ``agents.models`` names the learners' bases. ``data_parallel``: this process's
     rank of a data-parallel run, handed to every learner.
     """
+    options, placement = algorithm_options(config), model_placement(config, data_parallel)
     heterogeneous = bool(config.agents.models)
+    models = config.learner_models() if heterogeneous else resolve_model(config.model.name_or_path)
+    tokenizer = None if heterogeneous else tokenizer
     return make_learners(
-        config.learner_models() if heterogeneous else resolve_model(config.model.name_or_path),
-        config.learner_ids,
-        config.ppo,
-        config.generation,
-        config.seed,
-        algorithm_options(config),
-        model_placement(config, data_parallel),
-        None if heterogeneous else tokenizer,
+        models, config.learner_ids, config.ppo, config.generation, config.seed, options, placement, tokenizer
     )
 
 

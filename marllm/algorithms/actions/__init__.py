@@ -11,7 +11,8 @@ mini-batch of it under the updated policy (``rescore``) the same way, so that an
 =============== ========================================================== ==========================================
 
 A learner owns one collector (:func:`new_collector`) and its loss of a mini-batch is its objective of what
-:meth:`~.base.Collector.rescore` returns.
+:meth:`~.base.Collector.rescore` returns. A model outside training plays through one too
+(:meth:`~.base.Collector.play`; :class:`~marllm.games.model_player.ModelPlayer`), so each mode samples in one place.
 """
 
 from __future__ import annotations

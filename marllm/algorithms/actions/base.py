@@ -60,6 +60,8 @@ class Collector:
         device: the policy's device.
         sharded: whether ``model`` is sharded (FSDP).
         rng: draws each batch's response budget (:meth:`sample_length`).
+        player: how messages name a collector that plays for a player, not a learner (:attr:`owner`); None: the
+            learner ``name``.
     """
 
     actions: ClassVar[str]
@@ -79,6 +81,7 @@ class Collector:
     device: torch.device
     sharded: bool
     rng: np.random.Generator
+    player: str | None = None
 
     def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
         """Play one answer per prompt of ``observation["prompt"]``, as a rollout awaiting its rewards."""
@@ -93,6 +96,12 @@ class Collector:
         """Answers without recording anything (evaluation; deploying the agent alone)."""
         raise NotImplementedError
 
+    def play(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
+        """One answer per prompt of ``observation["prompt"]`` in the mode, recording nothing: how a model plays
+        outside training (evaluation, the tabulation of its strategy by sampling, a best response's target). Free
+        text draws each answer's budget (:func:`~marllm.algorithms.actions.tokens.answers_by_budget`)."""
+        raise NotImplementedError
+
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
         """The exact probability of each legal move of each prompt, in the order of ``legal_moves``.
 
@@ -100,7 +109,7 @@ class Collector:
             ValueError: the mode has none (its answers' move probabilities can only be estimated by sampling).
         """
         raise ValueError(
-            f"learner {self.name!r}: exact move probabilities need constrained or score actions, not "
+            f"{self.owner}: exact move probabilities need constrained or score actions, not "
             f"{self.actions} (estimate them from sampled answers instead)"
         )
 
@@ -112,7 +121,7 @@ class Collector:
         """
         if "legal_moves" not in observation:
             raise ValueError(
-                f"learner {self.name!r} answers with {self.actions} actions, which need the game's legal moves "
+                f"{self.owner} answers with {self.actions} actions, which need the game's legal moves "
                 "(observation['legal_moves']); a text task has none: use game.actions.mode: generate"
             )
         return [list(names) for names in observation["legal_moves"]]
@@ -137,5 +146,5 @@ class Collector:
 
     @property
     def owner(self) -> str:
-        """How messages name the learner."""
-        return f"learner {self.name!r}"
+        """How messages name the learner (or the player)."""
+        return f"learner {self.name!r}" if self.player is None else self.player

@@ -26,6 +26,7 @@ class ConstrainedCollector(TokenCollector):
 
     actions = "constrained"
     needs_legal_moves = True
+    draws_budget = False
 
     @torch.no_grad()
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:

@@ -75,6 +75,20 @@ class ScoreCollector(Collector):
         )
 
     @torch.no_grad()
+    def play(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
+        """One legal move per prompt drawn from :meth:`move_probabilities` (the global torch generator), recording
+        nothing (see :meth:`Collector.play`)."""
+        prompts = tuple(observation["prompt"])
+        if not prompts:
+            return ()
+        legal_moves = self.legal_moves(observation)
+        rows = self.move_probabilities(prompts, legal_moves)
+        width = max(len(row) for row in rows)
+        probabilities = torch.tensor([list(row) + [0.0] * (width - len(row)) for row in rows])
+        drawn = torch.multinomial(probabilities, 1)[:, 0].tolist()
+        return tuple(names[m] for names, m in zip(legal_moves, drawn, strict=True))
+
+    @torch.no_grad()
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
         """π(a | s) of each legal move of each prompt, in the order of ``legal_moves`` (each row sums to 1)."""
         self.activate()

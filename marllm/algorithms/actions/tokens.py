@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tianshou.data import Batch
@@ -35,6 +35,8 @@ class TokenCollector(Collector):
 
     actions = "generate"
     needs_legal_moves = False
+    draws_budget: ClassVar[bool] = True
+    """Whether an answer's length budget is drawn (free text); a constrained move's is its longest legal name's."""
 
     def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
         """Sample one response per prompt of ``observation["prompt"]``, as a rollout awaiting its rewards."""
@@ -49,6 +51,25 @@ class TokenCollector(Collector):
             return generate_responses(
                 self.model, self.tokenizer, tuple(prompts), budget, self.generation, self.context_length, self.owner
             ).texts
+
+    @torch.no_grad()
+    def play(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
+        """One answer per prompt, recording nothing (see :meth:`Collector.play`); free text (``generate``, ``think``)
+        draws each answer's budget, as the rollout's per-batch draw would, from one distribution."""
+        prompts = tuple(observation["prompt"])
+        if not prompts:
+            return ()
+        legal_moves = self.legal_moves(observation) if self.needs_legal_moves else None
+        self.activate()
+
+        def answer(rows: Sequence[int], budget: int) -> tuple[str, ...]:
+            moves = None if legal_moves is None else [legal_moves[i] for i in rows]
+            return self._sample(tuple(prompts[i] for i in rows), moves, budget, False)[0].texts
+
+        with autocast_for(self.model, self.config.autocast_dtype):
+            if not self.draws_budget:
+                return answer(range(len(prompts)), 0)
+            return answers_by_budget(len(prompts), self.generation, answer)
 
     def rescore(self, mb: Any, prompt_length: int) -> Rescored:
         """log π of ``mb``'s response tokens under the policy now (the distribution sampled: ``generation``'s
@@ -167,3 +188,18 @@ class TokenCollector(Collector):
     def _chunks(self, batch_size: int) -> list[slice]:
         size = self.config.forward_batch_size or batch_size
         return [slice(start, start + size) for start in range(0, batch_size, size)]
+
+
+def answers_by_budget(
+    count: int, generation: Any, answer: Callable[[list[int], int], Sequence[str]]
+) -> tuple[str, ...]:
+    """``count`` answers, each with its own budget drawn uniformly from ``[generation.min_new_tokens,
+    generation.max_new_tokens]`` (the global torch generator): ``answer(rows, budget)`` is called once per drawn
+    budget with the rows that drew it, and the answers come back in row order."""
+    budgets = torch.randint(generation.min_new_tokens, generation.max_new_tokens + 1, (count,)).tolist()
+    answers: list[str] = [""] * count
+    for budget in sorted(set(budgets)):
+        rows = [i for i, drawn in enumerate(budgets) if drawn == budget]
+        for i, text in zip(rows, answer(rows, budget), strict=True):
+            answers[i] = text
+    return tuple(answers)
