@@ -163,8 +163,8 @@ def test_the_rollout_taken_from_generate_keeps_the_invariants(algorithm, actions
 
 
 def test_the_checks_fail_on_a_learner_that_breaks_an_invariant():
-    """The suite can fail: a learner whose rollout records log-probs off by 0.1, and one whose probabilities are not
-    those it plays, are each caught with the reason."""
+    """The suite can fail: a learner whose rollout records log-probs off by 0.1, one whose probabilities are not those
+    it plays, and one whose evaluation plays otherwise than its training, are each caught with the reason."""
     make = maker("ppo", "constrained", None)
     turns, rewards = observations("ppo")
 
@@ -190,6 +190,14 @@ def test_the_checks_fail_on_a_learner_that_breaks_an_invariant():
 
     with pytest.raises(AssertionError, match="not those of the policy that plays"):
         check_move_probabilities_are_played(tabulates_one_move, turns[0]["prompt"][0], MOVES[0], samples=1000)
+
+    def evaluation_plays_the_first_move():
+        learner = make()
+        learner.collector.play = lambda observation: tuple(moves[0] for moves in observation["legal_moves"])
+        return learner
+
+    with pytest.raises(AssertionError, match="is played outside training .* not those of the policy that plays"):
+        check_move_probabilities_are_played(evaluation_plays_the_first_move, turns[0]["prompt"][2], MOVES[2], 1000)
 
 
 @pytest.mark.parametrize("actions", ["generate", "constrained", "think"])

@@ -9,7 +9,8 @@ models seeded inside), and the observations of one iteration (dicts with ``promp
   log-probs the rollout recorded (ratio 1), and the update's ``ratio`` metric is 1: what was sampled is what is
   re-scored.
 - :func:`check_move_probabilities_are_played`: a learner that gives exact move probabilities (``move_probabilities``)
-  plays each move with that probability: its answers' frequencies over many samples are within a few standard errors.
+  plays each move with that probability: its answers' frequencies over many samples are within a few standard errors,
+  in training (``act``) and, where it acts through a collector, outside it (``collector.play``: what evaluation plays).
 - :func:`check_resume_equals_uninterrupted`: two iterations in one go, and one iteration, ``state_dict`` through
   JSON, a new learner's ``load_state_dict`` and a second iteration, end at the same weights.
 
@@ -106,7 +107,8 @@ def check_move_probabilities_are_played(
 ) -> list[float]:
     """The learner's exact ``move_probabilities`` of ``legal_moves`` after ``prompt`` are the frequencies with which it
     plays them: ``samples`` answers of one act, each a legal move's name, each move's frequency within ``sigmas``
-    standard errors of its probability. Returns the probabilities.
+    standard errors of its probability; the same of ``samples`` answers its collector plays outside training, where the
+    learner has one (``learner.collector.play``, as evaluation plays it). Returns the probabilities.
 
     Raises:
         AssertionError: an answer that is no legal move, or a frequency too far from its probability.
@@ -116,21 +118,34 @@ def check_move_probabilities_are_played(
     exact = learner.move_probabilities([prompt], [list(legal_moves)])[0]  # type: ignore[attr-defined]
     if abs(sum(exact) - 1.0) > 1e-5:
         raise AssertionError(f"{learner.name}: the move probabilities sum to {sum(exact)}, not 1")
+    observation = {"prompt": [prompt] * samples, "legal_moves": [list(legal_moves)] * samples}
     torch.manual_seed(seed + 1)
-    answers = learner.act({"prompt": [prompt] * samples, "legal_moves": [list(legal_moves)] * samples})
+    _check_frequencies(learner.name, "played", learner.act(observation), legal_moves, exact, sigmas)
+    play = getattr(getattr(learner, "collector", None), "play", None)
+    if callable(play):
+        torch.manual_seed(seed + 2)
+        _check_frequencies(learner.name, "played outside training", play(observation), legal_moves, exact, sigmas)
+    return list(exact)
+
+
+def _check_frequencies(
+    name: str, how: str, answers: Sequence[str], legal_moves: Sequence[str], exact: Sequence[float], sigmas: float
+) -> None:
+    """Each answer a legal move, each move's frequency among ``answers`` within ``sigmas`` standard errors of its
+    ``exact`` probability."""
     illegal = sorted({answer for answer in answers if answer not in legal_moves})
     if illegal:
-        raise AssertionError(f"{learner.name}: answers {illegal[:5]} are no legal move of {list(legal_moves)}")
+        raise AssertionError(f"{name}: answers {illegal[:5]} are no legal move of {list(legal_moves)}")
+    samples = len(answers)
     for move, probability in zip(legal_moves, exact, strict=True):
         frequency = sum(answer == move for answer in answers) / samples
         error = math.sqrt(max(probability * (1 - probability), 1e-12) / samples)
         if abs(frequency - probability) > sigmas * error + 1e-9:
             raise AssertionError(
-                f"{learner.name}: {move!r} is played {frequency:.4f} of {samples} times but its exact probability "
-                f"is {probability:.4f} (more than {sigmas} standard errors of {error:.4f} apart): the probabilities "
-                "a run tabulates are not those of the policy that plays"
+                f"{name}: {move!r} is {how} {frequency:.4f} of {samples} times but its exact probability is "
+                f"{probability:.4f} (more than {sigmas} standard errors of {error:.4f} apart): the probabilities a "
+                "run tabulates are not those of the policy that plays"
             )
-    return list(exact)
 
 
 def check_resume_equals_uninterrupted(
