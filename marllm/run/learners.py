@@ -36,12 +36,11 @@ def learners_from_config(
     rank of a data-parallel run, handed to every learner.
     """
     options, placement = algorithm_options(config), model_placement(config, data_parallel)
-    heterogeneous = bool(config.agents.models)
-    models = config.learner_models() if heterogeneous else resolve_model(config.model.name_or_path)
-    tokenizer = None if heterogeneous else tokenizer
+    tokenizer = None if config.agents.models else tokenizer  # several bases: each loads its own
     return make_learners(
-        models, config.learner_ids, config.ppo, config.generation, config.seed, options, placement, tokenizer
-    )
+        config.learner_models(), config.learner_ids, config.ppo, config.generation, config.seed, options, placement,
+        tokenizer,
+    )  # fmt: skip
 
 
 def model_placement(config: TrainConfig, data_parallel: DataParallel | None = None) -> ModelPlacement:
@@ -144,7 +143,8 @@ class _Builder:
         """The learner of ``learner_id`` on ``kwargs``' model, tokenizer, reference (and adapter)."""
         kwargs.update(config=self.ppo, generation=self.generation, seed=self.seeds[learner_id])
         kwargs.update(data_parallel=self.placement.data_parallel)
-        return build_learner(self.options.algorithm_of(learner_id), learner_id, self.options, **kwargs)
+        algorithm = self.options.algorithm_of(learner_id)
+        return build_learner(algorithm, learner_id, self.options, **kwargs)
 
     def lora_learners(self, path: str, group: list[str], tokenizer: Any) -> dict[str, Learner]:
         """The learners of ``group``: adapters on one base loaded from ``path``, seeded by the group's first."""

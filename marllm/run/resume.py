@@ -39,6 +39,19 @@ def offline_assets_record(config: TrainConfig) -> dict[str, str] | None:
     return {"recipe": name, "directory": RECIPES[name].directory_name}
 
 
+def check_run_dir_exists(run_dir: Path) -> None:
+    """Refuse to resume a run directory that does not exist, before anything is built.
+
+    Raises:
+        RunDirError: ``run_dir`` is no directory, naming what to give instead.
+    """
+    if not run_dir.is_dir():
+        raise RunDirError(
+            f"nothing to resume: run directory {run_dir} does not exist; give the directory a run was trained into "
+            f"(--resume RUN_DIR, or its config's run_dir), or start a new run there without --resume"
+        )
+
+
 def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
     """The latest complete training checkpoint of ``run_dir``, after checking that ``config`` may continue it.
 
@@ -47,11 +60,7 @@ def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
         ConfigError: ``config`` differs from the checkpoint's in a key that changes training, or asks for fewer
             iterations than the checkpoint has completed.
     """
-    if not run_dir.is_dir():
-        raise RunDirError(
-            f"nothing to resume: run directory {run_dir} does not exist; give the directory a run was trained into "
-            f"(--resume RUN_DIR, or its config's run_dir), or start a new run there without --resume"
-        )
+    check_run_dir_exists(run_dir)
     found = checkpoints(run_dir)
     checkpoint, damaged = _first_intact(found)
     if checkpoint is None:

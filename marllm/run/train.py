@@ -34,7 +34,7 @@ from marllm.run.checkpoint import CheckpointInfo, save_checkpoint
 from marllm.run.interrupts import StopSignals, TrainingInterrupted
 from marllm.run.measures import exploitability_measure, kl_metric
 from marllm.run.parts import Setup
-from marllm.run.resume import checkpoint_to_resume, load_to_resume, offline_assets_record
+from marllm.run.resume import check_run_dir_exists, checkpoint_to_resume, load_to_resume, offline_assets_record
 from marllm.run.run_dir import (
     CONFIG_FILE,
     END_OF_RUN_FILES,
@@ -121,8 +121,8 @@ def train(
         raise RunDirError("resume and overwrite exclude each other: resume continues the run, overwrite deletes it")
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run directory {run_dir} is a file")
-    if resume and not run_dir.is_dir():
-        checkpoint_to_resume(run_dir, config)  # raises: nothing to resume
+    if resume:
+        check_run_dir_exists(run_dir)
     # Rank 0 owns the directory for the whole run (the other ranks of a data-parallel run write nothing there).
     owner = hold_run_dir(run_dir) if launched_rank() == 0 else contextlib.nullcontext(None)
     with owner as created:
