@@ -224,7 +224,7 @@ def test_a_game_config_wraps_the_game_in_shared_reward_and_role_permutation():
     assert isinstance(env, RolePermutation) and isinstance(env.env, SharedReward)
     assert isinstance(env.unwrapped, BatchedGameEnv) and env.possible_agents == ["llm", "random"]
     learner = RecordingLearner("llm", pick=lambda names, game: names[game % len(names)])
-    players, opponents = seat_players(config, {"llm": learner})
+    players, opponents = seat_players(config.game, {"llm": learner}, config.seed, config.generation)
     assert list(players) == ["llm", "random"] and isinstance(opponents["random"], RandomMover)
     owners = {"llm": "llm"}
     for iteration, seat in enumerate(["player_1", "player_2", "player_1"]):
@@ -250,7 +250,7 @@ def test_self_play_seats_one_learner_and_reports_each_seat():
     config = config_from_dict(game_config({"seats": ["llm", "llm"], "batch_size": 6}))
     env = build_game_env(config)
     learner = RecordingLearner("llm", pick=lambda names, game: names[0])
-    players, opponents = seat_players(config, {"llm": learner})
+    players, opponents = seat_players(config.game, {"llm": learner}, config.seed, config.generation)
     assert list(players) == ["llm", "llm#2"] and players["llm"] is players["llm#2"] is learner and not opponents
     metrics, _ = run_iteration(env, players, seed=0)
     assert learner.updates == 1 and metrics["llm/updates"] == 1.0
@@ -271,7 +271,7 @@ def test_role_baselines_wrap_the_env_over_the_learners_slots(seats):
     env = build_game_env(config)
     assert isinstance(env, RoleBaselines) and isinstance(env.env, RolePermutation)
     learner = RecordingLearner("llm")
-    players, _ = seat_players(config, {"llm": learner})
+    players, _ = seat_players(config.game, {"llm": learner}, config.seed, config.generation)
     assert players["llm"] is learner
     run_iteration(env, players, seed=0)
     played = {"player_1", "player_2"} if seats[1] == "llm" else {"player_1"}
@@ -285,7 +285,7 @@ def test_role_baselines_wrap_the_env_over_the_learners_slots(seats):
 
 def test_fixed_opponents_of_a_config():
     config = config_from_dict(game_config({"seats": ["llm", "minimax"]}))
-    _, opponents = seat_players(config, {"llm": RecordingLearner("llm")})
+    _, opponents = seat_players(config.game, {"llm": RecordingLearner("llm")}, config.seed, config.generation)
     assert isinstance(opponents["minimax"], TicTacToeMinimax)
 
 

@@ -12,8 +12,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from marllm.config import TrainConfig
-from marllm.config.game import Seat
+from marllm.config.game import GameConfig, Seat
 from marllm.games.parts import FIXED_PLAYERS, fixed_player
 from marllm.games.strategy import learner_policy
 from marllm.players import OpponentPool
@@ -34,20 +33,19 @@ def seat_slots(seats: Sequence[Seat]) -> list[str]:
     return slots
 
 
-def learner_slots(config: TrainConfig) -> dict[str, str]:
+def learner_slots(game: GameConfig) -> dict[str, str]:
     """slot -> learner id, for the slots of ``game.seats`` that a learner plays."""
-    assert config.game is not None
-    seats = config.game.parsed_seats()
+    seats = game.parsed_seats()
     return {slot: seat.learner for slot, seat in zip(seat_slots(seats), seats, strict=True) if seat.kind == "learner"}
 
 
-def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping[str, Any]) -> Any:
-    """The player of a seat that is not a learner (``index``: the seat's position, which seeds it): a fixed player
-    (:func:`~marllm.games.parts.fixed_player`), or one made from a learner (a snapshot pool, a best
-    response to the run's learner)."""
-    game = config.game
-    assert game is not None
-    seed = config.seed + OPPONENT_SEED_OFFSET + index
+def make_opponent(
+    game: GameConfig, seat: Seat, index: int, learners: Mapping[str, Any], seed: int, generation: Any
+) -> Any:
+    """The player of a seat that is not a learner (``index``: the seat's position, which seeds it, from the run's
+    ``seed``): a fixed player (:func:`~marllm.games.parts.fixed_player`), or one made from a learner (a snapshot pool,
+    a best response to the run's learner, whose answers are sampled with ``generation``)."""
+    seed = seed + OPPONENT_SEED_OFFSET + index
     if seat.kind in FIXED_PLAYERS:
         return fixed_player(game, seat.kind, seat.player_id, seed)
     if seat.kind == "snapshot_pool":
@@ -55,23 +53,24 @@ def make_opponent(config: TrainConfig, seat: Seat, index: int, learners: Mapping
         opponents = game.opponents
         return OpponentPool(learner, opponents.pool_size, opponents.pool_every, name=seat.player_id, seed=seed)
     if seat.kind == "best_response":  # the config checked that the run has one learner
-        target = learner_policy(config, game.learner_ids[0], learners[game.learner_ids[0]])
+        target = learner_policy(game, generation, game.learner_ids[0], learners[game.learner_ids[0]])
         every = game.opponents.best_response_every
         return BestResponsePlayer(game.info.openspiel, target, every, seat.player_id, seed=seed)
     raise ValueError(f"seat {seat.spec!r} is a learner, not a fixed opponent")
 
 
-def seat_players(config: TrainConfig, learners: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def seat_players(
+    game: GameConfig, learners: Mapping[str, Any], seed: int, generation: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(players by slot, fixed opponents by id)``: the loop's mapping (the learners' slots first, so that a
-    snapshot pool, updated after its learner, snapshots the updated weights) and the opponents, one per id."""
-    game = config.game
-    assert game is not None
+    snapshot pool, updated after its learner, snapshots the updated weights) and the opponents, one per id, seeded
+    from the run's ``seed`` (a best response's target sampled with ``generation``)."""
     seats = game.parsed_seats()
     slots = seat_slots(seats)
     opponents: dict[str, Any] = {}
     for index, seat in enumerate(seats):
         if seat.kind != "learner" and seat.player_id not in opponents:
-            opponents[seat.player_id] = make_opponent(config, seat, index, learners)
+            opponents[seat.player_id] = make_opponent(game, seat, index, learners, seed, generation)
     players: dict[str, Any] = {}
     for learner_id in game.learner_ids:
         own = [

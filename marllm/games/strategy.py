@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from marllm.algorithms.actions import Collector
-from marllm.config import TrainConfig
 from marllm.config.game import EXACT_ACTIONS, GameConfig
 from marllm.games.average_policy import AveragePolicy
 from marllm.games.exploitability import (
@@ -73,22 +72,18 @@ class LearnerAnswers(ModelPlayer):
             self.model.train(training)
 
 
-def learner_player(config: TrainConfig, name: str, learner: Any) -> Any:
+def learner_player(game: GameConfig, generation: Any, name: str, learner: Any) -> Any:
     """What tabulates a learner: itself where its ``move_probabilities`` are exact (``score``, ``constrained``), else
-    :class:`LearnerAnswers`."""
-    game = config.game
-    assert game is not None
+    :class:`LearnerAnswers` (sampled with ``generation``)."""
     if game.actions.mode in EXACT_ACTIONS and callable(getattr(learner, "move_probabilities", None)):
         return learner
-    return LearnerAnswers(name, learner, config.generation, game.actions.mode, game.actions.normalization)
+    return LearnerAnswers(name, learner, generation, game.actions.mode, game.actions.normalization)
 
 
-def learner_policy(config: TrainConfig, name: str, learner: Any) -> Callable[[], Any]:
+def learner_policy(game: GameConfig, generation: Any, name: str, learner: Any) -> Callable[[], Any]:
     """A zero-argument callable giving the learner's current ``TabularPolicy`` (what a ``best_response`` seat reads)."""
-    game = config.game
-    assert game is not None
     exact = exact_game(game)
-    player = learner_player(config, name, learner)
+    player = learner_player(game, generation, name, learner)
     return lambda: exact.tabulate(game_policy_source(game, player))
 
 
@@ -102,12 +97,12 @@ class ExploitabilityMetrics:
     ``<learner>/game/nash_conv_average`` and ``<learner>/game/exploitability_average``. The averages are saved and
     restored with the run's checkpoints."""
 
-    def __init__(self, config: TrainConfig, learners: Mapping[str, Any], inner: Callable[[dict], dict]):
-        game = config.game
-        assert game is not None and game.measurement.exploitability_every is not None
+    def __init__(self, game: GameConfig, generation: Any, learners: Mapping[str, Any], inner: Callable[[dict], dict]):
+        if game.measurement.exploitability_every is None:
+            raise ValueError("ExploitabilityMetrics measures every game.measurement.exploitability_every iterations")
         self.every, self.inner, self.game = game.measurement.exploitability_every, inner, game
         self.exact = exact_game(game)
-        self.players = {name: learner_player(config, name, learners[name]) for name in game.learner_ids}
+        self.players = {name: learner_player(game, generation, name, learners[name]) for name in game.learner_ids}
         self.averages = {name: AveragePolicy(self.exact.tree, game.measurement.policy_average) for name in self.players}
 
     def __call__(self, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def build_game_env(config: TrainConfig) -> AECEnv:
         raise ValueError("build_game_env needs a config with a game section")
     env = wrap_for_agents(game_env(game, game.batch_size, config.seed), config, seat_slots(game.parsed_seats()))
     if game.role_baselines is not None:
-        env = RoleBaselines(env, game.role_baselines, learner_slots(config))
+        env = RoleBaselines(env, game.role_baselines, learner_slots(game))
     return env
 
 
@@ -110,10 +110,10 @@ def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
     assert game is not None
     env = build_game_env(config)
     learners, reference = learners_from_config(config, tokenizer)
-    players, opponents = seat_players(config, learners)
+    players, opponents = seat_players(game, learners, config.seed, config.generation)
     reseed_sampling(config.seed, None)
     slots = seat_slots(game.parsed_seats())
-    owners = learner_slots(config)
+    owners = learner_slots(game)
     devices = {str(next(learner.model.parameters()).device) for learner in learners.values()}
     pools = any(isinstance(player, OpponentPool) for player in opponents.values())  # a snapshot waits for its learner
     concurrent = config.model.lora is None and len(devices) == len(learners) > 1 and not pools
@@ -137,4 +137,4 @@ def metrics_hook(config: TrainConfig, learners: Mapping[str, Any], hook: Any) ->
     game = config.game
     if game is None or game.measurement.exploitability_every is None:
         return hook
-    return ExploitabilityMetrics(config, learners, hook)
+    return ExploitabilityMetrics(game, config.generation, learners, hook)
