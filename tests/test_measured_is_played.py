@@ -151,3 +151,33 @@ def test_every_action_mode_refuses_a_prompt_too_long_for_the_context_in_one_line
         for tabulate in (learner.move_probabilities, player.move_probabilities):
             with pytest.raises(PromptTooLongError, match="model context of 32"):
                 tabulate(observation["prompt"], observation["legal_moves"])
+
+
+@pytest.mark.parametrize("actions", ["generate", "constrained", "think", "score"])
+def test_a_learner_is_measured_through_the_collector_it_plays_with(tokenizer, actions):
+    """The exploitability tabulation of a learner reads its exact probabilities where its mode has them, and else
+    samples its answers through the learner's own collector (its autocast included): no second implementation of a
+    mode. A model outside training plays through a collector of its mode too, whose answers are legal moves."""
+    from marllm.algorithms.catalog import AlgorithmOptions, build_learner
+    from marllm.config.game import ActionsConfig, GameConfig
+    from marllm.games.model_player import ModelPlayer
+    from marllm.games.strategy import learner_player
+
+    tokenizer.padding_side = "left"
+    learner = build_learner(
+        "ppo", "llm", AlgorithmOptions(actions=actions), model=make_tiny_gpt2(tokenizer), tokenizer=tokenizer,
+        reference=make_tiny_gpt2(tokenizer), generation=GenerationConfig(1, 2),
+    )  # fmt: skip
+    game = GameConfig(name="openspiel:kuhn_poker", seats=["llm", "random"], actions=ActionsConfig(mode=actions))
+    measured = learner_player(game, learner.generation, "llm", learner)
+    if actions in ("constrained", "score"):
+        assert measured is learner
+    else:
+        assert measured.collector is learner.collector
+    player = ModelPlayer("p", learner.model, tokenizer, GenerationConfig(1, 2), actions)
+    assert type(player.collector) is type(learner.collector) and player.collector.owner == "p"
+    torch.manual_seed(0)
+    answers = player.answer({"prompt": [PROMPT] * 6, "legal_moves": [MOVES] * 6})
+    assert len(answers) == 6
+    if actions != "generate":  # a thought ends with its move
+        assert all(any(answer.endswith(move) for move in MOVES) for answer in answers), answers
