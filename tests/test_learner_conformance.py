@@ -200,6 +200,23 @@ def test_the_checks_fail_on_a_learner_that_breaks_an_invariant():
         check_move_probabilities_are_played(evaluation_plays_the_first_move, turns[0]["prompt"][2], MOVES[2], 1000)
 
 
+def test_a_collector_that_does_not_play_outside_training_is_checked_in_training_only():
+    make = maker("ppo", "score", None)
+    turns, _ = observations("ppo")
+
+    def plays_in_training_only():
+        learner = make()
+
+        def play(observation):
+            raise NotImplementedError
+
+        learner.collector.play = play
+        return learner
+
+    probabilities = check_move_probabilities_are_played(plays_in_training_only, turns[0]["prompt"][2], MOVES[2], 400)
+    assert sum(probabilities) == pytest.approx(1.0, abs=1e-5)
+
+
 @pytest.mark.parametrize("actions", ["generate", "constrained", "think"])
 def test_sharing_the_prompts_beginning_changes_no_sample_and_no_log_prob(actions, monkeypatch):
     """The same learner from the same generator, its prompts' common beginning computed once or the whole prompts

@@ -161,7 +161,7 @@ def test_a_learner_is_measured_through_the_collector_it_plays_with(tokenizer, ac
     from marllm.algorithms.catalog import AlgorithmOptions, build_learner
     from marllm.config.game import ActionsConfig, GameConfig
     from marllm.games.model_player import ModelPlayer
-    from marllm.games.strategy import learner_player
+    from marllm.games.strategy import LearnerAnswers, learner_player
 
     tokenizer.padding_side = "left"
     learner = build_learner(
@@ -174,6 +174,10 @@ def test_a_learner_is_measured_through_the_collector_it_plays_with(tokenizer, ac
         assert measured is learner
     else:
         assert measured.collector is learner.collector
+    # Other sampling settings than the learner's: a collector of those settings on the learner's model.
+    other = LearnerAnswers("llm", learner, GenerationConfig(3, 3), actions)
+    assert other.collector is not learner.collector and other.collector.generation == GenerationConfig(3, 3)
+    assert other.collector.model is learner.model
     player = ModelPlayer("p", learner.model, tokenizer, GenerationConfig(1, 2), actions)
     assert type(player.collector) is type(learner.collector) and player.collector.owner == "p"
     torch.manual_seed(0)

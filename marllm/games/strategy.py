@@ -51,14 +51,16 @@ def game_policy_source(game: GameConfig, player: Any, batch_size: int = 256) -> 
 
 
 class LearnerAnswers(ModelPlayer):
-    """A learner's model answering with the config's generation settings, in eval mode, its adapter active: through
-    the learner's own collector where it has one of ``actions`` (its autocast included, as in training)."""
+    """A learner's model answering with ``generation``'s settings, in eval mode, its adapter active: through the
+    learner's own collector where it has one of ``actions`` with those settings (its autocast included, as in
+    training), else through a collector of its own on the learner's model."""
 
     def __init__(
         self, name: str, learner: Any, generation: Any, actions: str = "generate", normalization: str = "token"
     ):
         own = getattr(learner, "collector", None)
-        collector = own if isinstance(own, Collector) and own.actions == actions else None
+        fits = isinstance(own, Collector) and own.actions == actions and own.generation == generation
+        collector = own if fits else None
         super().__init__(name, learner.model, learner.tokenizer, generation, actions, normalization, collector)
         self.learner = learner
 
