@@ -38,30 +38,12 @@ class ModelPlayer(FixedPlayer):
         collector: Collector | None = None,
     ):
         super().__init__(name)
-        self.model, self.tokenizer, self.generation = model, tokenizer, generation
-        self.actions, self.normalization = actions, normalization
-        self.collector = collector if collector is not None else self._new_collector()
-        """What plays: given (a learner's own), or the collector of ``actions`` on ``model`` with PPO's defaults."""
-
-    def _new_collector(self) -> Collector:
-        return new_collector(
-            self.actions,
-            owner=self.name,
-            options={"normalization": self.normalization} if self.actions == "score" else None,
-            name=self.name,
-            player=self.name,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            reference=None,
-            adapter=None,
-            config=PPOConfig(),
-            generation=self.generation,
-            value_head=None,
-            context_length=context_length(self.model),
-            device=next(self.model.parameters()).device,
-            sharded=is_sharded(self.model),
-            rng=np.random.default_rng(0),  # draws no batch budget: play() draws its answers' budgets from torch
-        )
+        self.model, self.tokenizer = model, tokenizer
+        if collector is None:
+            collector = _model_collector(name, model, tokenizer, generation, actions, normalization)
+        self.collector = collector
+        """What plays: given (a learner's own), or the collector of ``actions`` on ``model`` with PPO's defaults; its
+        mode (``collector.actions``) and sampling settings (``collector.generation``) are the player's."""
 
     def answer(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
         return self.collector.play(observation)
@@ -71,3 +53,27 @@ class ModelPlayer(FixedPlayer):
         an exploitability evaluation tabulates); ``ValueError`` under ``generate`` and ``think``, whose move
         probabilities can only be estimated from sampled answers."""
         return self.collector.move_probabilities(prompts, legal_moves)
+
+
+def _model_collector(
+    name: str, model: Any, tokenizer: Any, generation: Any, actions: str, normalization: str
+) -> Collector:
+    """The collector of ``actions`` (``score``'s ``normalization``) that plays ``model`` for the player ``name``."""
+    return new_collector(
+        actions,
+        owner=name,
+        options={"normalization": normalization} if actions == "score" else None,
+        name=name,
+        player=name,
+        model=model,
+        tokenizer=tokenizer,
+        reference=None,
+        adapter=None,
+        config=PPOConfig(),
+        generation=generation,
+        value_head=None,
+        context_length=context_length(model),
+        device=next(model.parameters()).device,
+        sharded=is_sharded(model),
+        rng=np.random.default_rng(0),  # draws no batch budget: play() draws its answers' budgets from torch
+    )
