@@ -10,7 +10,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marllm.algorithms.kl_controller import KLController
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.algorithms.stochastic_rounding import StochasticRoundingAdam
 from marllm.models.activations import fuse_tanh_gelus, recompute_activations_in_backward
+from marllm.models.checkpointing import enable_gradient_checkpointing
 from marllm.models.generation import check_chat_template
 from marllm.models.legal_moves import check_constrained
 from marllm.models.lora import adapter_parameters
@@ -113,38 +115,49 @@ def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generat
         )
 
 
-def check_full_precision(name: str, trainable: list[torch.nn.Parameter], adapter: str | None) -> None:
-    """Refuse to train half-precision parameters directly.
+def check_full_precision(name: str, trainable: list[torch.nn.Parameter], adapter: str | None) -> bool:
+    """Whether the trained parameters are a full bfloat16 model's, which :class:`StochasticRoundingAdam` trains; refuse
+    other half-precision parameters.
 
-    Adam on half-precision weights: at PPO's learning rates most updates are below half a unit in the last place of
-    the weight and round away, silently. There are no float32 master weights here.
+    Adam on half-precision weights rounded to nearest: at PPO's learning rates most updates are below half a unit in
+    the last place of the weight and round away, silently. A full bfloat16 model is trained with stochastic rounding
+    instead (unbiased: the weights move by the updates' sum in expectation); float16 weights are refused (Adam's second
+    moment, the squared gradient, underflows float16's range), and so are half-precision LoRA adapters (peft keeps
+    them in float32 unless told otherwise).
 
     Raises:
         ValueError: naming the dtype and the setting that caused it.
     """
     half = sorted({str(p.dtype).removeprefix("torch.") for p in trainable if p.dtype.itemsize < 4})
-    if half:
-        cause = (
-            f"model.dtype {half[0]} with model.lora: null"
-            if adapter is None
-            else f"adapter {adapter!r} was made without peft's autocast_adapter_dtype"
-        )
+    if not half:
+        return False
+    if adapter is None and half == ["bfloat16"]:
+        return True
+    if adapter is None:
         raise ValueError(
-            f"learner {name!r} would train {'/'.join(half)} parameters directly ({cause}), where most small "
-            "optimiser updates round away; use model.dtype: float32, or model.lora, whose adapters peft keeps "
-            "in float32 on a half-precision base"
+            f"learner {name!r} would train {'/'.join(half)} parameters directly (model.dtype {half[0]} with "
+            "model.lora: null), where Adam's squared gradients underflow float16's range; use model.dtype: bfloat16 "
+            "(trained with stochastic rounding) or float32, or model.lora"
         )
+    raise ValueError(
+        f"learner {name!r} would train {'/'.join(half)} parameters directly (adapter {adapter!r} was made without "
+        "peft's autocast_adapter_dtype), where most small optimiser updates round away; use model.dtype: float32, "
+        "or model.lora, whose adapters peft keeps in float32 on a half-precision base"
+    )
 
 
-def prepare_networks(model: PreTrainedModel, reference: PreTrainedModel | None, fused: bool) -> None:
-    """Ready a learner's networks, in place: GELUs fused into one kernel (``fused``: ``ppo.fused_kernels``) in the
-    policy and the reference, and the policy's activations recomputed in the backward (bit-identical, with a fraction
-    of the activations' memory)."""
-    if fused:
+def prepare_networks(model: PreTrainedModel, reference: PreTrainedModel | None, config: PPOConfig | None) -> None:
+    """Ready a learner's networks, in place: GELUs fused into one kernel (``ppo.fused_kernels``; not when ``config``
+    is None) in the policy and the reference, the policy's activations recomputed in the backward (bit-identical,
+    with a fraction of the activations' memory) and, with ``ppo.gradient_checkpointing``, its transformer layers'
+    too (:func:`~marllm.models.checkpointing.enable_gradient_checkpointing`)."""
+    if config is not None and config.fused_kernels:
         for network in (model, reference):
             if network is not None:
                 fuse_tanh_gelus(network)
     recompute_activations_in_backward(model)
+    if config is not None and config.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
 
 
 def new_value_head(
@@ -165,16 +178,25 @@ def new_optimizer(
     value_head: ValueHead | None,
     config: PPOConfig,
     sharded: bool,
-) -> torch.optim.Adam:
+    seed: int = 0,
+) -> torch.optim.Optimizer:
     """Adam over the trained parameters, in this order: ``adapter``'s (or every trainable one of ``model``), then the
-    value head's; refused for half-precision parameters (:func:`check_full_precision`)."""
+    value head's. torch's Adam for float32 parameters; for a full bfloat16 model, :class:`StochasticRoundingAdam`
+    (its rounding seeded by ``seed``); other half-precision parameters are refused (:func:`check_full_precision`)."""
     if adapter is not None:
         trainable = adapter_parameters(model, adapter)
     else:
         trainable = [p for p in model.parameters() if p.requires_grad]
-    check_full_precision(name, trainable, adapter)
+    parameters = trainable + (list(value_head.parameters()) if value_head is not None else [])
+    if check_full_precision(name, trainable, adapter):
+        if sharded:
+            raise ValueError(
+                f"learner {name!r}: a sharded (model.fsdp) bfloat16 model is not trained with stochastic rounding; "
+                "use model.dtype: float32 with model.fsdp_compute_dtype: bfloat16"
+            )
+        return StochasticRoundingAdam(parameters, lr=config.learning_rate, eps=config.adam_eps, seed=seed)
     return torch.optim.Adam(
-        trainable + (list(value_head.parameters()) if value_head is not None else []),
+        parameters,
         lr=config.learning_rate,
         eps=config.adam_eps,
         fused=True if config.fused_kernels and not sharded else None,

@@ -116,7 +116,7 @@ class PPOLearner:
     ):
         self.name = name
         self.model = model
-        prepare_networks(model, reference, fused=config is not None and config.fused_kernels)
+        prepare_networks(model, reference, config)
         self.tokenizer = ready_for_generation(tokenizer, f"learner {name}")
         self.sharded = is_sharded(model)
         check_learner_arguments(
@@ -136,7 +136,7 @@ class PPOLearner:
         self.value_head = new_value_head(model, self.device, self.sharded, data_parallel) if self.uses_critic else None
         # Dropout stays off in rollout and update alike, so the first PPO ratio of a batch is exactly 1.
         self.model.eval()
-        self.optimizer = new_optimizer(name, model, adapter, self.value_head, self.config, self.sharded)
+        self.optimizer = new_optimizer(name, model, adapter, self.value_head, self.config, self.sharded, seed)
         self.kl_controller = kl_controller if kl_controller is not None else kl_controller_from(self.config)
         self.data_parallel = data_parallel
         self._world_size = 1 if data_parallel is None else data_parallel.world_size

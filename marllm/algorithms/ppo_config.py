@@ -87,6 +87,13 @@ class PPOConfig:
             ``forward_batch_size``. ``"auto"`` (default): on for a whole model, off for a sharded one (a sharded
             ``generate`` keeps stepping ranks that are done); true is refused with ``model.fsdp``; false reproduces
             earlier figures bit for bit.
+        gradient_checkpointing: recompute the policy's transformer layers in the backward (transformers' own
+            checkpointing, non-reentrant) instead of keeping their activations: an update pass keeps each layer's
+            input alive rather than all of its activations, for about one more forward of the policy per pass. The same
+            gradients: a test finds the weights after an update bit-identical on the CPU. Generation and the rollout's
+            forwards (no gradients) are unchanged, and so is a pass that runs on a shared prompt prefix's key/value
+            cache (it keeps its activations). Off by default (it costs time); refused for a model class without
+            transformers' ``supports_gradient_checkpointing`` and with ``model.fsdp``.
 
         **Mixed precision** (changes the maths, off by default):
 
@@ -143,6 +150,7 @@ class PPOConfig:
     micro_batch_size: int | Literal["auto"] | None = "auto"
     fused_kernels: bool = True
     rollout_from_generate: bool | Literal["auto"] = "auto"
+    gradient_checkpointing: bool = False
     # Mixed precision (changes the maths):
     autocast_dtype: Literal["bfloat16"] | None = None
 
@@ -179,6 +187,8 @@ class PPOConfig:
                 positive("ppo", self, name)
         if self.micro_batch_size not in ("auto", None):
             positive("ppo", self, "micro_batch_size")
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise ValueError(f"ppo.gradient_checkpointing must be true or false, got {self.gradient_checkpointing!r}")
         if self.rollout_from_generate != "auto" and not isinstance(self.rollout_from_generate, bool):
             raise ValueError(
                 f"ppo.rollout_from_generate must be true, false or 'auto', got {self.rollout_from_generate!r}"
@@ -216,6 +226,8 @@ class PPOConfig:
                 "ppo.autocast_dtype is mixed precision for whole models; sharded models compute in "
                 "model.fsdp_compute_dtype instead"
             )
+        if self.gradient_checkpointing:
+            reasons.append("ppo.gradient_checkpointing is not wired into model.fsdp's sharded layers")
         if self.rollout_from_generate is True:
             reasons.append(
                 "ppo.rollout_from_generate takes one logit per sampled token from generate, and a sharded generate "

@@ -19,7 +19,20 @@ class ModelConfig:
     Attributes:
         name_or_path: any ``AutoModelForCausalLM`` hub id or local directory, ``marllm:offline-base`` or
             ``marllm:smollm2-135m-instruct`` (prepared on first use).
-        dtype: ``float32``, ``bfloat16`` or ``float16``.
+        dtype: the policies' dtype, ``float32``, ``bfloat16`` or ``float16``. What a trained parameter costs, in
+            bytes (weights + gradients + Adam's two moments): ``float32`` 4 + 4 + 8 = 16; ``float32`` with
+            ``ppo.autocast_dtype: bfloat16`` the same 16, plus the autocast's transient bfloat16 copies of the weights
+            a forward uses (2); ``bfloat16`` without ``lora`` 2 + 2 + 4 = 8, trained by an Adam that computes each
+            step in float32 and writes the weights and moments back with stochastic rounding (unbiased, where
+            rounding to nearest would lose PPO's small updates:
+            :class:`~marllm.algorithms.stochastic_rounding.StochasticRoundingAdam`); ``float16`` without ``lora``
+            is refused (Adam's squared gradients underflow its range). With ``lora`` the frozen base costs its dtype's
+            bytes (2 or 4; 0.5 in 4 bits) and each trained adapter parameter 16 (peft keeps adapters in float32).
+        reference_dtype: the dtype of the frozen reference (null: ``dtype``), which costs its bytes per parameter
+            once per base (no gradients nor optimiser state): a ``bfloat16`` reference of a ``float32`` policy halves
+            it, its log-probs (computed in float32 from its bfloat16 logits) then rounded to bfloat16's ~3
+            significant digits. With ``lora`` the reference is the base itself with adapters disabled: null or
+            ``dtype`` only.
         device: ``auto`` (CUDA if available), ``cpu`` or ``cuda``.
         lora: make every learner a LoRA adapter on one shared base (the reference is the base with adapters
             disabled); null gives each learner a full copy of the model and one shared frozen reference.
@@ -39,6 +52,7 @@ class ModelConfig:
 
     name_or_path: str = "gpt2-large"
     dtype: str = "float32"
+    reference_dtype: str | None = None
     device: str = "auto"
     lora: LoraSettings | None = None
     load_in_4bit: bool = False
@@ -68,13 +82,28 @@ class ModelConfig:
             check_device_name(self.device)
         except ValueError as error:
             raise ValueError(f"model.device: {error}") from error
-        if self.dtype in ("bfloat16", "float16") and self.lora is None:
-            # Adam would update the half-precision weights in place: at PPO's learning rates most updates are smaller
-            # than half a unit in the last place of the weight and round away. peft keeps LoRA adapters in float32.
+        if self.reference_dtype is not None:
+            try:
+                check_dtype_name(self.reference_dtype)
+            except ValueError as error:
+                raise ValueError(f"model.reference_dtype: {error}") from None
+            if self.lora is not None and self.reference_dtype != self.dtype:
+                raise ValueError(
+                    f"model.reference_dtype {self.reference_dtype} with model.lora: the reference is the shared base "
+                    f"(model.dtype {self.dtype}) with its adapters disabled, so it has the base's dtype; set "
+                    "model.reference_dtype: null"
+                )
+        if self.dtype == "float16" and self.lora is None:
+            # Adam's second moment, the squared gradient, underflows float16 (smallest 6e-8) for gradients below 2e-4.
             raise ValueError(
-                f"model.dtype {self.dtype} with model.lora: null would train every weight in {self.dtype}, where most "
-                "small optimiser updates round away; use model.dtype: float32 for full-parameter training, or set "
-                f"model.lora (its adapters are kept in float32 on a {self.dtype} base)"
+                "model.dtype float16 with model.lora: null would train every weight in float16, where Adam's squared "
+                "gradients underflow; use model.dtype: bfloat16 (trained with stochastic rounding) or float32 for "
+                "full-parameter training, or set model.lora (its adapters are kept in float32 on a float16 base)"
+            )
+        if self.dtype == "bfloat16" and self.lora is None and self.fsdp:
+            raise ValueError(
+                "model.dtype bfloat16 with model.lora: null and model.fsdp: sharded models are not trained with "
+                "stochastic rounding; use model.dtype: float32 with model.fsdp_compute_dtype: bfloat16"
             )
 
 

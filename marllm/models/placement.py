@@ -21,6 +21,8 @@ class ModelPlacement:
 
     Attributes:
         dtype: the dtype the models are loaded in (``float32``, ``bfloat16`` or ``float16``).
+        reference_dtype: the dtype the frozen references are loaded in (None: ``dtype``); with ``lora`` (whose
+            reference is the base) None or ``dtype`` only.
         device: where models go (``auto``: CUDA if available) unless ``devices`` or ``reference_device`` say otherwise.
         devices: learner id -> device, for the learners placed elsewhere than ``device`` (the learners of one LoRA
             base go on the first one's device).
@@ -40,6 +42,7 @@ class ModelPlacement:
     """
 
     dtype: str = "float32"
+    reference_dtype: str | None = None
     device: str = "auto"
     devices: Mapping[str, str] = field(default_factory=dict)
     reference_device: str | None = None
@@ -53,6 +56,13 @@ class ModelPlacement:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", dict(self.devices or {}))
+        if self.reference_dtype is not None:
+            resolve_dtype(self.reference_dtype)  # a known dtype name
+            if self.lora is not None and self.reference_dtype != self.dtype:
+                raise ValueError(
+                    f"ModelPlacement: with lora the reference is the base ({self.dtype}) with adapters disabled; "
+                    f"reference_dtype {self.reference_dtype} must be None or {self.dtype}"
+                )
         if self.fsdp_compute_dtype is not None:
             resolve_dtype(self.fsdp_compute_dtype)  # a known dtype name
             if not self.fsdp:
@@ -79,7 +89,8 @@ class ModelPlacement:
     def load_reference(self, path: str, references: ReferencePool) -> Any:
         """The frozen reference of the base at ``path``, from ``references`` (sharded with ``fsdp``)."""
         on = "cpu" if self.fsdp else self.reference_device or self.device
-        reference = references.get(path, self.dtype, on, trust_remote_code=self.trust_remote_code)
+        dtype = self.reference_dtype or self.dtype
+        reference = references.get(path, dtype, on, trust_remote_code=self.trust_remote_code)
         if self.fsdp and not is_sharded(reference):  # a pool's reference may be sharded already
             self._shard(reference)
         return reference

@@ -61,7 +61,9 @@ def optimizer_state(
 
     ``names`` gives one name per parameter of each of ``optimizer.param_groups``. Returns the per-parameter state
     tensors as ``optimizer/<name>/<key>`` (Adam: ``exp_avg``, ``exp_avg_sq``, ``step``) and, as JSON-able meta, the
-    parameter groups (hyperparameters, and the names in place of the numbers) and any non-tensor state.
+    parameter groups (hyperparameters, and the names in place of the numbers), any non-tensor state and, under
+    ``"extra"``, the state dict's own keys besides ``state`` and ``param_groups`` (JSON-able: a stochastically
+    rounding optimiser's generator, :mod:`marllm.algorithms.stochastic_rounding`), where it has any.
     """
     state = optimizer.state_dict()
     flat = [name for group in names for name in group]
@@ -77,7 +79,8 @@ def optimizer_state(
         {**{key: value for key, value in group.items() if key != "params"}, "params": group_names}
         for group, group_names in zip(state["param_groups"], names, strict=True)
     ]
-    return tensors, {"param_groups": groups, "scalars": scalars}
+    extra = {key: value for key, value in state.items() if key not in ("state", "param_groups")}
+    return tensors, {"param_groups": groups, "scalars": scalars} | ({"extra": extra} if extra else {})
 
 
 def optimizer_state_dict(
@@ -118,7 +121,7 @@ def optimizer_state_dict(
             if key != "params"
         }
         groups.append({**restored, "params": [index[name] for name in saved_group["params"]]})
-    return {"state": state, "param_groups": groups}
+    return {"state": state, "param_groups": groups, **meta.get("extra", {})}
 
 
 def _few(names: list[str], limit: int = 5) -> str:

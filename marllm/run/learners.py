@@ -48,6 +48,7 @@ def model_placement(config: TrainConfig, data_parallel: DataParallel | None = No
     model = config.model
     return ModelPlacement(
         dtype=model.dtype,
+        reference_dtype=model.reference_dtype,
         device=model.device,
         devices=config.learner_devices(),
         reference_device=config.agents.reference_device,

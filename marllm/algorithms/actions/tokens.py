@@ -174,7 +174,9 @@ class TokenCollector(Collector):
             on = next(reference.parameters()).device
             with autocast_for(reference, self.config.autocast_dtype):
                 ref_logits, _ = shared_prefix_response_forward(reference, ids.to(on), attention.to(on), prompt_length)
-            ref_logits = ref_logits.to(logits.device)
+            # model.reference_dtype may differ from the policy's: the wider of the two (float32 for a bfloat16
+            # reference of a float32 policy), so that processing, restriction and log-softmax see one dtype.
+            ref_logits = ref_logits.to(logits.device, torch.promote_types(ref_logits.dtype, logits.dtype))
         if allowed is not None:  # π_0 restricted alike: both are distributions over the same legal tokens
             ref_logits = restrict_logits(ref_logits, allowed, inplace=True)
         ref_logits = reference_logprob_logits(ref_logits, logits, ids, attention, *settings, inplace=True)
