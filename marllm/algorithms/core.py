@@ -8,7 +8,7 @@ into a mean, a variance, a bootstrap value or a loss.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +27,15 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     """Mean of ``values`` over the positions where ``mask`` is 1 (0 where the mask is empty)."""
     total = mask.sum() if dim is None else mask.sum(dim)
     return masked_sum(values, mask, dim) / total.clamp(min=1)
+
+
+def scalars(tensors: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """The values of named 0-dim floating-point tensors as floats, in one device→host copy instead of one
+    ``.item()`` each: the stack promotes to the widest dtype, which holds each value exactly, so the floats are those
+    ``.item()`` would give."""
+    with torch.no_grad():
+        values = torch.stack(list(tensors.values())).tolist()
+    return dict(zip(tensors, values, strict=True))
 
 
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
@@ -376,11 +385,11 @@ def ppo_objective(
     v_loss, v_clipfrac = clipped_value_loss(values.float(), mb.values, mb.returns, mb.mask, config.clip_range_value)
     loss = pg_loss + config.vf_coef * v_loss
     parts = {
-        "loss/policy": pg_loss.item(),
-        "loss/value": v_loss.item(),
-        "loss/total": loss.item(),
-        "clipfrac": clipfrac.item(),
-        "value_clipfrac": v_clipfrac.item(),
-        "approx_kl": approx_kl.item(),
+        "loss/policy": pg_loss,
+        "loss/value": v_loss,
+        "loss/total": loss,
+        "clipfrac": clipfrac,
+        "value_clipfrac": v_clipfrac,
+        "approx_kl": approx_kl,
     }
-    return loss, parts
+    return loss, scalars(parts)

@@ -72,6 +72,7 @@ class PPOSteps:
     sharded: bool = False
     name: str = ""
     update: int = 0
+    _row_counts: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def run(self, data: UpdateBatch, losses: dict[str, list[float]]) -> None:
         """``ppo_epochs`` passes of optimiser steps over ``data.batch``, appending each mini-batch's loss parts to
@@ -82,7 +83,7 @@ class PPOSteps:
         before each step: one process's step, up to float summation order.
         """
         dp = self.data_parallel
-        masses = self.sample_masses(data.batch.mask).float().cpu()  # what each sample weighs in a loss normaliser
+        masses, self._row_counts = host_rows(data.batch, self.sample_masses)
         rows = np.arange(len(data)) if data.global_rows is None else data.global_rows  # this rank's global rows
         if dp is not None:
             masses = dp.gather_rows(masses, rows)
@@ -127,10 +128,11 @@ class PPOSteps:
         The collectives every rank makes per mini-batch run even after a failure, so that the ranks stay in step
         until they agree to fail.
         """
-        plan = passes(minibatch, data.batch, data.prompt_length, self.config.passes_of(self.sharded))
+        counts = self._row_counts if self._row_counts is not None else host_rows(data.batch, self.sample_masses)[1]
+        plan = passes(minibatch, data.batch, data.prompt_length, self.config.passes_of(self.sharded), counts[1])
         if not plan:  # this rank holds no row of the mini-batch
             return self._stand_in(data.batch, data.prompt_length), None
-        computed = _Passes(plan, minibatch, masses, data.batch.mask, self.sharded)
+        computed = _Passes(plan, minibatch, masses, counts[0], self.sharded)
         computed.run(self.loss, self._gradients_before, lambda parts: self._nonfinite_loss(parts, minibatch.epoch))
         parts = computed.parts
         skipped = self._skips(parts.get("ratio", 0.0), computed.tokens)  # every rank decides alike, even on failure
@@ -219,7 +221,7 @@ class _Passes:
     plan: list[Pass]
     minibatch: _MiniBatch
     masses: torch.Tensor
-    mask: torch.Tensor
+    tokens_of_rows: torch.Tensor  # (B,) on the host: each local row's response tokens
     sharded: bool
     parts: dict[str, float] = field(default_factory=dict)
     failure: str | None = None
@@ -229,7 +231,7 @@ class _Passes:
     def __post_init__(self) -> None:
         self.total = float(self.masses[self.minibatch.indices].sum()) or 1.0  # the global mini-batch's mass
         self.own_total = float(self.masses[self.minibatch.mine].sum()) or 1.0  # this rank's rows of it
-        self.tokens = float(self.mask[torch.as_tensor(np.concatenate([one.rows for one in self.plan]))].sum())
+        self.tokens = self._tokens(np.concatenate([one.rows for one in self.plan]))
         self.deferred = len(self.plan) == 1  # the ratio is known before the one pass's backward
 
     def run(
@@ -251,7 +253,7 @@ class _Passes:
             if self.deferred or not finite:
                 combined = defaultdict(float, parts)  # one pass's parts as they are (a failing pass's too)
             else:
-                mass_share, token_share = mass / self.own_total, float(one.batch.mask.sum()) / (self.tokens or 1.0)
+                mass_share, token_share = mass / self.own_total, self._tokens(one.rows) / (self.tokens or 1.0)
                 for key, part in parts.items():  # objective: by masses; rescore: by tokens
                     combined[key] += part * (token_share if key in _TOKEN_MEANS else mass_share)
             if not finite:
@@ -263,6 +265,10 @@ class _Passes:
             else:
                 (value * weight).backward()
         self.parts = dict(combined)
+
+    def _tokens(self, rows: np.ndarray) -> float:
+        """The response tokens of these local rows (integers: exact in float32, summed in any order)."""
+        return float(self.tokens_of_rows[torch.as_tensor(rows)].sum())
 
     def backward_pending(self) -> None:
         """The backward a deferred (or failed sharded) pass still owes."""
@@ -313,15 +319,24 @@ class Pass(NamedTuple):
     prompt_length: int
 
 
-def passes(minibatch: _MiniBatch, b: Any, prompt_length: int, micro_batch_size: int | None) -> list[Pass]:
+def passes(
+    minibatch: _MiniBatch,
+    b: Any,
+    prompt_length: int,
+    micro_batch_size: int | None,
+    row_lengths: torch.Tensor | None = None,
+) -> list[Pass]:
     """This rank's rows of a mini-batch as the passes that compute it: none if it holds no row; one of them all as
     they are when ``micro_batch_size`` is None; else sorted by length and cut into passes of ``micro_batch_size``
-    rows, each trimmed of the padding its rows do not need (:func:`trim_padding`)."""
+    rows, each trimmed of the padding its rows do not need (:func:`trim_padding`). ``row_lengths`` (B,): each local
+    row's length (its attention mask's sum) on the host, as :func:`host_rows` gives it (None: read from ``b``)."""
     if not len(minibatch.rows):
         return []
     if micro_batch_size is None:
         return [Pass(minibatch.rows, minibatch.mine, b[minibatch.rows], prompt_length)]
-    lengths = b.attention_mask[torch.as_tensor(minibatch.rows)].sum(1).cpu().numpy()
+    if row_lengths is None:
+        row_lengths = b.attention_mask.sum(1).cpu()
+    lengths = row_lengths[torch.as_tensor(minibatch.rows)].numpy()
     order = np.argsort(lengths, kind="stable")
     rows, mine = minibatch.rows[order], minibatch.mine[order]
     cut = []
@@ -330,6 +345,14 @@ def passes(minibatch: _MiniBatch, b: Any, prompt_length: int, micro_batch_size: 
         trimmed, length = trim_padding(b[rows[part]], prompt_length)
         cut.append(Pass(rows[part], mine[part], trimmed, length))
     return cut
+
+
+def host_rows(b: Any, sample_masses: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the step plan and the passes read of each row of ``b``, on the host in one device→host copy rather than
+    some at each mini-batch: its mass in a loss normaliser (``sample_masses``), (B,), and its response tokens and its
+    length (the attention mask's sum), (2, B); float32, each count exact."""
+    host = torch.stack([sample_masses(b.mask).float(), b.mask.sum(1).float(), b.attention_mask.sum(1).float()]).cpu()
+    return host[0], host[1:]
 
 
 def split_points(count: int, size: int, merge_last: bool) -> list[slice]:
@@ -352,13 +375,15 @@ def trim_padding(mb: Any, prompt_length: int) -> tuple[Any, int]:
     positions come from the attention mask, so each row's log-probs stay its own (up to float rounding in the shorter
     attention).
     """
-    attention = mb.attention_mask
-    real = attention[:, :prompt_length].any(dim=0)
-    lead = int(real.float().argmax()) if bool(real.any()) else prompt_length - 1
-    lead = min(lead, prompt_length - 1)  # keep one prompt column: the logits at P − 1 predict the first response token
+    real = mb.attention_mask[:, :prompt_length].any(dim=0)  # (P,)
     response_length = mb.response.shape[1]
-    used = mb.mask.any(dim=0)
-    keep = int(torch.nonzero(used).max()) + 1 if bool(used.any()) else 1
+    used = mb.mask.any(dim=0)  # (L,)
+    # The first real prompt column and one past the last used response column (P − 1 and 1 where there is none), in
+    # one device→host copy; argmax gives the first of equal maxima.
+    first = torch.where(real.any(), real.float().argmax(), prompt_length - 1)
+    past_last = torch.where(used.any(), response_length - used.flip(0).float().argmax(), 1)
+    lead, keep = torch.stack([first, past_last]).tolist()
+    lead = min(lead, prompt_length - 1)  # keep one prompt column: the logits at P − 1 predict the first response token
     if lead == 0 and keep == response_length:
         return mb, prompt_length
     columns = {}

@@ -126,17 +126,18 @@ def check_prompt_lengths(
 ) -> None:
     """Every prompt must have a token, and prompt + ``budget`` new tokens (one for all, or (B,) per prompt) must fit
     in ``context``; ``budget_remedy`` says what would shorten the answer, in the error."""
-    lengths = prompt_mask.sum(1)
-    empty = torch.nonzero(lengths == 0).flatten().tolist()
+    lengths = prompt_mask.sum(1).tolist()  # one device→host copy; the checks run on the host
+    empty = [i for i, length in enumerate(lengths) if length == 0]
     if empty:
         raise ValueError(f"{owner}: prompt(s) {empty[:10]} tokenize to nothing; every prompt needs at least one token")
     if context is not None:
-        too_long = torch.nonzero(lengths + budget > context).flatten().tolist()
+        budgets = budget.expand(len(lengths)).tolist() if isinstance(budget, torch.Tensor) else [budget] * len(lengths)
+        too_long = [i for i, (length, new) in enumerate(zip(lengths, budgets, strict=True)) if length + new > context]
         if too_long:
             i = too_long[0]
-            new = int(budget[i]) if isinstance(budget, torch.Tensor) else budget
+            new = budgets[i]
             raise PromptTooLongError(
-                f"{owner}: prompt {i} has {int(lengths[i])} tokens; with up to {new} new tokens it exceeds the "
+                f"{owner}: prompt {i} has {lengths[i]} tokens; with up to {new} new tokens it exceeds the "
                 f"model context of {context} ({len(too_long)} prompt(s) too long; prompt {i} starts "
                 f"{prompts[i][:80]!r}). Shorten the prompt (env.templates or game.templates, or what it shows: a "
                 f"task's query, a game's state), {budget_remedy}, or use a model of longer context"
@@ -293,8 +294,9 @@ def sample_after(
         logits, hidden = _stack_captured(output.logits, hidden_steps, response.shape[1], owner)
         del output, hidden_steps[:]
     mask = _response_mask(response, generation, eos)
+    # Two device→host copies for the batch, not one per response.
     lengths = mask.sum(1).tolist()
     texts = tokenizer.batch_decode(
-        [row[:n].tolist() for row, n in zip(response, lengths, strict=True)], skip_special_tokens=True
+        [row[:n] for row, n in zip(response.tolist(), lengths, strict=True)], skip_special_tokens=True
     )
     return GeneratedBatch(tuple(texts), prompt_ids, prompt_mask, response, mask, logits, hidden)

@@ -21,7 +21,14 @@ import torch
 from tianshou.data import Batch
 
 from marllm.algorithms.actions.base import Collector, Rescored
-from marllm.algorithms.core import floor_logprobs, logprobs_and_entropy, logprobs_and_full_kl, masked_mean, sampled_kl
+from marllm.algorithms.core import (
+    floor_logprobs,
+    logprobs_and_entropy,
+    logprobs_and_full_kl,
+    masked_mean,
+    sampled_kl,
+    scalars,
+)
 from marllm.algorithms.rollout import Rollout
 from marllm.models.devices import autocast_for
 from marllm.models.generation import GeneratedBatch, generate_responses, logprob_logits, reference_logprob_logits
@@ -91,10 +98,12 @@ class TokenCollector(Collector):
         # With logprobs_from="sampling" a token the updated policy's top-k/top-p no longer keeps has log-prob −inf.
         logprobs = floor_logprobs(logprobs)
         with torch.no_grad():
-            stats = {
-                "entropy": masked_mean(token_entropy, mb.mask).item(),
-                "ratio": masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask).item(),
-            }
+            stats = scalars(
+                {
+                    "entropy": masked_mean(token_entropy, mb.mask),
+                    "ratio": masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask),
+                }
+            )
         return Rescored(logprobs, values, stats)
 
     def _sample(
