@@ -163,13 +163,14 @@ def instrument(learner: PPOLearner, phases: Phases, shapes: list[str]) -> None:
     """
     name = learner.name
 
-    def generated(batch: Any) -> None:
+    def generated(sampled: Any) -> None:
+        batch = sampled[0]  # _sample returns the generated batch and its restriction
         shapes.append(f"{name} {batch.prompt_ids.shape[1]}+{batch.response.shape[1]}")
         phases.enter(f"{name} forwards")
 
-    # _rollout = _generate, then the forwards; act returns to the loop, which steps the env.
-    learner.collector._generate = _around(  # type: ignore[method-assign]
-        learner.collector._generate, lambda: phases.enter(f"{name} generation"), generated
+    # _rollout = _sample, then the forwards; act returns to the loop, which steps the env.
+    learner.collector._sample = _around(  # type: ignore[method-assign]
+        learner.collector._sample, lambda: phases.enter(f"{name} generation"), generated
     )
     learner.act = _around(learner.act, lambda: None, lambda _: phases.enter("env step"))  # type: ignore[method-assign]
     learner.update = _around(  # type: ignore[method-assign]

@@ -7,21 +7,20 @@ The objects most programs need are importable from here::
 They are loaded on first use, so ``import marllm`` (and the CLI's light commands) do not pay for torch and
 transformers until something needs them.
 
-Imported before torch, it also makes torch's idle threads wait briefly instead of spinning (``GOMP_SPINCOUNT``, see
-:mod:`marllm.utils.threads`), as the ``marllm`` command does: on a machine shared with other work a program using the
-library then runs as fast as the command. A program that imports torch first sets ``GOMP_SPINCOUNT=1000`` itself.
+It also makes torch's idle threads wait briefly instead of spinning (``GOMP_SPINCOUNT``, see
+:mod:`marllm.utils.threads`), as the ``marllm`` command does, whether torch was imported before it or not: on a
+machine shared with other work a program using the library then runs as fast as the command. A ``GOMP_SPINCOUNT`` or
+``OMP_WAIT_POLICY`` already set is left as it is.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 from marllm.utils.lazy_exports import lazy_exports
 from marllm.utils.threads import wait_briefly_when_idle
 
-if "torch" not in sys.modules:  # libgomp reads the setting once, when torch loads it
-    wait_briefly_when_idle()
+wait_briefly_when_idle()  # before torch loads libgomp, or into the libgomp it has loaded
 
 __version__ = "0.1.0"
 
