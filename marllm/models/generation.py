@@ -163,6 +163,17 @@ def check_model_sampling_defaults(model: PreTrainedModel, owner: str = "generati
         )
 
 
+def check_static_cache(model: PreTrainedModel, owner: str = "generation") -> None:
+    """``generation.cache: static`` needs a model whose ``generate`` builds the KV cache (a transformer's); refuse one
+    that keeps a state of its own, for which generate would ignore the setting."""
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if supports is None or not supports():
+        raise ValueError(
+            f"{owner}: generation.cache is 'static' but {type(model).__name__} does not use a KV cache that generate "
+            "can preallocate; set generation.cache: dynamic for this model"
+        )
+
+
 @contextlib.contextmanager
 def _last_hidden_states(model: PreTrainedModel, owner: str) -> Iterator[list[torch.Tensor]]:
     """While open, each forward of ``model`` appends the final hidden state (B, H) of its last position: the input of
@@ -254,16 +265,20 @@ def sample_after(
 ) -> GeneratedBatch:
     """:func:`generate_responses` after prompts given as token ids (B, P) and their attention mask, on the model's
     device (their lengths checked already). ``share_prefix``: run the prompts' common beginning once
-    (:func:`~marllm.models.prefix_forward.shared_prefix_prompts`, which lays the prompts out anew); off, the prompts
-    are read exactly as laid out (what a later forward over the same ids must see)."""
+    (:func:`~marllm.models.prefix_forward.shared_prefix_prompts`, which lays the prompts out anew; not with
+    ``generation.cache: static``, whose cache generate builds itself); off, the prompts are read exactly as laid out
+    (what a later forward over the same ids must see)."""
     check_model_sampling_defaults(model, owner)
+    static = generation.cache == "static"
+    if static:
+        check_static_cache(model, owner)
     eos = tokenizer.eos_token_id
     # A sharded model is gathered once for the call, not at each token's forward; generate keeps every rank
     # stepping until all are done (synced_gpus, on by itself for a model FSDP manages).
     # The prompts' common beginning (a game's rules) computed once: generate goes on from its cache (not for a
     # sharded model, whose ranks must run the same forwards).
     prefix_cache = None
-    if share_prefix:
+    if share_prefix and not static:  # generate takes a cache to go on from or a cache to build, not both
         prompt_ids, prompt_mask, prefix_cache = shared_prefix_prompts(model, prompt_ids, prompt_mask)
     captured = _last_hidden_states(model, owner) if capture else contextlib.nullcontext([])
     with whole_for_generation(model), captured as hidden_steps:
@@ -271,6 +286,7 @@ def sample_after(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             **({"past_key_values": prefix_cache} if prefix_cache is not None else {}),
+            **({"cache_implementation": "static"} if static else {}),
             do_sample=True,
             max_new_tokens=budget,
             logits_processor=LogitsProcessorList(

@@ -39,6 +39,14 @@ class GenerationConfig:
         chat_template: render each prompt as the user turn of the tokenizer's chat template followed by its
             generation prompt, so that the response is the assistant turn (instruct models); False feeds the prompt
             text as it is. The tokenizer must have a chat template.
+        cache: the KV cache of sampling. ``"dynamic"`` grows the cache by one position per token (transformers'
+            default). ``"static"`` preallocates it for prompt + the batch's budget, so that every decode step runs
+            with the same shapes: on a GPU transformers then compiles the decode step (``torch.compile``, once per
+            prompt width and budget, which vary from batch to batch: a recompilation each), on the CPU it runs as it
+            is. Attention then sums over the whole preallocated length (padding masked), so the logits differ from
+            the dynamic cache's by float rounding (~1e-7 on a tiny model), not bit for bit; a prompt's shared prefix
+            is not run once ahead (that cache is a dynamic one). A model whose ``generate`` does not build a KV cache
+            of its own (RWKV, xLSTM: generate would ignore the setting) is refused.
     """
 
     min_new_tokens: int = 4
@@ -50,6 +58,7 @@ class GenerationConfig:
     stop_at_eos: bool = True
     logprobs_from: Literal["tempered", "sampling"] = "tempered"
     chat_template: bool = False
+    cache: Literal["dynamic", "static"] = "dynamic"
 
     def __post_init__(self) -> None:
         positive("generation", self, "min_new_tokens", "max_new_tokens", "temperature", "repetition_penalty")
@@ -62,5 +71,6 @@ class GenerationConfig:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"generation.top_p must be in (0, 1], got {self.top_p}")
         choice("generation", self, "logprobs_from", ("tempered", "sampling"))
+        choice("generation", self, "cache", ("dynamic", "static"))
         if not isinstance(self.chat_template, bool):
             raise ValueError(f"generation.chat_template must be true or false, got {self.chat_template!r}")
