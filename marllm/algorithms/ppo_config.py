@@ -94,6 +94,13 @@ class PPOConfig:
             forwards (no gradients) are unchanged, and so is a pass that runs on a shared prompt prefix's key/value
             cache (it keeps its activations). Off by default (it costs time); refused for a model class without
             transformers' ``supports_gradient_checkpointing`` and with ``model.fsdp``.
+        logits_chunk_rows: apply the LM head to an update pass's hidden states this many rows at a time, each chunk's
+            logits recomputed in the backward (:mod:`marllm.models.chunked_head`), instead of projecting the whole
+            pass onto the vocabulary at once: the update's vocabulary-wide memory falls from (pass rows × response
+            tokens × vocabulary) to this many rows' worth, for one more LM-head product per chunk. With a 151,936-token
+            vocabulary that is most of an update's transient memory. The same log-probs up to the rounding of a matrix
+            product over fewer rows. None (default): the whole pass at once. Refused with ``model.fsdp``, and for a
+            model that changes its logits after its head (soft-capping, scaling).
 
         **Mixed precision** (changes the maths, off by default):
 
@@ -151,6 +158,7 @@ class PPOConfig:
     fused_kernels: bool = True
     rollout_from_generate: bool | Literal["auto"] = "auto"
     gradient_checkpointing: bool = False
+    logits_chunk_rows: int | None = None
     # Mixed precision (changes the maths):
     autocast_dtype: Literal["bfloat16"] | None = None
 
@@ -187,6 +195,8 @@ class PPOConfig:
                 positive("ppo", self, name)
         if self.micro_batch_size not in ("auto", None):
             positive("ppo", self, "micro_batch_size")
+        if self.logits_chunk_rows is not None:
+            positive("ppo", self, "logits_chunk_rows")
         if not isinstance(self.gradient_checkpointing, bool):
             raise ValueError(f"ppo.gradient_checkpointing must be true or false, got {self.gradient_checkpointing!r}")
         if self.rollout_from_generate != "auto" and not isinstance(self.rollout_from_generate, bool):
@@ -226,6 +236,8 @@ class PPOConfig:
                 "ppo.autocast_dtype is mixed precision for whole models; sharded models compute in "
                 "model.fsdp_compute_dtype instead"
             )
+        if self.logits_chunk_rows is not None:
+            reasons.append("ppo.logits_chunk_rows applies the LM head outside the model, which model.fsdp shards")
         if self.gradient_checkpointing:
             reasons.append("ppo.gradient_checkpointing is not wired into model.fsdp's sharded layers")
         if self.rollout_from_generate is True:

@@ -11,10 +11,11 @@ scored alike.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -30,6 +31,7 @@ from marllm.algorithms.core import (
     scalars,
 )
 from marllm.algorithms.rollout import Rollout
+from marllm.models.chunked_head import check_plain_head, chunked_head_logprobs, head_deferred
 from marllm.models.devices import autocast_for
 from marllm.models.generation import GeneratedBatch, generate_responses, logprob_logits, reference_logprob_logits
 from marllm.models.move_tries import restrict_logits
@@ -44,6 +46,7 @@ class TokenCollector(Collector):
     needs_legal_moves = False
     draws_budget: ClassVar[bool] = True
     """Whether an answer's length budget is drawn (free text); a constrained move's is its longest legal name's."""
+    _plain_head_checked: bool = field(default=False, init=False, repr=False)
 
     def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
         """Sample one response per prompt of ``observation["prompt"]``, as a rollout awaiting its rewards."""
@@ -82,6 +85,8 @@ class TokenCollector(Collector):
         """log π of ``mb``'s response tokens under the policy now (the distribution sampled: ``generation``'s
         processing and ``mb.allowed``'s restriction re-applied; floored where the updated policy's top-k/top-p no
         longer keeps a token), its values, and the mean entropy and ratio over the response tokens."""
+        if self.config.logits_chunk_rows is not None:
+            return self._rescore_by_chunks(mb, prompt_length, self.config.logits_chunk_rows)
         with autocast_for(self.model, self.config.autocast_dtype):  # the forward only: the backward follows its dtypes
             logits, values = shared_prefix_response_forward(
                 self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head
@@ -96,6 +101,37 @@ class TokenCollector(Collector):
         logprobs, token_entropy = logprobs_and_entropy(logits, mb.response, overwrite_logits=True)
         del logits
         # With logprobs_from="sampling" a token the updated policy's top-k/top-p no longer keeps has log-prob −inf.
+        logprobs = floor_logprobs(logprobs)
+        with torch.no_grad():
+            stats = scalars(
+                {
+                    "entropy": masked_mean(token_entropy, mb.mask),
+                    "ratio": masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask),
+                }
+            )
+        return Rescored(logprobs, values, stats)
+
+    def _rescore_by_chunks(self, mb: Any, prompt_length: int, chunk_rows: int) -> Rescored:
+        """:meth:`rescore` with the LM head applied ``chunk_rows`` rows at a time and recomputed in the backward
+        (``ppo.logits_chunk_rows``, :mod:`marllm.models.chunked_head`): the same log-probs up to float rounding."""
+        if not self._plain_head_checked:
+            check_plain_head(self.model, self.owner)
+            self._plain_head_checked = True
+        autocast = functools.partial(autocast_for, self.model, self.config.autocast_dtype)
+        with autocast(), head_deferred(self.model) as head:
+            hidden, values = shared_prefix_response_forward(  # (b, L, H): what the head would have projected
+                self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head
+            )
+        eos = self.tokenizer.eos_token_id
+
+        def logprobs_of_rows(logits: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+            if "allowed" in mb:
+                logits = restrict_logits(logits, mb.allowed[rows], inplace=True)
+            sequences = (mb.input_ids[rows], mb.attention_mask[rows], prompt_length)
+            logits = logprob_logits(logits, *sequences, self.generation, eos, overwrite_logits=True)
+            return logprobs_and_entropy(logits, mb.response[rows], overwrite_logits=True)
+
+        logprobs, token_entropy = chunked_head_logprobs(head, hidden, chunk_rows, logprobs_of_rows, autocast)
         logprobs = floor_logprobs(logprobs)
         with torch.no_grad():
             stats = scalars(
