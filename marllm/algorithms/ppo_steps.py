@@ -108,6 +108,9 @@ class PPOSteps:
                 if dp is not None and not self.sharded:  # FSDP has summed a sharded model's gradients
                     dp.sum_gradients_(self.parameters)
                 self._optimizer_step(step[0].epoch)
+        # The next update's first step clears them anyway: freed now, a learner's gradients (one more copy of its
+        # trainable weights) are not held through the other learners' rollouts and updates.
+        self.optimizer.zero_grad(set_to_none=True)
 
     def plan(self, masses: torch.Tensor, global_rows: np.ndarray) -> Iterator[list[_MiniBatch]]:
         """The optimiser steps of the update (:func:`plan_steps` with these settings and generator)."""
