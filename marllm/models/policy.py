@@ -15,6 +15,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from marllm.models.devices import resolve_device, resolve_dtype
+from marllm.models.float32_products import needs_float32_products, use_float32_products
 from marllm.utils.references import model_load_error
 
 
@@ -59,6 +60,9 @@ def load_causal_lm(
 ) -> PreTrainedModel:
     """Any ``AutoModelForCausalLM`` hub id or local directory (optionally 4-bit, on CUDA with bitsandbytes).
 
+    A bfloat16 model on a CPU without bfloat16 matrix instructions computes its linear layers' products in float32
+    (:mod:`marllm.models.float32_products`: the same results up to summation order, at float32's speed).
+
     ``trust_remote_code`` lets transformers run Python code shipped with the model; leave it off unless you trust it.
 
     Raises:
@@ -80,7 +84,12 @@ def load_causal_lm(
         )
     except (OSError, SafetensorError) as error:
         raise model_load_error(name_or_path, "weights", error, key="model.name_or_path") from error
-    return model if load_in_4bit else model.to(resolve_device(device))
+    if load_in_4bit:
+        return model
+    model = model.to(resolve_device(device))
+    if needs_float32_products(model.dtype, model.device):  # bfloat16 on a CPU without bfloat16 instructions
+        use_float32_products(model)
+    return model
 
 
 def context_length(model: PreTrainedModel) -> int | None:
