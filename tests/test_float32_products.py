@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from marllm.models import float32_products
 from marllm.models.float32_products import needs_float32_products, use_float32_products
 from marllm.models.memory import saved_tensor_bytes
 from tests.conftest import make_tiny_gpt2
@@ -27,8 +28,11 @@ def assert_close_in_bfloat16(got: torch.Tensor, expected: torch.Tensor) -> None:
     assert ((got.float() - expected.float()).abs() <= 2 * BF16_ULP * scale).all()
 
 
+@pytest.mark.parametrize("block", [None, 100], ids=["whole weight", "blocks of 2 rows"])
 @pytest.mark.parametrize("layer", ["linear", "conv1d"])
-def test_a_layer_gives_the_bfloat16_kernel_result_and_gradients(layer):
+def test_a_layer_gives_the_bfloat16_kernel_result_and_gradients(layer, block, monkeypatch):
+    if block is not None:  # the weight widened to float32 a few rows at a time, as a large head's is
+        monkeypatch.setattr(float32_products, "_BLOCK_ELEMENTS", block)
     torch.manual_seed(0)
     native = (nn.Linear(48, 40) if layer == "linear" else Conv1D(40, 48)).to(torch.bfloat16)
     patched = copy.deepcopy(native)

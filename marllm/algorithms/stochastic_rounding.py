@@ -55,6 +55,10 @@ def stochastic_round_to_bfloat16(values: torch.Tensor, generator: torch.Generato
     return bits.bitwise_and_(_HIGH_BITS_MASK).view(torch.float32).to(torch.bfloat16)  # exact: low bits are zero
 
 
+_SLICE_ELEMENTS = 1 << 22
+"""Elements of a bfloat16 parameter whose step is computed at once (16 MiB of float32 per temporary)."""
+
+
 class StochasticRoundingAdam(torch.optim.Optimizer):
     """Adam (Kingma & Ba; torch's ``Adam`` without weight decay or AMSGrad) whose state is kept in each parameter's
     dtype, with the step of a bfloat16 parameter computed in float32 and written back with
@@ -109,9 +113,32 @@ class StochasticRoundingAdam(torch.optim.Optimizer):
             state["exp_avg_sq"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
         state["step"] += 1
         step = float(state["step"])
+        tensors = (parameter, parameter.grad, state["exp_avg"], state["exp_avg_sq"])
+        if parameter.dtype == torch.float32 or not all(t.is_contiguous() for t in tensors):
+            self._update(*tensors, lr, beta1, beta2, eps, step)
+            return
+        # A bfloat16 parameter by flat slices: the float32 temporaries are one slice's, not the whole tensor's (a
+        # 151,936-token embedding would otherwise make five 545 MB float32 copies at every step).
+        flat = [t.view(-1) for t in tensors]
+        for start in range(0, parameter.numel(), _SLICE_ELEMENTS):
+            self._update(*(t[start : start + _SLICE_ELEMENTS] for t in flat), lr, beta1, beta2, eps, step)
+
+    def _update(
+        self,
+        parameter: torch.Tensor,
+        grad: torch.Tensor,
+        exp_avg_state: torch.Tensor,
+        exp_avg_sq_state: torch.Tensor,
+        lr: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        step: float,
+    ) -> None:
+        """Adam's step of ``parameter`` (or a slice of it) and its moments, in float32, written back in place."""
         # float32 views of a float32 parameter and its state (updated in place), float32 copies of a bfloat16 one's.
-        gradient = parameter.grad.float()
-        exp_avg, exp_avg_sq = state["exp_avg"].float(), state["exp_avg_sq"].float()
+        gradient = grad.float()
+        exp_avg, exp_avg_sq = exp_avg_state.float(), exp_avg_sq_state.float()
         exp_avg.lerp_(gradient, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(gradient, gradient, value=1 - beta2)
         del gradient
@@ -122,7 +149,7 @@ class StochasticRoundingAdam(torch.optim.Optimizer):
         if parameter.dtype == torch.float32:
             parameter.copy_(weights)  # the same tensor where float() returned it; written back for clarity
             return
-        for target, value in ((parameter, weights), (state["exp_avg"], exp_avg), (state["exp_avg_sq"], exp_avg_sq)):
+        for target, value in ((parameter, weights), (exp_avg_state, exp_avg), (exp_avg_sq_state, exp_avg_sq)):
             target.copy_(stochastic_round_to_bfloat16(value, self.generator))
 
     def state_dict(self) -> dict[str, Any]:

@@ -5,10 +5,11 @@ A forward over prompt and response normally projects every response position ont
 response tokens × vocabulary) logits, which autograd keeps until the backward (the log-probs' backward writes their
 gradient over them). With Qwen2.5's 151,936-token vocabulary, 32 rows of 64 tokens are 1.2 GiB of float32 logits.
 :func:`head_deferred` makes the model's forward return the hidden states its head would have read, and
-:func:`chunked_head_logprobs` projects them a few rows at a time inside :func:`torch.utils.checkpoint.checkpoint`:
-each chunk's logits live only while its log-probs are computed, and again while its gradient is, so the peak is one
-chunk's logits (and their gradient, written in their place). The numbers are those of the whole pass up to the
-rounding of a matrix product over fewer rows.
+:func:`chunked_head_logprobs` projects them a few rows at a time: each chunk's logits live only while its log-probs
+are computed, and again in the backward while its gradient is, which goes into one gradient buffer for the hidden
+states and one for the head's weight (a checkpoint per chunk would make a weight-sized gradient per chunk and sum
+them). The peak is one chunk's logits and their gradient. The numbers are those of the whole pass up to the rounding
+of matrix products over fewer rows.
 
 This needs a model whose logits are its output embeddings applied to the hidden state they read, nothing after
 (:func:`check_plain_head` refuses one that soft-caps or scales its logits).
@@ -20,8 +21,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
+
+from marllm.models.float32_products import needs_float32_products
 
 __all__ = ["check_plain_head", "chunked_head_logprobs", "head_deferred"]
 
@@ -74,26 +76,74 @@ def chunked_head_logprobs(
     """Log-probs and entropies (B, L) from ``hidden`` (B, L, H), ``chunk_rows`` rows at a time.
 
     ``logprobs_of_rows(logits, rows)`` turns the logits (b, L, V) of the rows ``rows`` into their (log-probs,
-    entropies), as the whole pass would (processing, restriction, log-softmax); the head runs in ``head_context()``
-    (the forward's autocast). Each chunk runs under a non-reentrant checkpoint: its logits are freed after the
-    forward and recomputed for its backward.
+    entropies), as the whole pass would (processing, restriction, log-softmax); the head (a linear layer, weight
+    (V, H)) runs in ``head_context()`` (the forward's autocast). Differentiable with respect to ``hidden`` and the
+    head's parameters: the backward recomputes each chunk's logits, takes their gradient through
+    ``logprobs_of_rows``, and adds the chunk's share to one gradient buffer per input, so that besides the head's
+    weight gradient (which the whole pass makes too) only one chunk's logits and their gradient are alive at a time.
     """
+    parameters = [p for p in (head.weight, getattr(head, "bias", None)) if p is not None]
+    logprobs, entropy = _ChunkedHead.apply(hidden, head, chunk_rows, logprobs_of_rows, head_context, *parameters)
+    return logprobs, entropy
 
-    def chunk(rows: slice) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        def project(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            with head_context():
+
+class _ChunkedHead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, head, chunk_rows, logprobs_of_rows, head_context, *parameters):  # type: ignore[override]
+        ctx.save_for_backward(hidden)
+        ctx.settings = (head, chunk_rows, logprobs_of_rows, head_context)
+        parts = []
+        with torch.no_grad():
+            for rows in _row_chunks(hidden.shape[0], chunk_rows):
+                with head_context():
+                    logits = head(hidden[rows])
+                parts.append(logprobs_of_rows(logits, rows))
+                del logits
+        logprobs, entropy = zip(*parts, strict=True)
+        entropy = torch.cat(entropy)
+        ctx.mark_non_differentiable(entropy)
+        return torch.cat(logprobs), entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logprobs, _grad_entropy):  # type: ignore[override]
+        (hidden,) = ctx.saved_tensors
+        head, chunk_rows, logprobs_of_rows, head_context = ctx.settings
+        weight, bias = head.weight, getattr(head, "bias", None)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        compute = _product_dtype(weight)
+        # Summed in place over the chunks (addmm_), in the products' dtype: no weight-sized temporary per chunk.
+        grad_weight = torch.zeros_like(weight, dtype=compute) if weight.requires_grad else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
+        weight_compute = weight.detach().to(compute)
+        for rows in _row_chunks(hidden.shape[0], chunk_rows):
+            states = hidden[rows].detach()
+            with torch.no_grad(), head_context():
                 logits = head(states)
-            return logprobs_of_rows(logits, rows)
+            logits.requires_grad_(True)
+            with torch.enable_grad():
+                logprobs, _ = logprobs_of_rows(logits, rows)
+                (grad_logits,) = torch.autograd.grad(logprobs, logits, grad_logprobs[rows])
+            del logits, logprobs
+            flat = grad_logits.reshape(-1, grad_logits.shape[-1]).to(compute)  # (n, V)
+            if grad_hidden is not None:
+                grad_hidden[rows] = (flat @ weight_compute).view_as(states).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight.addmm_(flat.T, states.reshape(-1, states.shape[-1]).to(compute))
+            if grad_bias is not None:
+                grad_bias += flat.sum(0).to(bias.dtype)
+            del grad_logits, flat
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        parameter_grads = (grad_weight,) if bias is None else (grad_weight, grad_bias)
+        return (grad_hidden, None, None, None, None, *parameter_grads)
 
-        return project
 
-    parts = []
-    for start in range(0, hidden.shape[0], chunk_rows):
-        rows = slice(start, start + chunk_rows)
-        states = hidden[rows]
-        if torch.is_grad_enabled() and states.requires_grad:
-            parts.append(checkpoint(chunk(rows), states, use_reentrant=False))
-        else:
-            parts.append(chunk(rows)(states))
-    logprobs, entropy = zip(*parts, strict=True)
-    return torch.cat(logprobs), torch.cat(entropy)
+def _row_chunks(rows: int, chunk_rows: int) -> list[slice]:
+    return [slice(start, start + chunk_rows) for start in range(0, rows, chunk_rows)]
+
+
+def _product_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype the backward's products run in: the weight's, or float32 for a bfloat16 weight on a CPU without
+    bfloat16 instructions (:mod:`marllm.models.float32_products`)."""
+    return torch.float32 if needs_float32_products(weight.dtype, weight.device) else weight.dtype

@@ -31,30 +31,49 @@ def needs_float32_products(dtype: torch.dtype, device: torch.device) -> bool:
     return not torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+_BLOCK_ELEMENTS = 1 << 24
+"""A weight's float32 copy is made this many elements at a time (64 MiB): a 151,936-token LM head's whole would be
+545 MB at each product."""
+
+
+def _blocks(weight: torch.Tensor) -> list[slice]:
+    """Slices of the weight's rows (output features), each at most :data:`_BLOCK_ELEMENTS` elements."""
+    rows = max(1, _BLOCK_ELEMENTS // max(1, weight.shape[1]))
+    return [slice(start, start + rows) for start in range(0, weight.shape[0], rows)]
+
+
 class _Float32Product(torch.autograd.Function):
     """x · wᵀ + b for bfloat16 ``x``, ``weight`` (out, in) and ``bias``, computed in float32 and rounded to bfloat16;
-    saves the bfloat16 input and weight (not float32 copies) for the backward, which computes in float32 too."""
+    saves the bfloat16 input and weight (not float32 copies) for the backward, which computes in float32 too. The
+    weight is widened block by block of its rows, so that its float32 copy is never whole."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):  # type: ignore[override]
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-        return out.to(x.dtype)
+        x32 = x.float()
+        out = torch.empty(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)
+        for rows in _blocks(weight):
+            part = F.linear(x32, weight[rows].float(), None if bias is None else bias[rows].float())
+            out[..., rows] = part.to(x.dtype)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         x, weight = ctx.saved_tensors
-        grad32 = grad.float()
-        grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (grad32 @ weight.float()).to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            rows = grad32.reshape(-1, grad32.shape[-1])  # (N, out)
-            grad_weight = (rows.T @ x.reshape(-1, x.shape[-1]).float()).to(weight.dtype)  # (out, in)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad32.reshape(-1, grad32.shape[-1]).sum(0).to(x.dtype)
+        grad32 = grad.float().reshape(-1, grad.shape[-1])  # (N, out)
+        x32 = x.reshape(-1, x.shape[-1]).float()  # (N, in)
+        grad_x32 = torch.zeros_like(x32) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
+        for rows in _blocks(weight):
+            block = grad32[:, rows]
+            if grad_x32 is not None:
+                grad_x32.addmm_(block, weight[rows].float())
+            if grad_weight is not None:
+                grad_weight[rows] = (block.T @ x32).to(weight.dtype)
+        grad_x = None if grad_x32 is None else grad_x32.view(x.shape).to(x.dtype)
+        grad_bias = grad32.sum(0).to(x.dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias
 
 

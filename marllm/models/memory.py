@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 
 from marllm.models.checkpointing import enable_gradient_checkpointing
 from marllm.models.devices import resolve_dtype
+from marllm.models.float32_products import needs_float32_products, use_float32_products
 
 __all__ = [
     "ActivationBytes",
@@ -178,6 +179,8 @@ def _trunk_saved_bytes(
         model = AutoModelForCausalLM.from_config(cut, dtype=torch_dtype)
     finally:
         torch.random.set_rng_state(generator_state)
+    if needs_float32_products(torch_dtype, torch.device("cpu")):  # saves the same tensors, at float32's speed
+        use_float32_products(model)
     model.eval()  # as a learner's policy: no dropout, whose masks would be saved too
     if checkpointing:
         enable_gradient_checkpointing(model)
