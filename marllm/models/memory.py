@@ -149,12 +149,18 @@ class ActivationBytes:
 
 
 def activation_bytes(
-    shape: ModelShape, tokens: int, dtype: str, autocast_dtype: str | None = None, checkpointing: bool = False
+    shape: ModelShape,
+    tokens: int,
+    dtype: str,
+    autocast_dtype: str | None = None,
+    checkpointing: bool = False,
+    lora: Any = None,
 ) -> ActivationBytes:
     """The activation bytes of ``shape``'s trunk on rows of ``tokens`` tokens (left-padded, as marllm's forwards
-    are), in ``dtype`` (under ``autocast_dtype``'s autocast, if given), with or without gradient checkpointing:
+    are), in ``dtype`` (under ``autocast_dtype``'s autocast, if given), with or without gradient checkpointing, and
+    with a LoRA adapter of ``lora`` (:class:`~marllm.models.lora_settings.LoraSettings`; peft keeps its own inputs):
     measured on one- and two-layer copies at full width (see the module's docstring)."""
-    settings = (tokens, dtype, autocast_dtype, checkpointing)
+    settings = (tokens, dtype, autocast_dtype, checkpointing, lora)
     measured = [_trunk_saved_bytes(shape.config, depth, *settings) for depth in (1, 2)]
     per_layer = max(0, measured[1] - measured[0]) / _MEASURED_ROWS
     fixed = max(0, measured[0] / _MEASURED_ROWS - per_layer)
@@ -162,7 +168,13 @@ def activation_bytes(
 
 
 def _trunk_saved_bytes(
-    config: PretrainedConfig, depth: int, tokens: int, dtype: str, autocast_dtype: str | None, checkpointing: bool
+    config: PretrainedConfig,
+    depth: int,
+    tokens: int,
+    dtype: str,
+    autocast_dtype: str | None,
+    checkpointing: bool,
+    lora: Any,
 ) -> int:
     cut = copy.deepcopy(config)
     text = cut.get_text_config() if hasattr(cut, "get_text_config") else cut
@@ -181,6 +193,10 @@ def _trunk_saved_bytes(
         torch.random.set_rng_state(generator_state)
     if needs_float32_products(torch_dtype, torch.device("cpu")):  # saves the same tensors, at float32's speed
         use_float32_products(model)
+    if lora is not None:
+        from marllm.models.lora import attach_adapters  # peft: only for LoRA plans
+
+        model = attach_adapters(model, ["plan"], lora)
     model.eval()  # as a learner's policy: no dropout, whose masks would be saved too
     if checkpointing:
         enable_gradient_checkpointing(model)
@@ -191,7 +207,7 @@ def _trunk_saved_bytes(
     autocast = (
         torch.autocast("cpu", dtype=resolve_dtype(autocast_dtype)) if autocast_dtype else contextlib.nullcontext()
     )
-    trunk = model.get_decoder()
+    trunk = (model.get_base_model() if lora is not None else model).get_decoder()
     with autocast, saved_tensor_bytes(exclude=list(model.parameters())) as saved:
         trunk(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
     return saved[0]

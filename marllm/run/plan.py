@@ -232,7 +232,9 @@ def _update(config: TrainConfig, shape: ModelShape, tokens: int, rows: int) -> l
     ppo, new_tokens, vocabulary = config.ppo, config.generation.max_new_tokens, shape.vocab_size
     trainable, trainable_bytes = _trainable(config, shape)
     checkpointing = ppo.gradient_checkpointing
-    activations = activation_bytes(shape, tokens, config.model.dtype, ppo.autocast_dtype, checkpointing)
+    activations = activation_bytes(
+        shape, tokens, config.model.dtype, ppo.autocast_dtype, checkpointing, config.model.lora
+    )
     logit_rows = rows if ppo.logits_chunk_rows is None else min(rows, ppo.logits_chunk_rows)
     logits_note = f"{logit_rows} rows × {new_tokens} × {vocabulary:,} × {_compute_bytes(config)} B"
     return [
