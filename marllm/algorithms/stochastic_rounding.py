@@ -10,10 +10,11 @@ weight instead of 4 + 4.
 
 :class:`StochasticRoundingAdam` keeps each parameter, its gradient and both of Adam's moments in the parameter's
 dtype (bfloat16: 2 + 2 + 2 + 2 = 8 bytes a parameter, against float32 Adam's 16); a step upcasts one parameter at a
-time to float32, takes torch's Adam step on it, and rounds the weight and the moments back stochastically, so the
-float32 temporaries are one parameter's size. float32 parameters (a value head) take the same step in float32,
-written back as they are. The random bits come from the optimiser's own generator, seeded by the learner's seed and
-saved with the optimiser's ``state_dict``, so that a resumed run equals an uninterrupted one.
+time (a large one by slices of 4M elements) to float32, takes torch's Adam step on it, and rounds the weight and the
+moments back stochastically, so the float32 temporaries are at most one slice's size. float32 parameters (a value
+head) take the same step in float32, written back as they are. The random bits come from the optimiser's own
+generator, seeded by the learner's seed and saved with the optimiser's ``state_dict``, so that a resumed run equals an
+uninterrupted one.
 """
 
 from __future__ import annotations

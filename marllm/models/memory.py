@@ -27,6 +27,7 @@ __all__ = [
     "ActivationBytes",
     "ModelShape",
     "activation_bytes",
+    "adapter_size",
     "bytes_per_element",
     "model_shape",
     "saved_tensor_bytes",
@@ -81,13 +82,7 @@ def model_shape(name_or_path: str, lora: Any = None, trust_remote_code: bool = F
     config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     model = _meta_model(config)
     parameters = sum(p.numel() for p in model.parameters())  # .parameters() yields a tied weight once
-    adapter = 0
-    if lora is not None:
-        from marllm.models.lora import attach_adapters  # peft: only for LoRA plans
-
-        with torch.device("meta"):
-            adapted = attach_adapters(model, ["plan"], lora)
-        adapter = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    adapter = 0 if lora is None else adapter_size(config, lora)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     layers = getattr(text, _layer_count_key(text))
     hidden = getattr(text, "hidden_size", None) or text.n_embd
@@ -103,6 +98,16 @@ def model_shape(name_or_path: str, lora: Any = None, trust_remote_code: bool = F
         vocab_size=text.vocab_size,
         kv_elements_per_token=2 * layers * kv_heads * head_dim,
     )
+
+
+def adapter_size(config: PretrainedConfig, lora: Any) -> int:
+    """Trainable parameters of one LoRA adapter of ``lora`` (:class:`~marllm.models.lora_settings.LoraSettings`) on a
+    model of ``config``, counted on the meta device."""
+    from marllm.models.lora import attach_adapters  # peft: only for LoRA plans
+
+    with torch.device("meta"):
+        adapted = attach_adapters(_meta_model(config), ["plan"], lora)
+    return sum(p.numel() for p in adapted.parameters() if p.requires_grad)
 
 
 @contextlib.contextmanager
@@ -161,10 +166,21 @@ def activation_bytes(
     with a LoRA adapter of ``lora`` (:class:`~marllm.models.lora_settings.LoraSettings`; peft keeps its own inputs):
     measured on one- and two-layer copies at full width (see the module's docstring)."""
     settings = (tokens, dtype, autocast_dtype, checkpointing, lora)
-    measured = [_trunk_saved_bytes(shape.config, depth, *settings) for depth in (1, 2)]
+    measured = [_measured_saved_bytes(shape.config, depth, *settings) for depth in (1, 2)]
     per_layer = max(0, measured[1] - measured[0]) / _MEASURED_ROWS
     fixed = max(0, measured[0] / _MEASURED_ROWS - per_layer)
     return ActivationBytes(fixed=fixed, per_layer=per_layer, layers=shape.layers)
+
+
+_MEASURED: dict[tuple[Any, ...], int] = {}
+"""Saved bytes already measured, by model config and settings: a plan's levers ask for the same ones again."""
+
+
+def _measured_saved_bytes(config: PretrainedConfig, depth: int, *settings: Any) -> int:
+    key = (config.to_json_string(), depth, *settings[:-1], repr(settings[-1]))  # LoRA settings: a mutable dataclass
+    if key not in _MEASURED:
+        _MEASURED[key] = _trunk_saved_bytes(config, depth, *settings)
+    return _MEASURED[key]
 
 
 def _trunk_saved_bytes(

@@ -28,11 +28,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marllm.config import TrainConfig
-from marllm.models.memory import ActivationBytes, ModelShape, activation_bytes, bytes_per_element, model_shape
+from marllm.models.memory import (
+    ActivationBytes,
+    ModelShape,
+    activation_bytes,
+    adapter_size,
+    bytes_per_element,
+    model_shape,
+)
 
 __all__ = ["CPU_RUNTIME_BYTES", "MemoryPlan", "PlanLine", "plan_memory", "prompt_tokens"]
 
-GIB = 1024**3
 CPU_RUNTIME_BYTES = 600 * 1024**2
 """A training process's own resident memory on a CPU before any model: Python, torch, transformers, datasets and
 marllm imported (590 MiB measured on Linux x86-64 with the locked versions)."""
@@ -151,7 +157,7 @@ def _plan(
     config: TrainConfig, shape: ModelShape, prompt: int, capacity: float | None, device: str, reward: tuple[int, str]
 ) -> MemoryPlan:
     model, ppo = config.model, config.ppo
-    reference_dtype = model.reference_dtype or model.dtype
+    reference_dtype = _reference_dtype(config)
     tokens = prompt + config.generation.max_new_tokens
     passes = ppo.passes_of(model.fsdp)
     mini = min(ppo.mini_batch_size, config.env.batch_size)
@@ -168,6 +174,10 @@ def _plan(
     return MemoryPlan(kept, _rollout(config, shape, tokens), _update(config, shape, tokens, rows), summary, capacity)
 
 
+def _reference_dtype(config: TrainConfig) -> str:
+    return config.model.reference_dtype or config.model.dtype
+
+
 def _trainable(config: TrainConfig, shape: ModelShape) -> tuple[int, int]:
     """Trainable parameters per learner and their bytes each (peft keeps LoRA adapters in float32)."""
     if config.model.lora is not None:
@@ -179,7 +189,7 @@ def _kept(config: TrainConfig, shape: ModelShape, reward: tuple[int, str], devic
     """What lives through the whole run."""
     model, learners, parameters = config.model, len(config.learner_ids), shape.parameters
     weight = bytes_per_element(model.dtype)
-    reference_dtype = model.reference_dtype or model.dtype
+    reference_dtype = _reference_dtype(config)
     trainable, trainable_bytes = _trainable(config, shape)
     lora = model.lora is not None
     copies = "" if lora else f" × {learners} learners"
@@ -209,7 +219,7 @@ def _rollout(config: TrainConfig, shape: ModelShape, tokens: int) -> list[PlanLi
     ppo, batch, vocabulary = config.ppo, config.env.batch_size, shape.vocab_size
     new_tokens = config.generation.max_new_tokens
     rows = min(batch, ppo.forward_batch_size or batch)
-    reference_dtype = config.model.reference_dtype or config.model.dtype
+    reference_dtype = _reference_dtype(config)
     if ppo.rollout_from_generate_for(config.model.fsdp):
         logits = PlanLine("rollout logits", 2 * batch * new_tokens * vocabulary * 4,
                           "generate's float32 logits, listed then stacked")  # fmt: skip
@@ -295,7 +305,7 @@ def _levers(
     levers = []
     for name, variant in variants:
         if variant.model.lora is not None and model.lora is None:
-            variant_shape = model_shape_with_lora(shape, variant)
+            variant_shape = replace(shape, lora_parameters=adapter_size(shape.config, variant.model.lora))
         else:
             variant_shape = shape
         levers.append((name, _plan(variant, variant_shape, prompt, capacity, device, reward).peak))
@@ -304,16 +314,3 @@ def _levers(
         levers.append((f"model.fsdp over {ranks} ranks (marllm train --nproc {ranks})",
                        plan.peak - sharded * (1 - 1 / ranks) - plan.update[0].bytes * (1 - 1 / ranks)))  # fmt: skip
     return sorted(levers, key=lambda lever: lever[1])
-
-
-def model_shape_with_lora(shape: ModelShape, config: TrainConfig) -> ModelShape:
-    """``shape`` with the adapter size of ``config.model.lora`` (counted on the meta device)."""
-    import torch
-
-    from marllm.models.lora import attach_adapters
-
-    with torch.device("meta"):
-        from transformers import AutoModelForCausalLM
-
-        adapted = attach_adapters(AutoModelForCausalLM.from_config(shape.config), ["plan"], config.model.lora)
-    return replace(shape, lora_parameters=sum(p.numel() for p in adapted.parameters() if p.requires_grad))

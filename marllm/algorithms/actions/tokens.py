@@ -100,16 +100,7 @@ class TokenCollector(Collector):
         # writes their gradient over them: one (b, L, V) buffer for the forward and the backward.
         logprobs, token_entropy = logprobs_and_entropy(logits, mb.response, overwrite_logits=True)
         del logits
-        # With logprobs_from="sampling" a token the updated policy's top-k/top-p no longer keeps has log-prob −inf.
-        logprobs = floor_logprobs(logprobs)
-        with torch.no_grad():
-            stats = scalars(
-                {
-                    "entropy": masked_mean(token_entropy, mb.mask),
-                    "ratio": masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask),
-                }
-            )
-        return Rescored(logprobs, values, stats)
+        return _rescored(mb, logprobs, token_entropy, values)
 
     def _rescore_by_chunks(self, mb: Any, prompt_length: int, chunk_rows: int) -> Rescored:
         """:meth:`rescore` with the LM head applied ``chunk_rows`` rows at a time and recomputed in the backward
@@ -132,15 +123,7 @@ class TokenCollector(Collector):
             return logprobs_and_entropy(logits, mb.response[rows], overwrite_logits=True)
 
         logprobs, token_entropy = chunked_head_logprobs(head, hidden, chunk_rows, logprobs_of_rows, autocast)
-        logprobs = floor_logprobs(logprobs)
-        with torch.no_grad():
-            stats = scalars(
-                {
-                    "entropy": masked_mean(token_entropy, mb.mask),
-                    "ratio": masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask),
-                }
-            )
-        return Rescored(logprobs, values, stats)
+        return _rescored(mb, logprobs, token_entropy, values)
 
     def _sample(
         self, prompts: tuple[str, ...], legal_moves: list[list[str]] | None, budget: int, capture: bool
@@ -235,6 +218,21 @@ class TokenCollector(Collector):
     def _chunks(self, batch_size: int) -> list[slice]:
         size = self.config.forward_batch_size or batch_size
         return [slice(start, start + size) for start in range(0, batch_size, size)]
+
+
+def _rescored(mb: Any, logprobs: torch.Tensor, token_entropy: torch.Tensor, values: torch.Tensor | None) -> Rescored:
+    """A rescore's result from its log-probs, floored where they are −inf, with the mean entropy and ratio over ``mb``'s
+    response tokens."""
+    # With logprobs_from="sampling" a token the updated policy's top-k/top-p no longer keeps has log-prob −inf.
+    logprobs = floor_logprobs(logprobs)
+    with torch.no_grad():
+        stats = scalars(
+            {
+                "entropy": masked_mean(token_entropy, mb.mask),
+                "ratio": masked_mean(torch.exp(logprobs - mb.logprobs), mb.mask),
+            }
+        )
+    return Rescored(logprobs, values, stats)
 
 
 def answers_by_budget(
