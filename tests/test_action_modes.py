@@ -107,9 +107,9 @@ class RecordingRatio:
         self.differences = []
         objective = learner._objective
 
-        def recording(mb, logprobs, values):
+        def recording(mb, logprobs, values, kl_coef):
             self.differences.append(((logprobs - mb.logprobs) * mb.mask).abs().max().item())
-            return objective(mb, logprobs, values)
+            return objective(mb, logprobs, values, kl_coef)
 
         learner._objective = recording
 
@@ -212,7 +212,7 @@ def test_score_probabilities_are_a_softmax_of_the_moves_likelihoods(tokenizer, n
 def test_action_level_learners_start_at_ratio_one(tokenizer, ppo, algorithm):
     torch.manual_seed(0)
     learner = score_learner(tokenizer, algorithm=algorithm, **ppo)
-    assert isinstance(learner.collector, ScoreCollector) and learner.uses_critic == (algorithm == "ppo")
+    assert isinstance(learner.collector, ScoreCollector) and (learner.value_head is None) == (algorithm != "ppo")
     answers = learner.act({"prompt": PROMPTS, "legal_moves": SCORE_MOVES})
     assert all(answer in names for answer, names in zip(answers, SCORE_MOVES, strict=True))
     learner.act({"prompt": PROMPTS[:2], "legal_moves": SCORE_MOVES[:2]})

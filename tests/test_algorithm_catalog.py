@@ -118,7 +118,7 @@ def test_every_catalog_entry_builds_a_learner_of_its_algorithm(tokenizer):
         options = AlgorithmOptions(group_size=2)
         learner = build_learner(name, "llm", options, model=model, tokenizer=tokenizer, reference=reference)
         assert getattr(learner, "algorithm", "ppo") == name
-        assert learner.uses_critic == (name == "ppo")
+        assert (learner.value_head is not None) == (name == "ppo")
 
 
 def test_the_catalog_loads_no_torch():
@@ -131,7 +131,7 @@ def test_a_critic_free_learner_named_by_reference_computes_its_variant(project, 
     model, reference = make_tiny_gpt2(tokenizer), make_tiny_gpt2(tokenizer)
     learner = build_learner(f"{project / 'learner.py'}:MyRLOO", "llm", AlgorithmOptions(group_size=2), model=model,
                             tokenizer=tokenizer, reference=reference)  # fmt: skip
-    assert type(learner).__name__ == "MyRLOO" and learner.algorithm == "rloo" and not learner.uses_critic
+    assert type(learner).__name__ == "MyRLOO" and learner.algorithm == "rloo" and learner.value_head is None
     with pytest.raises(ValueError, match="rloo compares the responses to the same query"):
         build_learner(f"{project / 'learner.py'}:MyRLOO", "llm", AlgorithmOptions(group_size=1), model=model,
                       tokenizer=tokenizer, reference=reference)  # fmt: skip

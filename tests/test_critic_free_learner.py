@@ -75,8 +75,12 @@ def test_preprocess_leaves_the_rollout_alone_and_the_loss_gets_the_updates_kl_co
     assert set(rollout.tensors.keys()) == columns and set(data.batch.keys()) == columns | added
     eta = 0.25
     learner.kl_controller.value = eta
+    objective, given = learner._objective, []
+    learner._objective = lambda mb, logprobs, values, kl_coef: (
+        given.append(kl_coef) or objective(mb, logprobs, values, kl_coef)
+    )
     stats = learner.update()
-    assert learner._kl_coef == stats["kl_coef"] == eta and set(rollout.tensors.keys()) == columns
+    assert set(given) == {stats["kl_coef"]} == {eta} and set(rollout.tensors.keys()) == columns
 
     b = rollout.tensors
     mask = b.mask.bool()

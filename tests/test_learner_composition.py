@@ -12,6 +12,7 @@ from marllm.algorithms.actions import COLLECTORS, ConstrainedCollector, ScoreCol
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.learner_arguments import LearnerArguments
 from marllm.algorithms.learner_checkpoint import LearnerCheckpoint
+from marllm.algorithms.policy_gradient import PolicyGradientLearner
 from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.ppo_steps import PPOSteps
 from tests.test_ppo_learner import make_learner
@@ -42,8 +43,12 @@ def test_subclasses_take_their_own_options_and_pass_the_rest_on():
         assert parameters["learner_kwargs"].kind is inspect.Parameter.VAR_KEYWORD, cls
 
 
-def test_the_learner_inherits_no_part_and_its_parts_share_its_objects(tokenizer):
-    assert PPOLearner.__mro__ == (PPOLearner, object)
+def test_the_family_adds_downwards_and_the_learner_inherits_no_part(tokenizer):
+    """PPO and the critic-free learners each add to the clipped policy gradient; neither takes a part away from the
+    other, and the parts (collector, steps, checkpoint) are owned, not inherited."""
+    assert PPOLearner.__mro__ == (PPOLearner, PolicyGradientLearner, object)
+    assert CriticFreeLearner.__mro__ == (CriticFreeLearner, PolicyGradientLearner, object)
+    assert PolicyGradientLearner._critic is not PPOLearner._critic and "_critic" not in vars(CriticFreeLearner)
     learner = make_learner(tokenizer)
     collector = learner.collector
     assert type(collector) is TokenCollector

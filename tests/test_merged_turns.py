@@ -85,8 +85,8 @@ def record_steps(learner):
     steps = []
     optimisation = learner._optimisation
 
-    def recording():
-        runner = optimisation()
+    def recording(*args):
+        runner = optimisation(*args)
         plan = runner.plan
         runner.plan = lambda *args: (step for step in plan(*args) if not steps.append(step))
         return runner

@@ -124,8 +124,8 @@ def test_a_mini_batch_skipped_by_the_ratio_threshold_gives_no_gradient_in_micro_
     skips = []
     optimisation = whole._optimisation
 
-    def recording():
-        steps = optimisation()
+    def recording(*args):
+        steps = optimisation(*args)
         accumulate = steps.accumulate
         steps.accumulate = lambda mb, *args: (lambda out: (skips.append(not out[0]), out)[1])(accumulate(mb, *args))
         return steps

@@ -1,4 +1,5 @@
-"""Learners: token-level PPO with KL control, the GRPO family (GRPO, RLOO, REINFORCE++), the Learner interface they
+"""Learners: the clipped policy-gradient learner and what is built on it, token-level PPO with KL control and the
+GRPO family (GRPO, RLOO, REINFORCE++), the Learner interface they
 share, the catalog that names them (:mod:`marllm.algorithms.catalog`), the action modes they act in
 (:mod:`marllm.algorithms.actions`), and the pure functions they are built from.
 
@@ -25,6 +26,7 @@ _EXPORTS = {
     "NonFiniteLossError": "marllm.algorithms.ppo_steps",
     "PPOConfig": "marllm.algorithms.ppo_config",
     "PPOLearner": "marllm.algorithms.ppo",
+    "PolicyGradientLearner": "marllm.algorithms.policy_gradient",
     "Rollout": "marllm.algorithms.rollout",
     "build_learner": "marllm.algorithms.catalog",
 }
@@ -42,6 +44,7 @@ __all__ = [
     "NonFiniteLossError",
     "PPOConfig",
     "PPOLearner",
+    "PolicyGradientLearner",
     "Rollout",
     "build_learner",
 ]
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
     from marllm.algorithms.critic_free_learner import CriticFreeLearner
     from marllm.algorithms.kl_controller import AdaptiveKLController, FixedKLController, KLController
     from marllm.algorithms.learner import Learner
+    from marllm.algorithms.policy_gradient import PolicyGradientLearner
     from marllm.algorithms.ppo import PPOLearner
     from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
     from marllm.algorithms.ppo_steps import NonFiniteLossError

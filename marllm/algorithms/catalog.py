@@ -6,9 +6,9 @@ learner class by reference, as it names a task: ``agents.algorithm: my_learner.p
 the config's folder) or ``package.module:MyLearner``. Adding an algorithm is then one file.
 
 A referenced class is built by its ``from_options(learner_id, algorithm, options, **learner_kwargs)`` classmethod
-(:meth:`PPOLearner.from_options <marllm.algorithms.ppo.PPOLearner.from_options>`, which every subclass of
-:class:`~marllm.algorithms.ppo.PPOLearner` inherits, and which passes ``actions`` and ``normalization`` on: a subclass
-whose constructor takes other arguments overrides it); a function with that signature is called as it is. A
+(:meth:`PolicyGradientLearner.from_options <marllm.algorithms.policy_gradient.PolicyGradientLearner.from_options>`,
+which every learner of the policy-gradient family inherits, and which passes ``actions`` and ``normalization`` on: a
+subclass whose constructor takes other arguments overrides it); a function with that signature is called as it is. A
 subclass of :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` says which advantage it computes by its
 ``variant``.
 ``learner_kwargs`` are every learner's arguments (:class:`~marllm.algorithms.learner_arguments.LearnerArguments`),
@@ -17,12 +17,12 @@ subclass of :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` sa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from marllm.algorithms.critic_free_config import CriticFreeConfig
+from marllm.algorithms.algorithm_options import AlgorithmOptions
+from marllm.algorithms.critic_free_config import COMPARES_GROUPS
 from marllm.utils.imports import is_file_reference, load_reference, split_reference
 
 
@@ -48,8 +48,12 @@ CATALOG: dict[str, Algorithm] = {
     "ppo": Algorithm(
         "marllm.algorithms.ppo:PPOLearner", "PPO with a value head and a KL-penalised token reward (CORY's learner)"
     ),
-    "grpo": Algorithm(_CRITIC_FREE, "GRPO: each answer against the other answers to its query", compares_groups=True),
-    "rloo": Algorithm(_CRITIC_FREE, "RLOO: each answer against the mean of the others to its query", True),
+    "grpo": Algorithm(
+        _CRITIC_FREE, "GRPO: each answer against the other answers to its query", "grpo" in COMPARES_GROUPS
+    ),
+    "rloo": Algorithm(
+        _CRITIC_FREE, "RLOO: each answer against the mean of the others to its query", "rloo" in COMPARES_GROUPS
+    ),
     "reinforce_pp": Algorithm(_CRITIC_FREE, "REINFORCE++: KL-penalised returns normalised over the batch"),
 }
 """Algorithm name -> :class:`Algorithm`: the names a config's ``agents.algorithm`` takes (besides references)."""
@@ -57,34 +61,7 @@ CATALOG: dict[str, Algorithm] = {
 ALGORITHMS = tuple(CATALOG)
 """The built-in algorithm names."""
 
-
-@dataclass(frozen=True)
-class AlgorithmOptions:
-    """Each learner's algorithm, and what some algorithms need beyond every learner's arguments.
-
-    Attributes:
-        algorithm: the algorithm of every learner, or learner id -> algorithm (``ppo`` where not named): a name of
-            :data:`CATALOG` or a reference to a learner class (see the module docstring).
-        critic_free: the critic-free learners' settings (None: their defaults).
-        group_size: the env's group size, the answers to one query that GRPO and RLOO compare.
-        actions: how a learner acts (:mod:`marllm.algorithms.actions`): ``generate``, ``constrained``, ``think``
-            or ``score``.
-        action_normalization: how ``score`` normalises a move's log-likelihood: ``none`` (the sum over its
-            tokens), ``token`` (the mean per token) or ``word`` (the sum divided by the move's words); None: the
-            mode's default. Refused with another mode.
-    """
-
-    algorithm: str | Mapping[str, str] = "ppo"
-    critic_free: CriticFreeConfig | None = None
-    group_size: int = 1
-    actions: str = "generate"
-    action_normalization: str | None = None
-
-    def algorithm_of(self, learner_id: str) -> str:
-        """The algorithm of ``learner_id``."""
-        if isinstance(self.algorithm, str):
-            return self.algorithm
-        return self.algorithm.get(learner_id, "ppo")
+__all__ = ["ALGORITHMS", "CATALOG", "Algorithm", "AlgorithmOptions", "build_learner", "check_algorithm"]
 
 
 def is_reference(algorithm: str) -> bool:
@@ -134,7 +111,7 @@ def build_learner(algorithm: str, learner_id: str, options: AlgorithmOptions, **
     if not callable(builder):
         raise ValueError(
             f"{owner}: {reference} is a {type(target).__name__} without from_options; name a learner class with a "
-            "from_options(learner_id, algorithm, options, **learner_kwargs) classmethod (every PPOLearner subclass "
-            "has one) or a function with that signature"
+            "from_options(learner_id, algorithm, options, **learner_kwargs) classmethod (every "
+            "PolicyGradientLearner subclass has one) or a function with that signature"
         )
     return builder(learner_id, algorithm, options, **learner_kwargs)

@@ -377,11 +377,10 @@ def ppo_target_stats(b: Any) -> dict[str, float]:
 
 
 def ppo_objective(
-    mb: Any, logprobs: torch.Tensor, values: torch.Tensor | None, config: PPOConfig
+    mb: Any, logprobs: torch.Tensor, values: torch.Tensor, config: PPOConfig
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's loss of a mini-batch: the clipped surrogate plus ``vf_coef`` × the clipped value loss, and its parts."""
     pg_loss, clipfrac, approx_kl = clipped_policy_loss(logprobs, mb.logprobs, mb.advantages, mb.mask, config.clip_range)
-    assert values is not None  # uses_critic
     v_loss, v_clipfrac = clipped_value_loss(values.float(), mb.values, mb.returns, mb.mask, config.clip_range_value)
     loss = pg_loss + config.vf_coef * v_loss
     parts = {

@@ -7,6 +7,12 @@ from typing import Literal
 
 from marllm.utils.checks import choice
 
+VARIANTS = ("grpo", "rloo", "reinforce_pp")
+"""The advantages a critic-free learner computes (the catalog names that build one)."""
+
+COMPARES_GROUPS = ("grpo", "rloo")
+"""The variants whose advantage compares the answers to one query (they need ``env.group_size`` >= 2)."""
+
 
 @dataclass
 class CriticFreeConfig:

@@ -1,9 +1,10 @@
 """Learners of the critic-free policy-gradient family: GRPO, RLOO and REINFORCE++.
 
-They act, keep rollouts, clip and step exactly as :class:`~marllm.algorithms.ppo.PPOLearner` does (and take its
-``ppo`` settings for the optimiser, epochs, mini-batches, clip range, KL coefficient and score transform); they differ
-in what they train towards: no value head, and an advantage from the other responses to the same query (GRPO,
-RLOO) or from the whole batch (REINFORCE++). The math is in :mod:`marllm.algorithms.critic_free`.
+Like :class:`~marllm.algorithms.ppo.PPOLearner` they build on the clipped policy-gradient learner
+(:class:`~marllm.algorithms.policy_gradient.PolicyGradientLearner`: acting, rollouts, optimiser steps, and the ``ppo``
+settings for the optimiser, epochs, mini-batches, clip range, KL coefficient and score transform); what they add is
+their advantage, from the other responses to the same query (GRPO, RLOO) or from the whole batch (REINFORCE++), with
+no critic. The maths is in :mod:`marllm.algorithms.critic_free`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Unpack
 import torch
 from tianshou.data import Batch
 
-from marllm.algorithms.catalog import AlgorithmOptions, compares_groups
+from marllm.algorithms.algorithm_options import AlgorithmOptions
 from marllm.algorithms.core import masked_mean
 from marllm.algorithms.critic_free import (
     aggregation_weights,
@@ -25,17 +26,15 @@ from marllm.algorithms.critic_free import (
     reinforce_plus_plus_advantages,
     rloo_advantages,
 )
-from marllm.algorithms.critic_free_config import CriticFreeConfig
+from marllm.algorithms.critic_free_config import COMPARES_GROUPS, VARIANTS, CriticFreeConfig
 from marllm.algorithms.learner_arguments import LearnerArguments
-from marllm.algorithms.ppo import PPOLearner
-from marllm.algorithms.rollout import UpdateBatch
+from marllm.algorithms.policy_gradient import PolicyGradientLearner
 
-VARIANTS = ("grpo", "rloo", "reinforce_pp")
-"""The advantages :class:`CriticFreeLearner` computes (the catalog names that build it)."""
+__all__ = ["VARIANTS", "CriticFreeLearner"]
 
 
-class CriticFreeLearner(PPOLearner):
-    """A GRPO, RLOO or REINFORCE++ learner: :class:`PPOLearner` without a value head and with another advantage.
+class CriticFreeLearner(PolicyGradientLearner):
+    """A GRPO, RLOO or REINFORCE++ learner: the clipped policy gradient with a group or batch baseline, no critic.
 
     Args:
         name: the learner id (metric prefix).
@@ -44,9 +43,9 @@ class CriticFreeLearner(PPOLearner):
             GRPO and RLOO compare the responses of a group and need at least 2; REINFORCE++ ignores groups.
         settings: where the KL goes, its estimator, the loss aggregation and GRPO's std scaling (None:
             :class:`CriticFreeConfig`'s defaults).
-        actions: how the learner acts, any mode (see :class:`PPOLearner`).
-        normalization: the ``score`` mode's normalisation of move scores (see :class:`PPOLearner`).
-        **learner_kwargs: :class:`PPOLearner`'s other arguments (:class:`LearnerArguments`: ``model``,
+        actions: how the learner acts, any mode (see :class:`PolicyGradientLearner`).
+        normalization: the ``score`` mode's normalisation of move scores (see :class:`PolicyGradientLearner`).
+        **learner_kwargs: :class:`PolicyGradientLearner`'s other arguments (:class:`LearnerArguments`: ``model``,
             ``tokenizer``, ``reference``, ``config``, ``generation``, ``seed``, ``adapter``, ``kl_controller``,
             ``data_parallel``). ``config`` holds the optimiser, epoch, mini-batch, clip-range, KL-coefficient and
             score-transform settings, which it shares with PPO (its value-function settings are not used);
@@ -55,7 +54,6 @@ class CriticFreeLearner(PPOLearner):
     Everything after ``name`` is keyword-only.
     """
 
-    uses_critic = False
     variant: str = "grpo"
     """The advantage a subclass named by reference (``agents.algorithm: my_file.py:MyLearner``) computes, one of
     :data:`VARIANTS`: a catalog name says it itself."""
@@ -73,16 +71,14 @@ class CriticFreeLearner(PPOLearner):
     ):
         if algorithm not in VARIANTS:
             raise ValueError(f"a critic-free learner's algorithm must be one of {list(VARIANTS)}, got {algorithm!r}")
-        if compares_groups(algorithm) and group_size < 2:
+        if algorithm in COMPARES_GROUPS and group_size < 2:
             raise ValueError(
-                f"{algorithm} compares the responses to the same query: it needs env.group_size >= 2, got "
-                f"{group_size}"
+                f"{algorithm} compares the responses to the same query: it needs env.group_size >= 2, got {group_size}"
             )
         super().__init__(name, actions=actions, normalization=normalization, **learner_kwargs)
         self.algorithm = algorithm
         self.group_size = group_size
         self.settings = settings or CriticFreeConfig()
-        self._kl_coef = 0.0  # η of the update in progress, for the KL term of the loss
 
     @classmethod
     def from_options(
@@ -132,7 +128,7 @@ class CriticFreeLearner(PPOLearner):
             "returns/mean": masked_mean(b.returns, b.mask).item(),
             "advantages/abs_mean": masked_mean(b.advantages.abs(), b.mask).item(),
         }
-        if compares_groups(self.algorithm):
+        if self.algorithm in COMPARES_GROUPS:
             stats["groups/constant_fraction"] = constant_group_fraction(b.outcome, self.group_size)
         return stats
 
@@ -143,13 +139,11 @@ class CriticFreeLearner(PPOLearner):
         per_token = kl_penalty(b.logprobs, b.ref_logprobs, b.mask, self.settings.kl_estimator)  # (B, L)
         return per_token.sum(1).mean().item()
 
-    def _ppo_steps(self, data: UpdateBatch, losses: dict[str, list[float]]) -> None:
-        self._kl_coef = data.kl_coef
-        super()._ppo_steps(data, losses)
-
     def _objective(
-        self, mb: Batch, logprobs: torch.Tensor, values: torch.Tensor | None
+        self, mb: Batch, logprobs: torch.Tensor, values: torch.Tensor | None, kl_coef: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped surrogate aggregated by ``critic_free.loss_aggregation``, plus η × the KL estimator where
+        ``critic_free.kl_in`` is ``loss``."""
         kl_in_loss = self.settings.kl_in == "loss"
         result = clipped_policy_gradient_loss(
             logprobs,
@@ -159,7 +153,7 @@ class CriticFreeLearner(PPOLearner):
             self.config.clip_range,
             self.settings.loss_aggregation,
             ref_logprobs=mb.ref_logprobs if kl_in_loss else None,
-            kl_coef=self._kl_coef if kl_in_loss else 0.0,
+            kl_coef=kl_coef if kl_in_loss else 0.0,
             kl_estimator=self.settings.kl_estimator,
         )
         parts = {

@@ -3,9 +3,10 @@ gradient is accumulated (this rank's rows, the loss normaliser's share, the rati
 
 :class:`PPOSteps` runs the epochs of one update from explicit inputs: the settings, the optimiser and the parameters
 it steps, the generator that shuffles the mini-batches, and the learner's loss and sample masses as callables; a
-learner builds one for each update (:meth:`~marllm.algorithms.ppo.PPOLearner._ppo_steps`). The step plan
-(:func:`plan_steps`) is pure bookkeeping over indices; :meth:`PPOSteps.accumulate` runs one mini-batch's forward and
-backward through the loss.
+learner builds one for each update
+(:meth:`~marllm.algorithms.policy_gradient.PolicyGradientLearner._optimisation`). The step plan (:func:`plan_steps`)
+is pure bookkeeping over indices; :meth:`PPOSteps.accumulate` runs one mini-batch's forward and backward through the
+loss.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 LossFunction = Callable[[Any, int], tuple[torch.Tensor, dict[str, float]]]
 """``loss(mini_batch, prompt_length) -> (loss, parts)``: a mini-batch's loss and its parts (``loss/policy``,
-``ratio``, ``entropy``, …), as :meth:`~marllm.algorithms.ppo.PPOLearner._loss` computes them."""
+``ratio``, ``entropy``, …), as :meth:`~marllm.algorithms.policy_gradient.PolicyGradientLearner._loss` computes them."""
 
 
 class NonFiniteLossError(FloatingPointError):
