@@ -179,6 +179,7 @@ class LearnerCheckpoint:
         tensors = {f"value_head/{name}": tensor for name, tensor in head.items()}
         optimizer_tensors, optimizer_meta = optimizer_state(self.optimizer, self._optimizer_names())
         tensors.update(optimizer_tensors)
+        optimizer_meta["tensors"] = sorted(optimizer_tensors)  # what loading checks is all there
         statistics = self.score_statistics
         meta = {
             "optimizer": optimizer_meta,
@@ -201,8 +202,27 @@ class LearnerCheckpoint:
         if unknown:
             raise CheckpointError(f"the learner state has entries this learner does not know: {unknown[:5]}")
         optimizer = {key: t for key, t in tensors.items() if key.startswith("optimizer/")}
+        self._check_optimizer_entries(optimizer, meta)
         restore_generator(np.random.Generator(type(self.rng.bit_generator)()), meta["rng"], "learner")
         return optimizer_state_dict(self.optimizer, self._optimizer_names(), optimizer, meta["optimizer"])
+
+    def _check_optimizer_entries(self, optimizer: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
+        """Refuse a state whose optimiser entries are not all there: those its meta lists (``optimizer.tensors``),
+        or, in a state saved before they were listed, any at all after an update."""
+        listed = meta.get("optimizer", {}).get("tensors")
+        missing = [key for key in listed if key not in optimizer] if listed is not None else []
+        if missing:
+            raise CheckpointError(
+                f"learner {self.name!r}: the learner state lacks {len(missing)} of its {len(listed)} optimiser entries "
+                f"({_few(missing)}): the optimiser's moments cannot be restored; load the whole state_dict"
+            )
+        updates = int(meta.get("num_updates", 0))
+        if listed is None and updates and not optimizer:
+            raise CheckpointError(
+                f"learner {self.name!r}: the learner state has no optimiser state (optimizer/*) though saved after "
+                f"{updates} update{'s' * (updates != 1)}: the optimiser's moments cannot be restored; load the whole "
+                "state_dict"
+            )
 
     def _set_training_state(
         self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], optimizer: dict[str, Any]
@@ -261,6 +281,11 @@ def _laid_out_like_parameters(state: dict[str, Any], optimizer: torch.optim.Opti
         for index, values in state["state"].items()
     }
     return {**state, "state": laid_out}
+
+
+def _few(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return f"{shown} and {len(names) - limit} more" if len(names) > limit else shown
 
 
 def _trained_part(adapter: str | None) -> str:

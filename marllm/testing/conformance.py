@@ -6,15 +6,18 @@ models seeded inside), and the observations of one iteration (dicts with ``promp
 ``legal_moves``) with the rewards of each. The checks:
 
 - :func:`check_first_update_is_on_policy`: the first loss of the first update sees, at every token or move, the
-  log-probs the rollout recorded (ratio 1), and the update's ``ratio`` metric is 1: what was sampled is what is
-  re-scored.
+  log-probs the rollout recorded (ratio 1), the update's ``ratio`` metric is 1, and the loss optimised reads the
+  policy's log-probs against the rollout's (its gradient does not move when every log-prob does): what was sampled is
+  what is re-scored, and what is optimised.
 - :func:`check_move_probabilities_are_played`: a learner that gives exact move probabilities (``move_probabilities``)
   plays each move with that probability: its answers' frequencies over many samples are within a few standard errors,
   in training (``act``) and, where it acts through a collector, outside it (``collector.play``: what evaluation plays).
 - :func:`check_resume_equals_uninterrupted`: two iterations in one go, and one iteration, ``state_dict`` through
   JSON, a new learner's ``load_state_dict`` and a second iteration, end at the same weights.
 
-:func:`check_learner` runs every check that applies and says which it ran. The test suite runs it over the matrix of
+:func:`check_learner` runs every check that applies and says which it ran; a check whose parts the learner lacks (no
+collector, no checkpoint) raises :class:`~marllm.testing.outcomes.CheckNotApplicable` naming them, which
+:func:`check_learner` reports as not run, with the reason. The test suite runs it over the matrix of
 algorithms × action modes × prefix sharing × micro-batches (``tests/test_learner_conformance.py``); a learner of one's
 own runs it the same way. :func:`~marllm.testing.data_parallel.check_two_ranks_equal_one_process` checks that two
 gloo ranks update as one process does; it builds the learner from a factory named by reference, as the ranks are
@@ -23,14 +26,18 @@ other processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from marllm.algorithms.actions.base import Rescored
 from marllm.algorithms.learner import Learner
+from marllm.testing.outcomes import CheckNotApplicable, check_frequencies
 
 __all__ = [
     "check_first_update_is_on_policy",
@@ -62,39 +69,126 @@ def check_first_update_is_on_policy(
     rewards: Sequence[Sequence[float]],
     seed: int = 0,
     tolerance: float = 1e-5,
+    shift: float = 1.0,
+    gradient_tolerance: float = 1e-3,
 ) -> float:
-    """Act, reward and update once: the first loss's log-probs equal the rollout's at every token or move (where the
-    learner has an ``_objective(mini_batch, logprobs, values)`` to watch), and the update's ``ratio`` metric is 1.
-    Returns the largest log-prob difference seen.
+    """Act, reward and update once, watching the loss the learner optimises through its collector's re-scoring
+    (``learner.collector.rescore``, which every marllm learner's loss is computed from):
+
+    - the first loss's log-probs equal the rollout's at every token or move (ratio 1), and the update's ``ratio``
+      metric is 1: what was sampled is what is re-scored;
+    - the first loss's gradient with respect to those log-probs is unchanged when every log-prob it reads (the
+      re-scored ones and the rollout's ``logprobs`` and ``ref_logprobs``) moves by ``shift``, within
+      ``gradient_tolerance`` of its largest entry: the loss reads the policy's log-probs against the rollout's (a
+      ratio of 1 at the first step), not rescaled or otherwise altered on the way. A second learner from
+      ``make_learner`` plays the same iteration to see it.
+
+    Returns the largest log-prob difference of the first loss.
 
     Raises:
         AssertionError: naming the difference and where.
+        CheckNotApplicable: the learner has no collector whose ``rescore`` its loss is computed from.
     """
     torch.manual_seed(seed)
     learner = make_learner()
+    watch = _watch_rescoring(learner, 0.0, stop=False)
     torch.manual_seed(seed + 1)
     _play(learner, observations, rewards)
-    differences: list[float] = []
-    objective = getattr(learner, "_objective", None)
-    if callable(objective):
-
-        def watched(mb: Any, logprobs: torch.Tensor, values: torch.Tensor | None) -> Any:
-            mask = mb.mask if logprobs.shape == mb.mask.shape else torch.ones_like(logprobs)
-            differences.append(float(((logprobs - mb.logprobs).abs() * mask).max()))
-            return objective(mb, logprobs, values)
-
-        learner._objective = watched  # type: ignore[attr-defined]
     metrics = learner.update()
-    first = differences[0] if differences else 0.0
+    if not watch.differences:
+        raise AssertionError(f"{learner.name}: its update never re-scored its actions through its collector")
+    first = watch.differences[0]
     if first > tolerance:
         raise AssertionError(
             f"{learner.name}: the first loss's log-probs differ from the rollout's by up to {first:.3g} "
             f"(> {tolerance}): the update re-scores another distribution than the one sampled"
         )
     ratio = metrics.get("ratio")
-    if ratio is not None and math.isfinite(ratio) and abs(ratio - 1.0) > 10 * tolerance and len(differences) <= 1:
+    if ratio is not None and math.isfinite(ratio) and abs(ratio - 1.0) > 10 * tolerance and len(watch.differences) <= 1:
         raise AssertionError(f"{learner.name}: the first update's ratio metric is {ratio}, not 1")
+    torch.manual_seed(seed)
+    shifted = make_learner()
+    moved = _watch_rescoring(shifted, shift, stop=True)
+    torch.manual_seed(seed + 1)
+    _play(shifted, observations, rewards)
+    with contextlib.suppress(_FirstGradient):
+        shifted.update()
+    plain, moved_gradient = watch.gradients.get(0), moved.gradients.get(0)
+    _compare_first_gradients(learner.name, plain, moved_gradient, shift, gradient_tolerance)
     return first
+
+
+class _FirstGradient(Exception):
+    """Ends the shifted learner's update once its first loss's gradient is known."""
+
+
+@dataclass
+class _Watched:
+    """What :func:`_watch_rescoring` saw: each re-scoring's largest log-prob difference, and gradients by call."""
+
+    differences: list[float] = field(default_factory=list)
+    gradients: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+def _watch_rescoring(learner: Learner, shift: float, stop: bool) -> _Watched:
+    """Wrap the learner's collector: every log-prob a rollout records and every re-scored one moved by ``shift``;
+    each re-scoring's log-prob difference and the gradient its loss gives its log-probs kept; with ``stop``, the
+    update ended at the first gradient."""
+    collector = getattr(learner, "collector", None)
+    if not (callable(getattr(collector, "collect", None)) and callable(getattr(collector, "rescore", None))):
+        raise CheckNotApplicable(
+            f"{getattr(learner, 'name', type(learner).__name__)}: the on-policy check watches the loss a learner "
+            "optimises through its collector (learner.collector with collect and rescore, a "
+            f"marllm.algorithms.actions.Collector); {type(learner).__name__} has none"
+        )
+    watched, collect, rescore = _Watched(), collector.collect, collector.rescore
+
+    def shifted_collect(observation: Observation, role: str | None = None) -> Any:
+        rollout = collect(observation, role)
+        for key in ("logprobs", "ref_logprobs"):
+            if key in rollout.tensors:
+                rollout.tensors[key] = rollout.tensors[key] + shift
+        return rollout
+
+    def watched_rescore(mb: Any, prompt_length: int) -> Rescored:
+        rescored = rescore(mb, prompt_length)
+        index = len(watched.differences)
+        logprobs = rescored.logprobs + shift if shift else rescored.logprobs
+        mask = mb.mask if logprobs.shape == mb.mask.shape else torch.ones_like(logprobs)
+        watched.differences.append(float(((logprobs.detach() - mb.logprobs).abs() * mask).max()))
+        if logprobs.requires_grad:
+
+            def keep(gradient: torch.Tensor) -> None:
+                watched.gradients.setdefault(index, gradient.detach().clone())
+                if stop and index == 0:
+                    raise _FirstGradient
+
+            logprobs.register_hook(keep)
+        return Rescored(logprobs, rescored.values, rescored.stats)
+
+    if shift:
+        collector.collect = shifted_collect
+    collector.rescore = watched_rescore
+    return watched
+
+
+def _compare_first_gradients(
+    name: str, plain: torch.Tensor | None, shifted: torch.Tensor | None, shift: float, tolerance: float
+) -> None:
+    """The first loss's gradients with respect to its log-probs, as played and with every log-prob moved: equal."""
+    if plain is None or shifted is None:
+        raise AssertionError(
+            f"{name}: the first update's loss gives its re-scored log-probs no gradient: what it optimises does not "
+            "depend on the policy's log-probs"
+        )
+    scale = float(plain.abs().max())
+    gap = float((plain - shifted).abs().max())
+    if gap > tolerance * max(scale, 1e-12) + 1e-12:
+        raise AssertionError(
+            f"{name}: the first loss's gradient with respect to the policy's log-probs changes by up to {gap:.3g} "
+            f"(of {scale:.3g}) when every log-prob it reads moves by {shift}: the loss optimised does not read the "
+            "log-probs against the rollout's (its ratio is not 1 at the first step)"
+        )
 
 
 def check_move_probabilities_are_played(
@@ -120,7 +214,7 @@ def check_move_probabilities_are_played(
         raise AssertionError(f"{learner.name}: the move probabilities sum to {sum(exact)}, not 1")
     observation = {"prompt": [prompt] * samples, "legal_moves": [list(legal_moves)] * samples}
     torch.manual_seed(seed + 1)
-    _check_frequencies(learner.name, "played", learner.act(observation), legal_moves, exact, sigmas)
+    check_frequencies(learner.name, "played", learner.act(observation), legal_moves, exact, sigmas)
     play = getattr(getattr(learner, "collector", None), "play", None)
     if callable(play):
         torch.manual_seed(seed + 2)
@@ -128,28 +222,8 @@ def check_move_probabilities_are_played(
             answers = play(observation)
         except NotImplementedError:  # a collector of one's own that does not play outside training
             return list(exact)
-        _check_frequencies(learner.name, "played outside training", answers, legal_moves, exact, sigmas)
+        check_frequencies(learner.name, "played outside training", answers, legal_moves, exact, sigmas)
     return list(exact)
-
-
-def _check_frequencies(
-    name: str, how: str, answers: Sequence[str], legal_moves: Sequence[str], exact: Sequence[float], sigmas: float
-) -> None:
-    """Each answer a legal move, each move's frequency among ``answers`` within ``sigmas`` standard errors of its
-    ``exact`` probability."""
-    illegal = sorted({answer for answer in answers if answer not in legal_moves})
-    if illegal:
-        raise AssertionError(f"{name}: answers {illegal[:5]} are no legal move of {list(legal_moves)}")
-    samples = len(answers)
-    for move, probability in zip(legal_moves, exact, strict=True):
-        frequency = sum(answer == move for answer in answers) / samples
-        error = math.sqrt(max(probability * (1 - probability), 1e-12) / samples)
-        if abs(frequency - probability) > sigmas * error + 1e-9:
-            raise AssertionError(
-                f"{name}: {move!r} is {how} {frequency:.4f} of {samples} times but its exact probability is "
-                f"{probability:.4f} (more than {sigmas} standard errors of {error:.4f} apart): the probabilities a "
-                "run tabulates are not those of the policy that plays"
-            )
 
 
 def check_resume_equals_uninterrupted(
@@ -161,11 +235,13 @@ def check_resume_equals_uninterrupted(
 ) -> float:
     """Two iterations in one learner, against one iteration, a checkpoint (``state_dict``, its meta through JSON), a
     new learner restored from it and the second iteration: the same answers and the same trainable weights within
-    ``tolerance``. The global torch generator is seeded alike before each iteration in both. Returns the largest
-    weight difference.
+    ``tolerance`` (a learner without a torch model: the same state, ``state_dict`` again). The global torch generator
+    is seeded alike before each iteration in both. Returns the largest weight difference.
 
     Raises:
         AssertionError: naming the answers or the weights that differ.
+        CheckNotApplicable: the learner has no ``state_dict`` and ``load_state_dict`` (the checkpoint part of the
+            :class:`~marllm.algorithms.learner.Learner` protocol).
     """
 
     def iteration(learner: Learner, k: int) -> list[tuple[str, ...]]:
@@ -176,6 +252,7 @@ def check_resume_equals_uninterrupted(
 
     torch.manual_seed(seed)
     whole = make_learner()
+    _require_checkpoints(whole)
     iteration(whole, 0)
     expected = iteration(whole, 1)
     torch.manual_seed(seed)
@@ -187,16 +264,44 @@ def check_resume_equals_uninterrupted(
     resumed.load_state_dict(tensors, json.loads(json.dumps(meta)))
     if iteration(resumed, 1) != expected:
         raise AssertionError(f"{whole.name}: the resumed learner answers otherwise than the uninterrupted one")
-    largest = 0.0
-    trained = dict(whole.model.named_parameters())
-    for name, parameter in resumed.model.named_parameters():
-        if parameter.requires_grad:
-            largest = max(largest, float((parameter.detach() - trained[name].detach()).abs().max()))
+    largest = _largest_difference(whole, resumed)
     if largest > tolerance:
         raise AssertionError(
             f"{whole.name}: after a resume the weights differ from the uninterrupted learner's by up to {largest:.3g}"
         )
     return largest
+
+
+def _require_checkpoints(learner: Learner) -> None:
+    """Raise :class:`CheckNotApplicable` unless ``learner`` has the Learner protocol's checkpoint methods."""
+    missing = [name for name in ("state_dict", "load_state_dict") if not callable(getattr(learner, name, None))]
+    if missing:
+        raise CheckNotApplicable(
+            f"{getattr(learner, 'name', type(learner).__name__)}: the resume check needs a checkpoint of the learner, "
+            f"the state_dict and load_state_dict of the marllm.algorithms.Learner protocol; {type(learner).__name__} "
+            f"has no {' and no '.join(missing)}"
+        )
+
+
+def _largest_difference(whole: Learner, resumed: Learner) -> float:
+    """The largest difference of the two learners' trainable weights; without a torch model, of their states (their
+    meta must be equal)."""
+    parameters = getattr(whole.model, "named_parameters", None)
+    if callable(parameters):
+        trained = dict(parameters())
+        return max(
+            (
+                float((parameter.detach() - trained[name].detach()).abs().max())
+                for name, parameter in resumed.model.named_parameters()
+                if parameter.requires_grad
+            ),
+            default=0.0,
+        )
+    (tensors, meta), (resumed_tensors, resumed_meta) = whole.state_dict(), resumed.state_dict()
+    if json.loads(json.dumps(meta)) != json.loads(json.dumps(resumed_meta)) or set(tensors) != set(resumed_tensors):
+        raise AssertionError(f"{whole.name}: after a resume its state differs from the uninterrupted learner's")
+    return max((float((torch.as_tensor(tensors[k]) - torch.as_tensor(resumed_tensors[k])).abs().max())
+                for k in tensors), default=0.0)  # fmt: skip
 
 
 def check_learner(
@@ -208,14 +313,24 @@ def check_learner(
 ) -> dict[str, str]:
     """Every check that applies to the learner ``make_learner`` builds: on-policy first update and resume, and, where
     ``moves`` (a prompt and its legal moves) is given because the learner claims exact move probabilities, that they
-    are the ones it plays. Returns each check's name and what it found, or why it did not run."""
-    on_policy = check_first_update_is_on_policy(make_learner, observations, rewards)
-    resumed = check_resume_equals_uninterrupted(make_learner, observations, rewards)
-    report = {
-        "first_update_on_policy": f"largest log-prob difference {on_policy:.2g}",
-        "resume_equals_uninterrupted": f"largest weight difference {resumed:.2g}",
-        "move_probabilities_are_played": "not run: no exact move probabilities claimed (moves not given)",
-    }
+    are the ones it plays. Returns each check's name and what it found, or why it did not run (a check the learner
+    lacks the parts of: :class:`CheckNotApplicable`'s reason, naming them).
+
+    Raises:
+        AssertionError: a check that ran failed.
+    """
+    report: dict[str, str] = {}
+    try:
+        on_policy = check_first_update_is_on_policy(make_learner, observations, rewards)
+        report["first_update_on_policy"] = f"largest log-prob difference {on_policy:.2g}"
+    except CheckNotApplicable as reason:
+        report["first_update_on_policy"] = f"not run: {reason}"
+    try:
+        resumed = check_resume_equals_uninterrupted(make_learner, observations, rewards)
+        report["resume_equals_uninterrupted"] = f"largest weight difference {resumed:.2g}"
+    except CheckNotApplicable as reason:
+        report["resume_equals_uninterrupted"] = f"not run: {reason}"
+    report["move_probabilities_are_played"] = "not run: no exact move probabilities claimed (moves not given)"
     if moves is not None:
         played = check_move_probabilities_are_played(make_learner, moves[0], moves[1], samples)
         report["move_probabilities_are_played"] = f"probabilities {[round(p, 3) for p in played]}"
