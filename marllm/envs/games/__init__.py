@@ -9,7 +9,8 @@ learn) are in :mod:`marllm.players`. OpenSpiel and shimmy are optional: ``pip in
 from marllm.envs.games.batched_env import BatchedGameEnv, env, raw_env
 from marllm.envs.games.openspiel import OpenSpielView, openspiel_env, openspiel_factory, require_openspiel
 from marllm.envs.games.parsers import PARSERS, Parser, exact_move, first_legal_move, get_parser, register_parser
-from marllm.envs.games.views import GameView, Move, game_name, register_view, view_for
+from marllm.envs.games.view_lookup import view_for
+from marllm.envs.games.views import GameView, Move, game_name, register_view
 
 __all__ = [
     "PARSERS",

@@ -53,7 +53,8 @@ from marllm.envs.games.parsers import Parser, get_parser
 from marllm.envs.games.prompts import GameTemplate, check_game_templates, prompt_fields
 from marllm.envs.games.records import GameRecord, Turn, count_cooperation
 from marllm.envs.games.spaces import Rows
-from marllm.envs.games.views import GameView, Move, view_for
+from marllm.envs.games.view_lookup import view_for
+from marllm.envs.games.views import GameView, Move
 from marllm.envs.info_keys import (
     BATCH_REWARDS,
     TASK_REWARDS,
@@ -75,7 +76,7 @@ class BatchedGameEnv(AECEnv):
             ``OpenSpielCompatibilityV0``) or a user's own. Called once per game of the batch.
         batch_size: games per episode.
         view: how prompts show the game and name its moves; None looks it up by the game's name
-            (:func:`~marllm.envs.games.views.view_for`), falling back to the generic view.
+            (:func:`~marllm.envs.games.view_lookup.view_for`), falling back to the generic view.
         templates: one template for every seat, a mapping seat -> template, or None (the default prompt): a
             ``str.format`` string over :data:`~marllm.envs.games.prompts.FIELDS` or a callable ``(fields) -> str``.
         parser: a registered parser's name (``"first"``, ``"last"``, ``"exact"``) or a callable

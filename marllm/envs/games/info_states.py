@@ -25,7 +25,8 @@ from typing import Any
 from marllm.envs.games import keys
 from marllm.envs.games.openspiel import openspiel_env, require_openspiel
 from marllm.envs.games.prompts import GameTemplate, check_game_templates, prompt_fields
-from marllm.envs.games.views import GameView, Move, view_for
+from marllm.envs.games.view_lookup import view_for
+from marllm.envs.games.views import GameView, Move
 
 MAX_INFO_STATES = 4000
 """The most information states an exact evaluation enumerates by default (each is one prompt a model answers)."""

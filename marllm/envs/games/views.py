@@ -1,14 +1,14 @@
 """Game views: how a game is shown to a seat (its prompt fields), how its moves are named, and what it paid.
 
 A view is stateless: every method reads the game object (an AEC env, possibly wrapped) and the moves played so far
-in it. :func:`view_for` finds the view of a game by its name (a PettingZoo env's ``metadata["name"]``, an OpenSpiel
-game's short name); games without a view of their own get the generic one: OpenSpiel's information-state (or
-observation) string through shimmy, or the PettingZoo observation as text, with the legal moves by name.
+in it. Views are registered here by a game's name (a PettingZoo env's ``metadata["name"]``, an OpenSpiel game's short
+name); :func:`~marllm.envs.games.view_lookup.view_for` finds a game's, and games without a view of their own get the
+generic one: OpenSpiel's information-state (or observation) string through shimmy, or the PettingZoo observation as
+text, with the legal moves by name.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -124,8 +124,6 @@ FALLBACKS: list[tuple[Callable[[AECEnv], bool], GameView]] = []
 """(game predicate, view) for kinds of env without a view of their own (every OpenSpiel game); tried in order after
 the names, before :class:`GameView` itself."""
 
-_BUILTIN = ("board_views", "dice_views", "matrix_views", "poker_views", "openspiel")
-
 
 def register_view(name: str | Callable[[str], bool], view: GameView) -> GameView:
     """Use ``view`` for the game called ``name`` (or for every game whose name satisfies the predicate)."""
@@ -158,19 +156,3 @@ def game_name(game: AECEnv) -> str:
     if is_openspiel(game):
         return str(inner.game_type.short_name)
     return str(getattr(inner, "metadata", {}).get("name", type(inner).__name__))
-
-
-def view_for(game: AECEnv) -> GameView:
-    """The registered view of the game, else its kind's generic view (OpenSpiel's), else the PettingZoo one."""
-    for module in _BUILTIN:  # they register their views on import
-        importlib.import_module(f"marllm.envs.games.{module}")
-    name = game_name(game)
-    if name in VIEWS:
-        return VIEWS[name]
-    for matches, view in MATCHERS:
-        if matches(name):
-            return view
-    for matches_game, view in FALLBACKS:
-        if matches_game(game):
-            return view
-    return GameView()
