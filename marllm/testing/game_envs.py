@@ -1,0 +1,159 @@
+"""A check of a game env, marllm's or one's own: :func:`check_game_env`.
+
+Any AEC env gets PettingZoo's own tests (``api_test`` and ``seed_test``). A batched game env
+(:class:`~marllm.envs.games.BatchedGameEnv`, wrapped or not) also keeps its own rules, played here over whole episodes
+with a random legal answer in every row:
+
+- **rows match the mask**: the observation holds one row per game its seat moves in (``games``, the games its
+  ``action_mask`` marks, each key as many rows), every row's legal moves named once each with their action ids, and
+  those the game itself allows (its own ``action_mask``, where it has one);
+- **finished games are masked**: a game that is over is in no seat's observation or mask, a game is in one seat's
+  mask at a time, and at the end every game is over and every mask empty;
+- **same seed, same deals**: two envs reset with the same seed deal the same games: the same prompts, legal moves and
+  payoffs, answer for answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from pettingzoo import AECEnv
+from pettingzoo.test import api_test, seed_test
+
+from marllm.envs.games import BatchedGameEnv, keys
+
+__all__ = ["check_game_env"]
+
+ROWS = (keys.PROMPT, keys.LEGAL_MOVES, keys.LEGAL_ACTIONS, keys.HISTORY, keys.GAMES)
+"""The keys of a batched game env's observation, one row per game its seat moves in."""
+
+
+def check_game_env(
+    make_env: Callable[[], AECEnv], num_cycles: int = 20, episodes: int = 2, seed: int = 0, max_steps: int = 10_000
+) -> dict[str, str]:
+    """Check the env ``make_env`` builds (a zero-argument callable): PettingZoo's ``api_test`` and ``seed_test`` over
+    ``num_cycles`` cycles, and, for a batched game env, its own rules over ``episodes`` episodes (see the module
+    docstring). PettingZoo's advice about spaces (text agents have no Box or Discrete ones, by design) and its
+    progress lines are left out.
+
+    Returns:
+        Each check's name and what it found, or why it did not run.
+
+    Raises:
+        AssertionError: naming the rule that failed, the seat and the game.
+    """
+    report = _check_batched_rules(make_env, episodes, seed, max_steps)
+    for test, run in (("api_test", lambda: api_test(make_env(), num_cycles=num_cycles)),
+                      ("seed_test", lambda: seed_test(make_env, num_cycles=num_cycles))):  # fmt: skip
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"pettingzoo\.test")
+            try:
+                run()
+            except Exception as error:
+                raise AssertionError(f"PettingZoo's {test} fails: {type(error).__name__}: {error}") from error
+        report[f"pettingzoo_{test}"] = f"passed ({num_cycles} cycles)"
+    return report
+
+
+def _check_batched_rules(make_env: Callable[[], AECEnv], episodes: int, seed: int, max_steps: int) -> dict[str, str]:
+    """The batched game env's own rules over ``episodes`` episodes, each played twice from one seed."""
+    env = make_env()
+    if not isinstance(env.unwrapped, BatchedGameEnv):
+        reason = f"not run: {type(env.unwrapped).__name__} is not a marllm.envs.games.BatchedGameEnv"
+        return {"rows_match_mask": reason, "finished_games_masked": reason, "same_seed_same_deals": reason}
+    answers = 0
+    for episode in range(episodes):
+        transcript = _play_checked(env, seed + episode, max_steps)
+        answers += len(transcript)
+        again = _play_checked(make_env(), seed + episode, max_steps)
+        if again != transcript:
+            step = next((k for k, (a, b) in enumerate(zip(transcript, again, strict=False)) if a != b), None)
+            raise AssertionError(
+                f"{_name(env)}: two envs reset with seed {seed + episode} and answered alike deal other games (first "
+                f"difference at turn {step if step is not None else min(len(transcript), len(again))})"
+            )
+    return {
+        "rows_match_mask": f"{answers} turns of {episodes} episodes of {env.unwrapped.batch_size} games",
+        "finished_games_masked": "no finished game asked to move; every mask empty at the end",
+        "same_seed_same_deals": f"{episodes} seeds each dealt alike twice",
+    }
+
+
+def _name(env: AECEnv) -> str:
+    inner = env.unwrapped
+    return f"{type(inner).__name__} of {inner.view.name(inner.games[0])}"
+
+
+def _play_checked(env: AECEnv, seed: int, max_steps: int) -> list[Any]:
+    """One episode from ``reset(seed=seed)``, each row answered with a legal move drawn from a generator of ``seed``,
+    every rule checked at every turn; the transcript (each turn's seat and rows, then the payoffs)."""
+    inner: BatchedGameEnv = env.unwrapped
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    transcript: list[Any] = []
+    for steps, seat in enumerate(env.agent_iter()):
+        if steps > max_steps:
+            raise AssertionError(f"{_name(env)}: the episode did not end in {max_steps} steps")
+        observation, _, terminated, truncated, info = env.last()
+        if terminated or truncated:
+            _check_ended(env, seat, info)
+            env.step(None)
+            continue
+        _check_rows(env, seat, observation, info)
+        transcript.append((seat, *(tuple(observation[key]) for key in ROWS)))
+        env.step(tuple(names[int(rng.integers(len(names)))] for names in observation[keys.LEGAL_MOVES]))
+    transcript.append(
+        tuple(tuple(record.payoffs.get(seat) for seat in inner.possible_agents) for record in inner.records)
+    )
+    return transcript
+
+
+def _check_rows(env: AECEnv, seat: str, observation: Mapping[str, Sequence[Any]], info: Mapping[str, Any]) -> None:
+    """The rules of one turn: the rows are the games the mask marks, unfinished, each with its legal moves."""
+    inner: BatchedGameEnv = env.unwrapped
+    games = [int(b) for b in observation[keys.GAMES]]
+    marked = np.flatnonzero(info[keys.ACTION_MASK]).tolist()
+    where = f"{_name(env)}: seat {seat!r}"
+    if not games or games != marked:
+        raise AssertionError(f"{where} moves in games {games} but its action_mask marks {marked}")
+    for key in ROWS:
+        if len(observation[key]) != len(games):
+            raise AssertionError(f"{where}: {key!r} has {len(observation[key])} rows for {len(games)} games")
+    for other in inner.possible_agents:
+        shared = set(games) & set(np.flatnonzero(inner.infos[other][keys.ACTION_MASK]).tolist())
+        if other != seat and shared:
+            raise AssertionError(f"{where}: games {sorted(shared)} are in the masks of {seat!r} and {other!r} at once")
+    rows = zip(games, observation[keys.LEGAL_MOVES], observation[keys.LEGAL_ACTIONS], strict=True)
+    for b, names, actions in rows:
+        if inner.records[b].over:
+            raise AssertionError(f"{where} is asked to move in game {b}, which is over: a finished game is masked")
+        if not names or len(names) != len(actions) or len(set(names)) != len(names):
+            raise AssertionError(f"{where}, game {b}: legal moves {list(names)} do not name the actions {actions}")
+        own = _own_legal_actions(inner.games[b], seat)
+        if own is not None and sorted(own) != sorted(int(a) for a in actions):
+            raise AssertionError(f"{where}, game {b}: the row's legal actions {list(actions)} are not the game's {own}")
+
+
+def _own_legal_actions(game: AECEnv, seat: str) -> list[int] | None:
+    """The actions the game itself marks legal for the seat (its observation's or info's ``action_mask``); None
+    where it marks none."""
+    observation = game.observe(seat)
+    mask = observation.get("action_mask") if isinstance(observation, Mapping) else None
+    if mask is None:
+        mask = game.infos.get(seat, {}).get("action_mask")
+    return None if mask is None else [int(a) for a in np.flatnonzero(mask)]
+
+
+def _check_ended(env: AECEnv, seat: str, info: Mapping[str, Any]) -> None:
+    """At the end: every game over, the seat's mask empty."""
+    inner: BatchedGameEnv = env.unwrapped
+    unfinished = [b for b, record in enumerate(inner.records) if not record.over]
+    if unfinished:
+        raise AssertionError(f"{_name(env)}: seat {seat!r} terminated while games {unfinished} are not over")
+    if np.asarray(info.get(keys.ACTION_MASK, ())).any():
+        raise AssertionError(f"{_name(env)}: seat {seat!r}'s action_mask marks games after the episode ended")
