@@ -103,7 +103,8 @@ class DealsAtRandom(BatchedGameEnv):
         (maker("tictactoe_v3", 4, MasksEveryGame), r"are in the masks of 'player_1' and 'player_2' at once"),
         (maker("tictactoe_v3", 2, view=ListsEverySquare()), r"legal actions .* are not the game's"),
         pytest.param(
-            maker("openspiel:kuhn_poker", 2, DealsAtRandom), r"reset with seed 0 and answered alike deal other games",
+            maker("openspiel:kuhn_poker", 2, DealsAtRandom),
+            r"reset with seed 0 and answered alike deal other games",
             marks=needs_openspiel,
         ),
     ],
