@@ -64,13 +64,15 @@ def run_values(run_dir: Path, last: int) -> tuple[float, dict[str, float], int]:
     learners = (config.get("game") or {}).get("seats") or []
     values = {}
     for metric in METRICS:
-        try:
-            per_learner = [[row[f"{learner}/game/{metric}"] for row in rows] for learner in dict.fromkeys(learners)]
-        except KeyError as error:
+        keys = [f"{learner}/game/{metric}" for learner in dict.fromkeys(learners)]
+        absent = [key for key in keys if not any(key in row for row in rows)]
+        if absent:
             raise NotAStudyError(
-                f"{run_dir}/metrics.jsonl has no {error.args[0]!r}: this script reads the game metrics "
+                f"{run_dir}/metrics.jsonl has no {absent[0]!r}: this script reads the game metrics "
                 f"{list(METRICS)} of a social dilemma's learners (game.seats)"
-            ) from None
+            )
+        # an iteration without a learner's rate (no legal answer of its own) counts as missing, not as a value
+        per_learner = [[row.get(key, np.nan) for row in rows] for key in keys]
         if not per_learner or not rows:
             raise NotAStudyError(f"{run_dir}: no game metrics (no iteration logged, or no game.seats in config.yaml)")
         values[metric] = float(np.nanmean(per_learner))

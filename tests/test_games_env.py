@@ -506,3 +506,27 @@ def test_cooperation_rate_counts_the_legal_answers_that_cooperate():
     play(tic_tac_toe)
     assert tic_tac_toe.cooperation_counts("player_1") is None  # no cooperative move: no rate
     assert "cooperation_rate" not in tic_tac_toe.final_metrics["player_1"]
+
+
+@needs_openspiel
+def test_a_seat_with_no_legal_answer_logs_no_cooperation_rate_rather_than_nan():
+    """Every answer of player_0 illegal (a random move is played for each): the rate of its own legal answers is
+    undefined, so it is not logged, in the seat's metrics nor in its learner's; its legal answers are 0."""
+    from marllm.run.games import game_metrics
+
+    environment = BatchedGameEnv(
+        openspiel_factory("repeated_game(stage_game=matrix_pd(),num_repetitions=2)"), 2, illegal="random", seed=0
+    )
+    environment.reset(seed=0)
+    answers = {"player_0": [("no idea", "???")] * 2, "player_1": [("Cooperate", "Defect")] * 2}
+    while not all(environment.terminations.values()):
+        seat = environment.agent_selection
+        environment.step(answers[seat].pop(0))
+    metrics = environment.final_metrics
+    assert "cooperation_rate" not in metrics["player_0"] and metrics["player_0"]["legal_answers"] == 0
+    assert metrics["player_1"]["cooperation_rate"] == 0.5
+    slots = ["player_0", "player_1"]
+    alone = game_metrics(environment, slots, {"player_0": "llm"}, {})
+    assert "llm/game/cooperation_rate" not in alone and "llm/game/player_0/cooperation_rate" not in alone
+    both = game_metrics(environment, slots, {"player_0": "llm", "player_1": "llm"}, {})
+    assert both["llm/game/cooperation_rate"] == 0.5

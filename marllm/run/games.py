@@ -51,7 +51,7 @@ AGGREGATED = (
 )
 """The metrics ``<learner>/game/<metric>`` averages over the seats the learner played this iteration (each seat's
 games counting once); its ``illegal_move_rate`` is over all its answers, and in a social dilemma its
-``cooperation_rate`` over all its legal answers."""
+``cooperation_rate`` over all its legal answers (not logged in an iteration where it gave none)."""
 
 
 def game_metrics(
@@ -88,10 +88,11 @@ def game_metrics(
         answers = [m["moves_per_game"] for m in seats]  # per game; every seat plays the batch's games
         illegal = sum(m["illegal_move_rate"] * n for m, n in zip(seats, answers, strict=True) if n > 0)
         merged[f"{learner_id}/game/illegal_move_rate"] = float(illegal / sum(answers)) if sum(answers) else math.nan
-        if all("cooperation_rate" in m for m in seats):  # over all its legal answers, in every seat
-            legal = [m["legal_answers"] for m in seats]
-            cooperative = sum(m["cooperation_rate"] * n for m, n in zip(seats, legal, strict=True) if n > 0)
-            merged[f"{learner_id}/game/cooperation_rate"] = float(cooperative / sum(legal)) if sum(legal) else math.nan
+        dilemmas = [m for m in seats if "legal_answers" in m]  # over all its legal answers, in every seat
+        legal = sum(m["legal_answers"] for m in dilemmas)
+        if legal:  # none (every answer illegal): no rate is logged
+            cooperative = sum(m["cooperation_rate"] * m["legal_answers"] for m in dilemmas if m["legal_answers"] > 0)
+            merged[f"{learner_id}/game/cooperation_rate"] = float(cooperative / legal)
     return merged
 
 

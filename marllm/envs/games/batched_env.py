@@ -363,7 +363,8 @@ class BatchedGameEnv(AECEnv):
             if cooperation is not None:  # a social dilemma: the share of the seat's legal answers that cooperate
                 cooperative, legal = cooperation
                 metrics = self.infos[seat][keys.METRICS]
-                metrics["cooperation_rate"] = cooperative / legal if legal else float("nan")
+                if legal:  # no legal answer (all replaced): no rate, rather than NaN
+                    metrics["cooperation_rate"] = cooperative / legal
                 metrics["legal_answers"] = float(legal)
             self.final_metrics[seat] = dict(self.infos[seat][keys.METRICS])
         self.terminations = dict.fromkeys(self.agents, True)

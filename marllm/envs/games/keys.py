@@ -6,7 +6,6 @@ at the end of the episode as the text env fills them, with one difference: a sea
 which it moved, so each row of ``turn_task_rewards`` / ``turn_batch_rewards`` is as long as that turn's observation.
 """
 
-
 from marllm.envs import info_keys
 
 PROMPT = "prompt"
@@ -41,5 +40,5 @@ OUTCOMES = "outcomes"
 METRICS = "metrics"
 """Info at the end: the seat's episode metrics (payoff, win_rate, draw_rate, loss_rate, illegal_move_rate,
 moves_per_game, game_length, forfeit_rate, capped_rate (games ended as draws at the move cap); and in a game whose
-view names a cooperative move, cooperation_rate over the seat's legal answers and legal_answers, their count per
-batch), floats."""
+view names a cooperative move, cooperation_rate over the seat's own legal answers (not the moves played for its illegal
+ones; absent in a batch where it gave none) and legal_answers, their count per batch), floats."""
