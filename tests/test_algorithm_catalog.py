@@ -41,6 +41,24 @@ class SignPPO(PPOLearner):
         return np.sign(scores)
 
 
+class BadInit(PPOLearner):
+    """A learner whose constructor takes an argument of its own without a from_options to give it."""
+
+    def __init__(self, required_thing):
+        super().__init__(required_thing)
+
+
+class BrokenInside(PPOLearner):
+    """A learner whose constructor binds but fails inside: its own error, as it is."""
+
+    def __init__(self, name, **kwargs):
+        len(3)
+
+
+def make_learner():
+    return None
+
+
 def not_a_builder():
     return None
 
@@ -66,7 +84,7 @@ def config_of(project, lm_dir, algorithm, roles=("speaker",)):
                  "reward": f"{project / 'rewards.py'}:length"},
         "env": {"roles": list(roles), "templates": {role: "{query}" for role in roles}, "batch_size": 2},
         "agents": {"algorithm": algorithm},
-        "ppo": {"mini_batch_size": 2, "ppo_epochs": 1},
+        "ppo": {"batching": {"mini_batch_size": 2, "ppo_epochs": 1}},
         "generation": {"min_new_tokens": 2, "max_new_tokens": 3},
         "logging": {"tensorboard": False, "progress": False, "eval_queries": 2, "checkpoint_every": None},
     }  # fmt: skip
@@ -109,6 +127,17 @@ def test_a_reference_that_builds_no_learner_is_refused_when_built(project, token
     model, reference = make_tiny_gpt2(tokenizer), make_tiny_gpt2(tokenizer)
     with pytest.raises(ValueError, match=message):
         build_learner(f"{project / 'learner.py'}:{name}", "llm", AlgorithmOptions(), model=model,
+                      tokenizer=tokenizer, reference=reference)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["BadInit", "make_learner"])
+def test_a_reference_whose_signature_does_not_take_the_catalogs_arguments_is_one_clear_error(project, tokenizer, name):
+    model, reference = make_tiny_gpt2(tokenizer), make_tiny_gpt2(tokenizer)
+    with pytest.raises(ValueError, match="cannot be built with the catalog's arguments .*(unexpected keyword|takes 0)"):
+        build_learner(f"{project / 'learner.py'}:{name}", "llm", AlgorithmOptions(), model=model,
+                      tokenizer=tokenizer, reference=reference)  # fmt: skip
+    with pytest.raises(TypeError, match="object of type 'int' has no len"):  # an error inside is left as it is
+        build_learner(f"{project / 'learner.py'}:BrokenInside", "llm", AlgorithmOptions(), model=model,
                       tokenizer=tokenizer, reference=reference)  # fmt: skip
 
 

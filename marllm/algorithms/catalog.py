@@ -17,6 +17,8 @@ subclass of :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` sa
 
 from __future__ import annotations
 
+import re
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,4 +116,28 @@ def build_learner(algorithm: str, learner_id: str, options: AlgorithmOptions, **
             "from_options(learner_id, algorithm, options, **learner_kwargs) classmethod (every "
             "PolicyGradientLearner subclass has one) or a function with that signature"
         )
-    return builder(learner_id, algorithm, options, **learner_kwargs)
+    try:
+        return builder(learner_id, algorithm, options, **learner_kwargs)
+    except TypeError as error:
+        if not _raised_by_the_call(error):
+            raise
+        raise ValueError(
+            f"{owner}: {reference} cannot be built with the catalog's arguments ({error}); a learner class takes "
+            "PolicyGradientLearner's arguments (name, *, model, tokenizer, reference, config, generation, seed, "
+            "adapter, kl_controller, data_parallel, actions, normalization) or overrides from_options to take its own, "
+            "and a "
+            "builder function takes (learner_id, algorithm, options, **learner_kwargs)"
+        ) from None
+
+
+def _raised_by_the_call(error: TypeError) -> bool:
+    """Whether ``error`` came from calling a builder (or the constructor its ``from_options`` calls) with arguments
+    its signature does not take, rather than from inside it: Python's message for a call that does not bind, raised
+    in the caller's frame (here, or a ``from_options``) before the callee's own frame started."""
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    return frame.name in ("build_learner", "from_options") and _UNBOUND_CALL.search(str(error)) is not None
+
+
+_UNBOUND_CALL = re.compile(
+    r"unexpected keyword argument|missing \d+ required|takes \d+ positional|multiple values for argument"
+)
