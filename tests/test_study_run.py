@@ -59,7 +59,7 @@ def test_expansion_crosses_variants_grid_and_seeds(tmp_path, base_file):
             "base": "../configs/base.yaml",
             "overrides": ["iterations=3"],
             "variants": {"ppo": PPO, "cory": []},
-            "grid": {"ppo.learning_rate": [1e-3, 5e-4], "env.batch_size": [4]},
+            "grid": {"ppo.optimiser.learning_rate": [1e-3, 5e-4], "env.batch_size": [4]},
             "seeds": [0, 1],
             "compare": [["cory", "ppo"]],
             "resources": {"cpus": 1, "gpus": 0},
@@ -74,10 +74,14 @@ def test_expansion_crosses_variants_grid_and_seeds(tmp_path, base_file):
     ]
     assert len({r.name for r in runs}) == len(runs)
     ppo, cory = runs[0], runs[-1]
-    assert ppo.variant == "ppo" and ppo.axes == {"ppo.learning_rate": 1e-3, "env.batch_size": 4} and ppo.seed == 0
+    assert (
+        ppo.variant == "ppo"
+        and ppo.axes == {"ppo.optimiser.learning_rate": 1e-3, "env.batch_size": 4}
+        and ppo.seed == 0
+    )
     assert ppo.config.env.roles == ["pioneer"] and ppo.config.agents.learners == ["llm1"]
     assert ppo.config.iterations == 3 and ppo.config.logging.progress is False
-    assert cory.config.env.roles == ["pioneer", "observer"] and cory.config.ppo.learning_rate == 5e-4
+    assert cory.config.env.roles == ["pioneer", "observer"] and cory.config.ppo.optimiser.learning_rate == 5e-4
     assert cory.config.seed == 1 and cory.overrides[-2:] == ["seed=1", "logging.progress=false"]
     expansion = study.expansion(runs)
     assert expansion["compare"] == [["cory", "ppo"]]
@@ -136,8 +140,21 @@ def test_bad_override_fails_before_any_run_naming_variant_and_key(tmp_path, base
         run_study(study, study_dir, LocalExecutor(1), progress=False)
     message = str(caught.value)
     assert message.startswith("study cory_vs_ppo, variant 'ppo', seed 0: unknown config key 'ppo.learning_rat'")
-    assert "did you mean 'ppo.learning_rate'" in message
+    assert "did you mean 'ppo.optimiser.learning_rate'" in message
     assert not study_dir.exists()
+
+
+def test_a_study_with_only_a_grid_names_no_variant_in_its_errors(tmp_path, base_file):
+    """A study without variants runs the base config: its errors name the study, the grid values and the seed."""
+    study = load_study(
+        write_study(
+            tmp_path,
+            {"name": "grid_only", "base": "../configs/base.yaml", "grid": {"seed_offset_x": [1]}, "seeds": [0]},
+        )
+    )
+    with pytest.raises(ConfigError) as caught:
+        run_study(study, tmp_path / "out", LocalExecutor(1), progress=False)
+    assert str(caught.value).startswith("study grid_only, seed_offset_x=1, seed 0: unknown config key 'seed_offset_x'")
 
 
 @pytest.mark.parametrize(
@@ -249,7 +266,7 @@ def test_study_runs_in_two_workers_then_redoes_only_failed_runs(
     base["ppo"]["learning_rate"] = 5e-4  # the finished runs were trained otherwise: refused before anything runs
     base_file.write_text(yaml.safe_dump(base))
     assert main(argv) == 2
-    assert "ppo.learning_rate: 0.001 -> 0.0005" in capsys.readouterr().err
+    assert "ppo.optimiser.learning_rate: 0.001 -> 0.0005" in capsys.readouterr().err
     assert reports == [out, out, out]
 
 

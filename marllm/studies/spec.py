@@ -169,7 +169,9 @@ class Study:
                 raise ConfigError(f"{self._where(run.variant, run.axes, run.seed)}: {error}") from error
 
     def _where(self, variant: str, axes: Mapping[str, Any], seed: int) -> str:
-        where = [f"study {self.name}", f"variant {variant!r}"]
+        where = [f"study {self.name}"]
+        if self.variants != {DEFAULT_VARIANT: []}:  # a study without variants of its own has only the base config
+            where.append(f"variant {variant!r}")
         where += [f"{key}={_inline(value)}" for key, value in axes.items()]
         where.append(f"seed {seed}")
         return ", ".join(where)
