@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from marllm.assets import resolve_model
 from marllm.models.generation import generate_responses
 from marllm.models.generation_config import GenerationConfig
-from marllm.models.legal_moves import exact_move_probabilities
+from marllm.models.legal_moves import constrained_move_probabilities
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -87,5 +87,5 @@ def test_the_embedded_base_plays_the_guides_games_with_the_default_prompt(embedd
     torch.manual_seed(0)
     answers = generate_responses(model, tokenizer, prompts, budget, GenerationConfig(), context, name)
     assert len(answers.texts) == len(prompts)
-    table = exact_move_probabilities(model, tokenizer, prompts, moves, "constrained", GenerationConfig())
+    table = constrained_move_probabilities(model, tokenizer, prompts, moves, GenerationConfig())
     assert all(sum(row) == pytest.approx(1.0, abs=1e-5) for row in table)

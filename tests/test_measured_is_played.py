@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from marllm.models.generation_config import GenerationConfig
-from marllm.models.legal_moves import exact_move_probabilities, generate_moves
+from marllm.models.legal_moves import constrained_move_probabilities, generate_moves
 from tests.conftest import make_tiny_gpt2
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -31,9 +31,9 @@ def test_exact_constrained_probabilities_are_the_frequencies_generate_moves_play
     the learner's ratio uses, is measurably another distribution here."""
     tokenizer.padding_side = "left"
     model, generation = sharp_model(tokenizer), GenerationConfig()
-    exact = exact_move_probabilities(model, tokenizer, [PROMPT], [MOVES], "constrained", generation)[0]
+    exact = constrained_move_probabilities(model, tokenizer, [PROMPT], [MOVES], generation)[0]
     unpenalised = GenerationConfig(repetition_penalty=1.0)
-    tempered = exact_move_probabilities(model, tokenizer, [PROMPT], [MOVES], "constrained", unpenalised)[0]
+    tempered = constrained_move_probabilities(model, tokenizer, [PROMPT], [MOVES], unpenalised)[0]
     torch.manual_seed(0)
     n = 4000
     played = generate_moves(model, tokenizer, [PROMPT] * n, [MOVES] * n, generation).moves
@@ -91,8 +91,8 @@ def test_scored_moves_refuse_a_name_that_begins_another(tokenizer, normalization
         learner.act({"prompt": ["pick a number"], "legal_moves": [["1", "10"]]})
     with pytest.raises(ValueError, match="'1' is the beginning of '10'"):
         learner.move_probabilities(["pick a number"], [["1", "10"]])
-    played = exact_move_probabilities(
-        sharp_model(tokenizer), tokenizer, ["pick a number"], [["1", "10"]], "constrained", GenerationConfig()
+    played = constrained_move_probabilities(
+        sharp_model(tokenizer), tokenizer, ["pick a number"], [["1", "10"]], GenerationConfig()
     )
     assert sum(played[0]) == pytest.approx(1.0, abs=1e-6)
 

@@ -8,6 +8,7 @@ from typing import Any, NotRequired, TypedDict
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from marllm.algorithms.action_catalog import action_mode
 from marllm.algorithms.kl_controller import KLController
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.stochastic_rounding import StochasticRoundingAdam
@@ -102,16 +103,16 @@ def check_learner_settings(
 
 
 def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
-    """Refuse constrained and thought-then-move answers without an EOS to end them, and thought-then-move answers
-    with log-probs taken from ``generate`` (``ppo.rollout_from_generate: true``: a thought and its move are two
-    generate calls). An unknown mode is refused where its collector is built
-    (:func:`~marllm.algorithms.actions.new_collector`)."""
-    if actions in ("constrained", "think"):
+    """Refuse a mode whose answers end with EOS (constrained, thought-then-move) without an EOS to end them, and
+    ``ppo.rollout_from_generate: true`` with a mode it does not fit (a thought and its move are two generate calls),
+    as the mode's facts say (:func:`~marllm.algorithms.action_catalog.action_mode`; an unknown mode is refused)."""
+    mode = action_mode(actions, f"learner {name!r}")
+    if mode.ends_with_eos:
         check_constrained(tokenizer, generation, f"learner {name!r}")
-    if actions == "think" and learner.config.rollout_from_generate is True:
+    if mode.rollout_from_generate is not None and learner.config.rollout_from_generate is True:
         raise ValueError(
-            f"learner {name!r}: game.actions.mode: think samples a thought and its move in two generate calls, whose "
-            "log-probs come from one forward over both; set ppo.rollout_from_generate to auto or false"
+            f"learner {name!r}: game.actions.mode: {actions} {mode.rollout_from_generate}; set "
+            "ppo.rollout_from_generate to auto or false"
         )
 
 

@@ -1,101 +1,38 @@
 """The ``game`` section of a training config: a batched game in place of the text env, and who sits in each seat.
 
-A seat is a learner id (a learner the run trains; the same id in every seat is self-play) or a fixed opponent:
-``random``, ``minimax`` (tic-tac-toe), ``mcts`` (OpenSpiel's MCTS, on turn-taking games of perfect information),
-``cfr`` and ``best_response`` (on small OpenSpiel games: CFR's average policy, an exact best response to the learner) or
-``snapshot_pool:<learner>`` (the last ``pool_size`` frozen snapshots of that learner, one drawn per iteration). The
-game is built once while the config is read, so a bad name, a seat count that does not fit or a missing optional
-package is an error before anything loads.
+A seat is a learner id (a learner the run trains; the same id in every seat is self-play) or an opponent of the
+catalog :mod:`marllm.config.opponents`: ``random``, ``minimax`` (tic-tac-toe), ``mcts`` (OpenSpiel's MCTS, on
+turn-taking games of perfect information), ``cfr`` and ``best_response`` (on small OpenSpiel games: CFR's average
+policy, an exact best response to the learner) or ``snapshot_pool:<learner>`` (the last ``pool_size`` frozen snapshots
+of that learner, one drawn per iteration), or an opponent class by reference (``my_opponent.py:MyPlayer``). The game is
+built once while the config is read, so a bad name, a seat count that does not fit or a missing optional package is an
+error before anything loads.
 
-The section has three of its own: ``game.actions`` (how a learner's answer becomes a move), ``game.opponents`` (the
-settings of the fixed opponents) and ``game.measurement`` (what is measured of the learners' policies). A key of the
-flat layout that moved into one of them (``game.pool_size``, ``game.actions: score``) is refused with its new place.
+The section has three of its own: ``game.actions`` (how a learner's answer becomes a move: a mode of the catalog
+:mod:`marllm.algorithms.action_catalog`, or a collector class by reference), ``game.opponents`` (the settings of the
+fixed opponents) and ``game.measurement`` (what is measured of the learners' policies). A key of the flat layout that
+moved into one of them (``game.pool_size``, ``game.actions: score``) is refused with its new place.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from marllm.envs.games.catalog import TIC_TAC_TOE, GameInfo, describe_game
+from marllm.algorithms import action_catalog as modes
+from marllm.config.opponents import NAMED, ONLY, SMALL_GAME, Seat, check_needs, parse_seat
+from marllm.envs.games.catalog import GameInfo, describe_game
 from marllm.envs.games.checks import ILLEGAL_POLICIES
-from marllm.envs.games.info_states import NotEnumerableError, enumerate_info_states
-from marllm.envs.games.openspiel import require_openspiel
 from marllm.envs.games.parsers import PARSERS
 from marllm.envs.games.prompts import check_game_templates
 from marllm.utils.checks import choice
 
-OPPONENTS = ("random", "minimax", "mcts", "cfr", "best_response")
-"""The fixed opponents a seat names by themselves."""
-
-EXACT_OPPONENTS = ("cfr", "best_response")
-"""The opponents that solve the game exactly (small OpenSpiel games, :mod:`marllm.envs.games.info_states`)."""
-
-ACTIONS = ("generate", "constrained", "score", "think")
-"""How an answer becomes a move (``game.actions.mode``)."""
-
-EXACT_ACTIONS = ("constrained", "score")
-"""The action modes whose move probabilities a model gives exactly (the others' are sampled)."""
-
-ACTION_NORMALIZATIONS = ("none", "token", "word")
-"""How ``score`` normalises a move's log-likelihood (``game.actions.normalization``)."""
+__all__ = ["ActionsConfig", "GameConfig", "MeasurementConfig", "OpponentsConfig", "Seat", "parse_seat", "sectioned"]
 
 POLICY_AVERAGES = ("uniform", "linear")
 """How the measured policies weigh in a run's average policy (``game.measurement.policy_average``)."""
-
-POOL_PREFIX = "snapshot_pool:"
-"""``snapshot_pool:<learner>``: a pool of frozen snapshots of a learner."""
-
-SELF = "self"
-"""Reserved (evaluation: a model against itself); not a learner id."""
-
-_LEARNER_ID = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
-
-
-@dataclass(frozen=True)
-class Seat:
-    """One entry of ``game.seats``, read.
-
-    Attributes:
-        spec: as written.
-        kind: ``learner``, ``random``, ``minimax``, ``mcts`` or ``snapshot_pool``.
-        learner: the learner id (a learner's own, or the one a pool takes snapshots of); None for the others.
-    """
-
-    spec: str
-    kind: str
-    learner: str | None = None
-
-    @property
-    def player_id(self) -> str:
-        """Who plays it: the learner id, the opponent's name, ``pool-<learner>`` for a snapshot pool."""
-        if self.kind == "learner":
-            assert self.learner is not None
-            return self.learner
-        if self.kind == "snapshot_pool":
-            return f"pool-{self.learner}"
-        return self.kind
-
-
-def parse_seat(spec: str, where: str) -> Seat:
-    """Read one seat (``where`` names it in errors, e.g. ``game.seats[1]``)."""
-    valid = f"a learner id (e.g. llm) or a fixed opponent: {', '.join(OPPONENTS)} or {POOL_PREFIX}<learner id>"
-    if spec in OPPONENTS:
-        return Seat(spec, spec)
-    if spec.startswith(POOL_PREFIX):
-        learner = spec.removeprefix(POOL_PREFIX)
-        if not _LEARNER_ID.fullmatch(learner):
-            raise ValueError(f"{where}: {spec!r} must name a learner id after {POOL_PREFIX!r}; a seat is {valid}")
-        return Seat(spec, "snapshot_pool", learner)
-    if spec == SELF or not _LEARNER_ID.fullmatch(spec):
-        raise ValueError(
-            f"{where}: {spec!r} is not a seat; a seat is {valid} (a learner id starts with a letter and has letters, "
-            "digits, '_', '.' and '-' only)"
-        )
-    return Seat(spec, "learner", spec)
 
 
 @dataclass
@@ -111,7 +48,9 @@ class ActionsConfig:
             name after the prompt, normalised by ``normalization``; one move is one action, with a value head on the
             prompt's last hidden state for ``ppo``); ``think`` (SPIRAL's reason, then act: free text of generation's
             budget, then ``\\nMove:`` and a ``constrained`` move, credited as one response; its move probabilities
-            are sampled, as ``generate``'s). ``marllm eval`` plays with the same mode. Every learner of
+            are sampled, as ``generate``'s); or a collector class by reference (``my_mode.py:MyCollector``,
+            relative to the config's folder; :mod:`marllm.algorithms.action_catalog`). ``marllm eval`` plays with
+            the same mode. Every learner of
             ``agents.algorithm`` plays every mode (:mod:`marllm.algorithms.actions`); ``grpo`` and ``rloo`` are
             refused in a game.
         normalization: ``score``'s normalisation of a move's log-likelihood: ``none`` (the sum over its tokens:
@@ -126,16 +65,34 @@ class ActionsConfig:
     """The field a scalar given for the whole section was meant for (the error names it)."""
 
     def __post_init__(self) -> None:
-        choice("game.actions", self, "mode", ACTIONS)
-        choice("game.actions", self, "normalization", ACTION_NORMALIZATIONS)
+        if not (isinstance(self.mode, str) and (self.mode in modes.ACTION_MODES or modes.is_reference(self.mode))):
+            raise ValueError(
+                f"game.actions.mode must be one of {list(modes.ACTION_MODES)} or a collector class by reference "
+                f"({modes.REFERENCE_FORMS}), got {self.mode!r}"
+            )
+        facts = self.facts
+        takers = modes.modes_taking("normalization")
+        values = {value: None for name in takers for value in modes.CATALOG[name].facts.options["normalization"]}
+        choice("game.actions", self, "normalization", tuple(facts.options.get("normalization", values)))
         default = type(self).__dataclass_fields__["normalization"].default
-        if self.mode != "score" and self.normalization != default:
+        if "normalization" not in facts.options and self.normalization != default:
             # the default is accepted with every mode, as the dataclass cannot tell it from a value left out
             raise ValueError(
-                f"game.actions.normalization: {self.normalization} applies to game.actions.mode: score only (how it "
-                f"normalises a move's log-likelihood), and game.actions.mode is {self.mode}, which would ignore it; "
-                "leave game.actions.normalization out, or set game.actions.mode: score"
+                f"game.actions.normalization: {self.normalization} applies to game.actions.mode: {' or '.join(takers)} "
+                f"only (how it normalises a move's log-likelihood), and game.actions.mode is {self.mode}, which would "
+                f"ignore it; leave game.actions.normalization out, or set game.actions.mode: {takers[0]}"
             )
+
+    @property
+    def facts(self) -> type[modes.ActionMode]:
+        """The mode's facts (:func:`~marllm.algorithms.action_catalog.action_mode`; a referenced collector class,
+        loaded)."""
+        return modes.action_mode(self.mode)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The mode's own settings, as its collector takes them (``normalization`` for ``score``)."""
+        return {key: getattr(self, key) for key in self.facts.options if hasattr(self, key)}
 
 
 @dataclass
@@ -228,8 +185,10 @@ class GameConfig:
         name: the game: a PettingZoo classic env (``tictactoe_v3``, ``connect_four_v3``, ``rps_v2``, ...) or
             ``openspiel:<game string>`` (``openspiel:kuhn_poker``,
             ``openspiel:repeated_game(stage_game=matrix_pd(),num_repetitions=5)``; needs ``marllm[games]``).
-        seats: who plays each seat, in the game's seat order: a learner id, or ``random``, ``minimax``
-            (tic-tac-toe), ``mcts``, ``cfr``, ``best_response`` or ``snapshot_pool:<learner>``. The learners of the
+        seats: who plays each seat, in the game's seat order: a learner id, or an opponent
+            (:mod:`marllm.config.opponents`): ``random``, ``minimax`` (tic-tac-toe), ``mcts``, ``cfr``,
+            ``best_response``, ``snapshot_pool:<learner>`` or a class by reference (``my_opponent.py:MyPlayer``,
+            relative to the config's folder). The learners of the
             run are the learner ids named here, in order of first appearance; one id in every seat is self-play (one
             learner, updated once per iteration on the moves of every seat).
         batch_size: games per iteration.
@@ -307,44 +266,36 @@ class GameConfig:
             raise ValueError(f"game.templates: {error}") from None
 
     def check_actions(self, stop_at_eos: bool) -> None:
-        """Refuse an action mode the run's learners cannot play: ``constrained`` and ``think`` without
-        ``generation.stop_at_eos`` (a move ends with EOS), and any mode but ``generate`` with a snapshot pool seat
-        (snapshots answer in free text)."""
+        """Refuse an action mode the run's learners cannot play: one whose answers end with EOS (``constrained``,
+        ``think``) without ``generation.stop_at_eos``, and one that an opponent watching a learner does not play (a
+        snapshot pool's snapshots answer with ``generate``)."""
         mode = self.actions.mode
-        if mode == "generate":
-            return
-        if mode != "score" and not stop_at_eos:
+        if self.actions.facts.ends_with_eos and not stop_at_eos:
             raise ValueError(
                 f"game.actions.mode: {mode} ends each answer with EOS once a move is complete; set "
                 "generation.stop_at_eos: true"
             )
-        pools = [seat.spec for seat in self.parsed_seats() if seat.kind == "snapshot_pool"]
-        if pools:
-            raise ValueError(
-                f"game.actions.mode: {mode}: the seat(s) {pools} answer in free text (a snapshot pool plays "
-                "game.actions.mode: generate only); use another opponent or game.actions.mode: generate"
-            )
+        for seat in self.parsed_seats():
+            plays = None if seat.is_learner else seat.opponent.plays_mode
+            if plays is not None and plays != mode:
+                others = [other.spec for other in self.parsed_seats() if other.kind == seat.kind]
+                raise ValueError(
+                    f"game.actions.mode: {mode}: the seat(s) {others} answer as their learner did in "
+                    f"game.actions.mode: {plays} (a {seat.kind.replace('_', ' ')} plays game.actions.mode: {plays} "
+                    f"only); use another opponent or game.actions.mode: {plays}"
+                )
 
     def _check_exact(self, parsed: list[Seat]) -> None:
-        """``cfr`` and ``best_response`` seats and ``measurement.exploitability_every`` need a game whose
-        information states enumerate; a ``best_response`` seat, one learner to answer."""
-        users = [f"game.seats[{i}]: {seat.kind}" for i, seat in enumerate(parsed) if seat.kind in EXACT_OPPONENTS]
+        """The seats whose opponent needs a small game and ``measurement.exploitability_every`` need a game whose
+        information states enumerate (checked once, naming the first)."""
+        users = [f"game.seats[{i}]: {seat.kind}" for i, seat in enumerate(parsed) if SMALL_GAME in self._needs(seat)]
         users += ["game.measurement.exploitability_every"] if self.measurement.exploitability_every is not None else []
-        if not users:
-            return
-        if any(seat.kind == "best_response" for seat in parsed) and len(self.learner_ids) != 1:
-            raise ValueError(
-                f"game.seats: best_response answers one learner's policy; the seats name {self.learner_ids}"
-            )
-        if self.info.openspiel is None:
-            raise ValueError(
-                f"{users[0]} needs an OpenSpiel game (openspiel:<game string>, e.g. openspiel:kuhn_poker) whose "
-                f"information states can be enumerated; {self.name} is a PettingZoo game"
-            )
-        try:
-            enumerate_info_states(self.info.openspiel)
-        except NotEnumerableError as error:
-            raise ValueError(f"{users[0]}: {error}") from None
+        if users:
+            check_needs(self, users[0], (SMALL_GAME,))
+
+    @staticmethod
+    def _needs(seat: Seat) -> tuple[str, ...]:
+        return () if seat.is_learner else seat.opponent.needs
 
     def parsed_seats(self) -> list[Seat]:
         """``seats``, read (:func:`parse_seat`)."""
@@ -355,7 +306,7 @@ class GameConfig:
     @property
     def learner_ids(self) -> list[str]:
         """The learners the seats name, in order of first appearance."""
-        return list(dict.fromkeys(seat.learner for seat in self.parsed_seats() if seat.kind == "learner"))
+        return list(dict.fromkeys(seat.learner for seat in self.parsed_seats() if seat.is_learner))
 
     def _check_seats(self, parsed: list[Seat]) -> None:
         seats = list(self.info.seats)
@@ -367,26 +318,29 @@ class GameConfig:
         learners = self.learner_ids
         if not learners:
             raise ValueError(f"game.seats {self.seats} names no learner: at least one seat must be a learner id")
-        clash = sorted(set(learners) & (set(seats) | {s.player_id for s in parsed if s.kind != "learner"}))
+        clash = sorted(set(learners) & (set(seats) | {s.player_id for s in parsed if not s.is_learner}))
         if clash:
             raise ValueError(f"game.seats: learner id(s) {clash} are also names of the game's seats or opponents")
         for i, seat in enumerate(parsed):
-            where = f"game.seats[{i}]"
-            if seat.kind == "snapshot_pool" and seat.learner not in learners:
-                raise ValueError(
-                    f"{where}: {seat.spec} takes snapshots of learner {seat.learner!r}, which sits in no seat; the "
-                    f"learners are {learners}"
-                )
-            if seat.kind == "minimax" and self.name not in TIC_TAC_TOE:
-                games = " or ".join(TIC_TAC_TOE)
-                raise ValueError(f"{where}: minimax plays tic-tac-toe only ({games}), not {self.name}")
-            if seat.kind == "mcts":
-                if not self.info.sequential_perfect_information:
-                    raise ValueError(
-                        f"{where}: mcts searches the whole state of a turn-taking game of perfect information "
-                        f"(an OpenSpiel one, tictactoe_v3 or connect_four_v3); {self.name} is not one"
-                    )
-                try:
-                    require_openspiel()
-                except ImportError as error:
-                    raise ValueError(f"{where}: mcts is OpenSpiel's: {error}") from None
+            self._check_opponent(seat, f"game.seats[{i}]", learners)
+
+    def _check_opponent(self, seat: Seat, where: str, learners: list[str]) -> None:
+        """An opponent's seat: the learner it watches sits in a seat (or is the run's only one), and the game has
+        what it needs (but a small game, which :meth:`_check_exact` checks once)."""
+        if seat.is_learner:
+            return
+        try:
+            entry = seat.opponent
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+        assert entry is not None
+        if entry.learner == NAMED and seat.learner not in learners:
+            raise ValueError(
+                f"{where}: {seat.spec} {entry.watching} learner {seat.learner!r}, which sits in no seat; the "
+                f"learners are {learners}"
+            )
+        if entry.learner == ONLY and len(learners) != 1:
+            raise ValueError(
+                f"game.seats: {seat.kind} {entry.watching} one learner's policy; the seats name {learners}"
+            )
+        check_needs(self, f"{where}: {seat.kind}", tuple(need for need in entry.needs if need != SMALL_GAME))

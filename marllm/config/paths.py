@@ -6,7 +6,8 @@ absolute as the config is read (:func:`absolute_config_paths`), so that the run'
 files from anywhere: ``marllm eval RUN_DIR/config.yaml`` and ``--resume`` work from another working directory.
 
 The paths: ``run_dir``, ``model.name_or_path``, each of ``agents.models``, ``task.dataset``, ``task.eval_dataset``,
-``task.reward_model``, and the files that ``task.name`` and ``task.reward`` name (``file.py:name``). A value that is
+``task.reward_model``, and the files that ``task.name``, ``task.reward``, ``agents.algorithm``, ``game.seats`` and
+``game.actions.mode`` name (``file.py:name``). A value that is
 not a local path is left as it is: a hub id (``imdb``, ``gpt2-large``), a ``marllm:`` asset, an importable module.
 A dataset or model counts as a local path when it exists there (or, for a dataset, when it ends in a data-file suffix).
 """
@@ -47,6 +48,8 @@ def _data_file(value: str, base: Path) -> str:
 def _reference(value: Any, base: Path) -> Any:
     if isinstance(value, dict):
         return {role: absolute_reference(each, base) for role, each in value.items()}
+    if isinstance(value, list):
+        return [absolute_reference(each, base) for each in value]
     return absolute_reference(value, base)
 
 
@@ -60,6 +63,8 @@ PATH_KEYS: dict[str, Callable[[Any, Path], Any]] = {
     "task.name": _reference,
     "task.reward": _reference,
     "agents.algorithm": absolute_reference,  # a mapping per learner: below, entry by entry
+    "game.seats": _reference,
+    "game.actions.mode": absolute_reference,
 }
 
 
@@ -73,13 +78,10 @@ def absolute_config_paths(
     overridden = [override.partition("=")[0].strip() for override in overrides]
     data = dict(data)
     for key, absolute in PATH_KEYS.items():
-        section, _, name = key.rpartition(".")
-        holder = data if not section else data.get(section)
-        if not isinstance(holder, dict) or not _relative(holder.get(name)):
-            continue
-        holder = dict(holder)
-        holder[name] = absolute(holder[name], cwd if _from_override(key, overridden) else base)
-        data = {**data, section: holder} if section else holder
+        *sections, name = key.split(".")
+        value = _find(data, [*sections, name])
+        if _relative(value):
+            data = _replaced(data, [*sections, name], absolute(value, cwd if _from_override(key, overridden) else base))
     agents = data.get("agents") if isinstance(data.get("agents"), dict) else {}
     for name, resolve in (("models", _existing), ("algorithm", absolute_reference)):
         per_learner = agents.get(name)
@@ -94,9 +96,25 @@ def absolute_config_paths(
     return data
 
 
+def _find(data: Any, keys: Sequence[str]) -> Any:
+    """The value at ``keys`` (nested sections) of ``data``, or None where a section is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _replaced(data: dict[str, Any], keys: Sequence[str], value: Any) -> dict[str, Any]:
+    """``data`` with ``value`` at ``keys`` (each section copied, ``data`` itself unchanged)."""
+    head, *rest = keys
+    return {**data, head: _replaced(data[head], rest, value) if rest else value}
+
+
 def _relative(value: Any) -> bool:
-    """Whether ``value`` may be a relative path (or a mapping of references): not an absolute path, not an asset."""
-    if isinstance(value, dict):
+    """Whether ``value`` may be a relative path (or a mapping or list of references): not an absolute path, not an
+    asset."""
+    if isinstance(value, dict | list):
         return True
     return isinstance(value, str) and bool(value.strip()) and not value.startswith(ASSET_PREFIX) and not (
         Path(value).expanduser().is_absolute()

@@ -124,11 +124,12 @@ class TrainConfig:
                     "moves come in no such groups: use ppo or reinforce_pp"
                 )
         self.game.check_actions(self.generation.stop_at_eos)
-        if self.game.actions.mode == "score" and self.ppo.rollout_from_generate is True:
+        unfit = self.game.actions.facts.rollout_from_generate  # why the mode does not take it
+        if unfit is not None and self.ppo.rollout_from_generate is True:
             raise ValueError(
                 "ppo.rollout_from_generate: true takes the rollout's log-probs from generate, and game.actions.mode: "
-                "score generates nothing (it draws each move from a softmax over the legal moves' scores), so it would "
-                "be ignored; leave ppo.rollout_from_generate at auto (or false), or use game.actions.mode: generate"
+                f"{self.game.actions.mode} {unfit}; leave ppo.rollout_from_generate at auto (or false), or use "
+                "game.actions.mode: generate"
             )
         if self.logging.pass_at_k is not None:
             raise ValueError(

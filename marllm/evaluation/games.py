@@ -4,8 +4,10 @@ A model is the base model or a saved learner (``RUN_DIR/checkpoints/LEARNER``), 
 (:func:`~marllm.evaluation.deployed.load_deployed_model`); it answers the config's game prompts with the config's
 generation settings and the full ``max_new_tokens`` budget. Each (model, opponent, seat) plays ``games`` games of the
 config's game, parser and illegal-answer policy, dealt from the same seeds for every model (so models are compared on
-the same deals). The opponents are ``random``, ``minimax`` (tic-tac-toe), ``mcts``, ``cfr`` (small OpenSpiel games:
-CFR's average policy after ``game.opponents.cfr_iterations`` iterations) and ``self`` (the model in every seat).
+the same deals). The opponents are those of :mod:`marllm.config.opponents` that watch no learner (``random``,
+``minimax`` for tic-tac-toe, ``mcts``, ``cfr`` for small OpenSpiel games: CFR's average policy after
+``game.opponents.cfr_iterations`` iterations), an opponent class by reference, and ``self`` (the model in every
+seat).
 
 Rates are per game (win, draw, loss) or per answer (illegal moves), with Wilson score 95% intervals; the mean payoff
 has a Student-t 95% interval over games (:mod:`marllm.utils.statistics`). Where the game's view names a cooperative
@@ -26,9 +28,9 @@ import numpy as np
 import torch
 
 from marllm.config import TrainConfig
+from marllm.config import opponents as catalog
 from marllm.config.game import GameConfig
 from marllm.envs.games.catalog import TIC_TAC_TOE
-from marllm.envs.games.info_states import NotEnumerableError, enumerate_info_states
 from marllm.envs.games.keys import OUTCOMES, PAYOFFS
 from marllm.evaluation.deployed import load_deployed_model
 from marllm.games.model_player import ModelPlayer
@@ -43,8 +45,8 @@ Z_95 = 1.959963984540054
 SELF = "self"
 """The opponent that is the model itself, in every other seat."""
 
-OPPONENTS = ("random", "minimax", "mcts", "cfr", SELF)
-"""The opponents :func:`evaluate_game` knows."""
+OPPONENTS = (*catalog.FIXED_OPPONENTS, SELF)
+"""The opponents :func:`evaluate_game` knows by name (besides opponent classes by reference)."""
 
 
 @dataclass(frozen=True)
@@ -163,25 +165,16 @@ def _has_cooperative_move(game: GameConfig) -> bool:
 
 
 def check_opponents(game: GameConfig, opponents: Sequence[str]) -> None:
-    """Raise ``ValueError`` naming an opponent that is unknown or does not play ``game``."""
-    for opponent in opponents:
-        if opponent not in OPPONENTS:
-            raise ValueError(f"unknown opponent {opponent!r}; the opponents are {list(OPPONENTS)}")
-        if opponent == "minimax" and game.name not in TIC_TAC_TOE:
-            raise ValueError(f"minimax plays tic-tac-toe only ({' or '.join(TIC_TAC_TOE)}), not {game.name}")
-        if opponent == "mcts" and not game.info.sequential_perfect_information:
-            raise ValueError(f"mcts plays turn-taking games of perfect information; {game.name} is not one")
-        if opponent == "cfr":
-            if game.info.openspiel is None:
-                raise ValueError(
-                    "cfr solves small OpenSpiel games: it needs an OpenSpiel game (openspiel:<game string>, e.g. "
-                    f"openspiel:kuhn_poker) whose information states can be enumerated; {game.name} is a PettingZoo "
-                    "game"
-                )
-            try:
-                enumerate_info_states(game.info.openspiel)
-            except NotEnumerableError as error:
-                raise ValueError(f"cfr solves small OpenSpiel games: {error}") from None
+    """Raise ``ValueError`` naming an opponent that is unknown or does not play ``game`` (what its entry of
+    :mod:`marllm.config.opponents` needs)."""
+    for name in opponents:
+        if name == SELF:
+            continue
+        reference = catalog.is_reference(name) and catalog.check_reference(name) is None
+        known = name in catalog.FIXED_OPPONENTS or reference
+        if not known or catalog.opponent(name).learner is not None:
+            raise ValueError(f"unknown opponent {name!r}; the opponents are {list(OPPONENTS)} or a class by reference")
+        catalog.check_needs(game, name, catalog.opponent(name).needs)
 
 
 def evaluate_game(

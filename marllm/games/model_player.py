@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from marllm.algorithms.action_catalog import action_mode
 from marllm.algorithms.actions import Collector, new_collector
 from marllm.algorithms.ppo_config import PPOConfig
 from marllm.models.policy import context_length
@@ -62,7 +63,7 @@ def _model_collector(
     return new_collector(
         actions,
         owner=name,
-        options={"normalization": normalization} if actions == "score" else None,
+        options={"normalization": normalization} if "normalization" in action_mode(actions).options else None,
         name=name,
         player=name,
         model=model,

@@ -7,16 +7,12 @@ learner (a snapshot pool, a best response); evaluation and round-robins play the
 
 from __future__ import annotations
 
+from typing import Any
+
 from marllm.config.game import GameConfig
+from marllm.config.opponents import FIXED_OPPONENTS, SeatArguments, build_opponent, is_reference, opponent
 from marllm.envs.games import BatchedGameEnv
 from marllm.envs.games.catalog import game_factory
-from marllm.players import RandomMover, TicTacToeMinimax
-from marllm.players.fixed import FixedPlayer
-from marllm.players.mcts import MCTSPlayer
-from marllm.players.tabular import CFRPlayer
-
-FIXED_PLAYERS = ("random", "minimax", "mcts", "cfr")
-"""The kinds of fixed player :func:`fixed_player` builds (those that need no learner)."""
 
 
 def game_env(game: GameConfig, batch_size: int, seed: int | None = None) -> BatchedGameEnv:
@@ -35,18 +31,13 @@ def game_env(game: GameConfig, batch_size: int, seed: int | None = None) -> Batc
     )
 
 
-def fixed_player(game: GameConfig, kind: str, name: str, seed: int) -> FixedPlayer:
-    """A fresh fixed player of ``kind`` (one of :data:`FIXED_PLAYERS`) for ``game``, named ``name``, seeded.
+def fixed_player(game: GameConfig, kind: str, name: str, seed: int) -> Any:
+    """A fresh player of the opponent ``kind`` (one of :data:`~marllm.config.opponents.FIXED_OPPONENTS`, or an
+    opponent class by reference) for ``game``, named ``name``, seeded.
 
     Raises:
-        ValueError: ``kind`` is not one of :data:`FIXED_PLAYERS`.
+        ValueError: ``kind`` is neither, or is an opponent that watches a learner.
     """
-    if kind == "random":
-        return RandomMover(name, seed=seed)
-    if kind == "minimax":
-        return TicTacToeMinimax(name, seed=seed)
-    if kind == "mcts":
-        return MCTSPlayer(game.info.mcts_game(), name, simulations=game.opponents.mcts_simulations, seed=seed)
-    if kind == "cfr":
-        return CFRPlayer(game.info.openspiel, game.opponents.cfr_iterations, name, seed=seed)
-    raise ValueError(f"unknown fixed player {kind!r}; the fixed players are {list(FIXED_PLAYERS)}")
+    if not (kind in FIXED_OPPONENTS or is_reference(kind)) or opponent(kind).learner is not None:
+        raise ValueError(f"unknown fixed player {kind!r}; the fixed players are {list(FIXED_OPPONENTS)}")
+    return build_opponent(kind, SeatArguments(game, name, seed))

@@ -1,8 +1,9 @@
 """Who sits where in a game run: each seat's slot (the env's agent id), the learner of each learner's slot, and the
-player of every slot, the fixed ones built by :func:`~marllm.games.parts.fixed_player` as evaluation
-builds them.
+player of every slot, the opponents built by their entries of :mod:`marllm.config.opponents`, as evaluation builds
+them.
 
-A slot's id is its player's: the learner id, or ``random``, ``minimax``, ``mcts``, ``pool-<learner>``; a player named
+A slot's id is its player's: the learner id, or ``random``, ``minimax``, ``mcts``, ``pool-<learner>``, a referenced
+class's name; a player named
 in several seats has its later slots numbered, ``llm#2``. One learner in several slots (self-play) is one learner.
 """
 
@@ -13,10 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from marllm.config.game import GameConfig, Seat
-from marllm.games.parts import FIXED_PLAYERS, fixed_player
+from marllm.config.opponents import NAMED, ONLY, SeatArguments, build_opponent
 from marllm.games.strategy import learner_policy
-from marllm.players import OpponentPool
-from marllm.players.tabular import BestResponsePlayer
 
 OPPONENT_SEED_OFFSET = 10_000
 """A fixed opponent in seat i draws its moves from ``seed + OPPONENT_SEED_OFFSET + i``."""
@@ -36,27 +35,25 @@ def seat_slots(seats: Sequence[Seat]) -> list[str]:
 def learner_slots(game: GameConfig) -> dict[str, str]:
     """slot -> learner id, for the slots of ``game.seats`` that a learner plays."""
     seats = game.parsed_seats()
-    return {slot: seat.learner for slot, seat in zip(seat_slots(seats), seats, strict=True) if seat.kind == "learner"}
+    return {slot: seat.learner for slot, seat in zip(seat_slots(seats), seats, strict=True) if seat.is_learner}
 
 
 def make_opponent(
     game: GameConfig, seat: Seat, index: int, learners: Mapping[str, Any], seed: int, generation: Any
 ) -> Any:
     """The player of a seat that is not a learner (``index``: the seat's position, which seeds it, from the run's
-    ``seed``): a fixed player (:func:`~marllm.games.parts.fixed_player`), or one made from a learner (a snapshot pool,
-    a best response to the run's learner, whose answers are sampled with ``generation``)."""
+    ``seed``), built by its opponent's entry (:func:`~marllm.config.opponents.build_opponent`), with the learner it
+    watches (the one its seat names, or the run's only one) and, for an opponent that reads it, that learner's
+    tabulated policy (its answers sampled with ``generation``)."""
+    entry = seat.opponent
+    if entry is None:
+        raise ValueError(f"seat {seat.spec!r} is a learner, not a fixed opponent")
+    learner_id = {NAMED: seat.learner, ONLY: game.learner_ids[0]}.get(entry.learner)  # type: ignore[arg-type]
+    learner = learners[learner_id] if learner_id is not None else None
+    policy = learner_policy(game, generation, learner_id, learner) if entry.tabulates and learner_id else None
     seed = seed + OPPONENT_SEED_OFFSET + index
-    if seat.kind in FIXED_PLAYERS:
-        return fixed_player(game, seat.kind, seat.player_id, seed)
-    if seat.kind == "snapshot_pool":
-        learner = learners[seat.learner]
-        opponents = game.opponents
-        return OpponentPool(learner, opponents.pool_size, opponents.pool_every, name=seat.player_id, seed=seed)
-    if seat.kind == "best_response":  # the config checked that the run has one learner
-        target = learner_policy(game, generation, game.learner_ids[0], learners[game.learner_ids[0]])
-        every = game.opponents.best_response_every
-        return BestResponsePlayer(game.info.openspiel, target, every, seat.player_id, seed=seed)
-    raise ValueError(f"seat {seat.spec!r} is a learner, not a fixed opponent")
+    arguments = SeatArguments(game, seat.player_id, seed, learner, learner_id, policy)
+    return build_opponent(seat.kind, arguments)
 
 
 def seat_players(
@@ -69,17 +66,13 @@ def seat_players(
     slots = seat_slots(seats)
     opponents: dict[str, Any] = {}
     for index, seat in enumerate(seats):
-        if seat.kind != "learner" and seat.player_id not in opponents:
+        if not seat.is_learner and seat.player_id not in opponents:
             opponents[seat.player_id] = make_opponent(game, seat, index, learners, seed, generation)
     players: dict[str, Any] = {}
     for learner_id in game.learner_ids:
-        own = [
-            slot
-            for slot, seat in zip(slots, seats, strict=True)
-            if seat.kind == "learner" and seat.learner == learner_id
-        ]
+        own = [slot for slot, seat in zip(slots, seats, strict=True) if seat.is_learner and seat.learner == learner_id]
         players.update(dict.fromkeys(own, learners[learner_id]))
     for slot, seat in zip(slots, seats, strict=True):
-        if seat.kind != "learner":
+        if not seat.is_learner:
             players[slot] = opponents[seat.player_id]
     return players, opponents

@@ -2,8 +2,9 @@
 seat and the training metric ``<learner>/game/exploitability`` run (:mod:`marllm.games.exploitability`).
 
 A model's policy is tabulated with the config's prompts (``game.templates``), parser and illegal-answer policy. A
-player or learner with ``move_probabilities(prompts, legal_moves)`` (the ``score`` and ``constrained`` action modes)
-is tabulated exactly; otherwise the model answers ``game.measurement.exploitability_samples`` times per information
+player or learner with ``move_probabilities(prompts, legal_moves)`` under an action mode with exact move
+probabilities (:attr:`~marllm.algorithms.action_modes.ActionMode.exact_policy`: ``score``, ``constrained``) is
+tabulated exactly; otherwise the model answers ``game.measurement.exploitability_samples`` times per information
 state with the config's generation settings (the ``generate`` mode) and its answers' frequencies are tabulated. A
 learner is sampled in eval mode (no dropout) from the global torch generator, so a run that measures draws other
 samples afterwards than one that does not (each is still reproducible from its seed).
@@ -17,8 +18,9 @@ from typing import Any
 
 import torch
 
+from marllm.algorithms.action_catalog import action_mode
 from marllm.algorithms.actions import Collector
-from marllm.config.game import EXACT_ACTIONS, GameConfig
+from marllm.config.game import GameConfig
 from marllm.games.average_policy import AveragePolicy
 from marllm.games.exploitability import (
     ExactGame,
@@ -44,7 +46,7 @@ def game_policy_source(game: GameConfig, player: Any, batch_size: int = 256) -> 
     policy and ``exploitability_samples``: exact (without gradients) where ``game.actions.mode`` is ``score`` or
     ``constrained`` and the player has ``move_probabilities``."""
     probabilities = getattr(player, "move_probabilities", None)
-    if game.actions.mode in EXACT_ACTIONS and callable(probabilities):
+    if game.actions.facts.exact_policy is not None and callable(probabilities):
         return ExactProbabilities(torch.no_grad()(probabilities))
     samples = game.measurement.exploitability_samples
     return policy_source(player, game.parser, samples, game.illegal, batch_size, exact=False)
@@ -59,7 +61,8 @@ class LearnerAnswers(ModelPlayer):
         self, name: str, learner: Any, generation: Any, actions: str = "generate", normalization: str = "token"
     ):
         own = getattr(learner, "collector", None)
-        fits = isinstance(own, Collector) and own.actions == actions and own.generation == generation
+        same_mode = isinstance(own, Collector) and own.actions == action_mode(actions).actions
+        fits = same_mode and own.generation == generation
         collector = own if fits else None
         super().__init__(name, learner.model, learner.tokenizer, generation, actions, normalization, collector)
         self.learner = learner
@@ -77,7 +80,7 @@ class LearnerAnswers(ModelPlayer):
 def learner_player(game: GameConfig, generation: Any, name: str, learner: Any) -> Any:
     """What tabulates a learner: itself where its ``move_probabilities`` are exact (``score``, ``constrained``), else
     :class:`LearnerAnswers` (sampled with ``generation``)."""
-    if game.actions.mode in EXACT_ACTIONS and callable(getattr(learner, "move_probabilities", None)):
+    if game.actions.facts.exact_policy is not None and callable(getattr(learner, "move_probabilities", None)):
         return learner
     return LearnerAnswers(name, learner, generation, game.actions.mode, game.actions.normalization)
 

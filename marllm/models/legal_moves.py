@@ -52,12 +52,13 @@ __all__ = [
     "check_constrained",
     "check_moves_fit",
     "constrained_logprobs",
-    "exact_move_probabilities",
+    "constrained_move_probabilities",
     "first_token_scores",
     "generate_moves",
     "move_budget",
     "normalized_likelihood",
     "score_logprobs",
+    "scored_move_probabilities",
     "token_logprobs",
 ]
 
@@ -242,33 +243,53 @@ def check_moves_fit(
     check_prompt_lengths(prompts, prompt_mask, answer_lengths, context, owner, MOVE_BUDGET)
 
 
-def exact_move_probabilities(
+def constrained_move_probabilities(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
     legal_moves: Sequence[Sequence[str]],
-    actions: str,
+    generation: GenerationConfig,
+    device: torch.device | str = "cpu",
+    owner: str = "move probabilities",
+) -> list[list[float]]:
+    """Each legal move's exact probability after each prompt (in the order of ``legal_moves``) under constrained
+    answers: the probability with which :func:`generate_moves` plays it, the product of the move's restricted token
+    probabilities, its EOS included, after every processor the sampler applies (repetition penalty, temperature,
+    top-k/top-p), whatever ``generation.logprobs_from`` says the learner's ratio uses. Differentiable where the caller
+    allows gradients; no autocast of its own."""
+    packed = _packed_moves(model, tokenizer, prompts, legal_moves, generation, True, device, owner)
+    played = replace(generation, logprobs_from="sampling")  # the sampler's distribution, not the tempered π
+    return per_prompt(packed, constrained_logprobs(model, packed, played, tokenizer.eos_token_id))
+
+
+def scored_move_probabilities(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    legal_moves: Sequence[Sequence[str]],
     generation: GenerationConfig,
     normalization: str = "token",
     device: torch.device | str = "cpu",
     owner: str = "move probabilities",
 ) -> list[list[float]]:
-    """Each legal move's exact probability after each prompt (in the order of ``legal_moves``) under ``score``
-    (normalised by ``normalization``) or ``constrained`` answers: the probability with which :func:`generate_moves`
-    plays it, the product of the move's restricted token probabilities, its EOS included, after every processor the
-    sampler applies (repetition penalty, temperature, top-k/top-p), whatever ``generation.logprobs_from`` says the
-    learner's ratio uses. Differentiable where the caller allows gradients; no autocast of its own.
+    """Each legal move's exact probability after each prompt (in the order of ``legal_moves``) under scored answers:
+    the softmax of the moves' log-likelihoods normalised by ``normalization`` (:func:`score_logprobs`).
+    Differentiable where the caller allows gradients; no autocast of its own."""
+    packed = _packed_moves(model, tokenizer, prompts, legal_moves, generation, False, device, owner)
+    return per_prompt(packed, score_logprobs(model, packed, normalization)[0])
 
-    Raises:
-        ValueError: ``actions`` is neither (free-text answers' move probabilities can only be sampled).
-    """
-    if actions not in ("score", "constrained"):
-        raise ValueError(
-            f"exact move probabilities need constrained or score answers, not {actions!r}; sample them instead"
-        )
-    packed = pack_moves(tokenizer, prompts, legal_moves, generation.chat_template, actions == "constrained", device)
+
+def _packed_moves(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    legal_moves: Sequence[Sequence[str]],
+    generation: GenerationConfig,
+    with_eos: bool,
+    device: torch.device | str,
+    owner: str,
+) -> PackedMoves:
+    """Every legal move of every prompt packed (:func:`pack_moves`), each prompt checked to fit with its longest."""
+    packed = pack_moves(tokenizer, prompts, legal_moves, generation.chat_template, with_eos, device)
     check_moves_fit(prompts, packed.prompts()[1], longest_move_per_prompt(packed), context_length(model), owner)
-    if actions == "score":
-        return per_prompt(packed, score_logprobs(model, packed, normalization)[0])
-    played = replace(generation, logprobs_from="sampling")  # the sampler's distribution, not the tempered π
-    return per_prompt(packed, constrained_logprobs(model, packed, played, tokenizer.eos_token_id))
+    return packed

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from marllm.envs.games.keys import HISTORY, LEGAL_ACTIONS, LEGAL_MOVES
 from marllm.utils.generators import restore_generator
+
+if TYPE_CHECKING:
+    from marllm.config.opponents import SeatArguments
 
 
 class FixedPlayer:
@@ -29,11 +33,23 @@ class FixedPlayer:
 
     model: Any = None
     tokenizer: Any = None
+    needs: ClassVar[tuple[str, ...]] = ()
+    """What it needs of the game when a seat names its class by reference (names of
+    :data:`marllm.config.opponents.NEEDS`, e.g. ``("tic_tac_toe",)``), checked with the config."""
 
     def __init__(self, name: str):
         self.name = name
         self._unrewarded = 0
         self._task_rewards: list[np.ndarray] = []
+
+    @classmethod
+    def from_seat(cls, seat: SeatArguments) -> FixedPlayer:
+        """The player of a seat that names this class (``game.seats: [llm, my_opponent.py:MyPlayer]``, or a catalog
+        entry, :mod:`marllm.config.opponents`): ``cls(seat.name, seed=seat.seed)``, or ``cls(seat.name)`` where the
+        constructor takes no ``seed``. A subclass whose constructor takes other arguments overrides it."""
+        if "seed" in inspect.signature(cls).parameters:
+            return cls(seat.name, seed=seat.seed)  # type: ignore[call-arg]
+        return cls(seat.name)
 
     def act(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:
         """One answer per row of the observation; remembered as a move awaiting its reward."""

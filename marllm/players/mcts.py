@@ -8,12 +8,15 @@ it would see the hidden cards. OpenSpiel's bot supports sequential games with te
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from marllm.envs.games.openspiel import require_openspiel
 from marllm.players.fixed import FixedPlayer
+
+if TYPE_CHECKING:
+    from marllm.config.opponents import SeatArguments
 
 
 class MCTSPlayer(FixedPlayer):
@@ -46,6 +49,12 @@ class MCTSPlayer(FixedPlayer):
         random_state = np.random.RandomState(seed)
         evaluator = mcts.RandomRolloutEvaluator(n_rollouts=rollouts, random_state=random_state)
         self.bot = mcts.MCTSBot(self.game, uct_c, simulations, evaluator, random_state=random_state, solve=True)
+
+    @classmethod
+    def from_seat(cls, seat: SeatArguments) -> MCTSPlayer:
+        """An ``mcts`` seat's player: the game's MCTS twin, ``game.opponents.mcts_simulations`` per move."""
+        game = seat.game
+        return cls(game.info.mcts_game(), seat.name, simulations=game.opponents.mcts_simulations, seed=seat.seed)
 
     def choose(self, names: Sequence[str], actions: Sequence[int], history: Sequence[int]) -> str:
         state = self.game.new_initial_state()

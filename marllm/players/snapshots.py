@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from marllm.models.state_dicts import check_tensors
 from marllm.players.fixed import FixedPlayer
 from marllm.utils.errors import CheckpointError
 from marllm.utils.generators import restore_generator
+
+if TYPE_CHECKING:
+    from marllm.config.opponents import SeatArguments
 
 
 class FrozenSnapshot(FixedPlayer):
@@ -109,6 +112,13 @@ class OpponentPool(FixedPlayer):
         self._rng = np.random.default_rng(seed)
         self.take_snapshot()
         self.current = self._draw()
+
+    @classmethod
+    def from_seat(cls, seat: SeatArguments) -> OpponentPool:
+        """A ``snapshot_pool:<learner>`` seat's player: ``game.opponents.pool_size`` snapshots of the seat's learner,
+        one every ``pool_every`` iterations."""
+        opponents = seat.game.opponents
+        return cls(seat.learner, opponents.pool_size, opponents.pool_every, name=seat.name, seed=seat.seed)
 
     def take_snapshot(self) -> FrozenSnapshot:
         """Add a snapshot of the learner as it is now (dropping the oldest beyond ``size``)."""

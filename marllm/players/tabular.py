@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from marllm.envs.games.info_states import enumerate_info_states, load_game, solved_twin
 from marllm.envs.games.keys import HISTORY, LEGAL_ACTIONS, LEGAL_MOVES
 from marllm.players.fixed import FixedPlayer
+
+if TYPE_CHECKING:
+    from marllm.config.opponents import SeatArguments
 
 
 class TabularPlayer(FixedPlayer):
@@ -93,6 +96,11 @@ class CFRPlayer(TabularPlayer):
         self.iterations = iterations
         self.average_policy = cfr_average_policy(str(self.game), iterations)
 
+    @classmethod
+    def from_seat(cls, seat: SeatArguments) -> CFRPlayer:
+        """A ``cfr`` seat's player: CFR's average policy after ``game.opponents.cfr_iterations`` iterations."""
+        return cls(seat.game.info.openspiel, seat.game.opponents.cfr_iterations, seat.name, seed=seat.seed)
+
     def policy(self, player: int) -> Any:
         return self.average_policy
 
@@ -134,6 +142,14 @@ class BestResponsePlayer(TabularPlayer):
         self.target, self.every = target, every
         self._updates = 0
         self._responses: dict[int, Any] = {}
+
+    @classmethod
+    def from_seat(cls, seat: SeatArguments) -> BestResponsePlayer:
+        """A ``best_response`` seat's player: a best response to the watched learner's tabulated policy
+        (``seat.learner_policy``), read every ``game.opponents.best_response_every`` iterations."""
+        assert seat.learner_policy is not None  # the seat builder tabulates the learner of an opponent that reads it
+        every = seat.game.opponents.best_response_every
+        return cls(seat.game.info.openspiel, seat.learner_policy, every, seat.name, seed=seat.seed)
 
     def policy(self, player: int) -> Any:
         if player not in self._responses:

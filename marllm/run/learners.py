@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from marllm.algorithms.action_catalog import DEFAULT_MODE
 from marllm.algorithms.catalog import AlgorithmOptions, build_learner
 from marllm.algorithms.learner import Learner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
@@ -70,9 +71,9 @@ def algorithm_options(config: TrainConfig) -> AlgorithmOptions:
         algorithm=config.learner_algorithms(),
         critic_free=config.critic_free,
         group_size=config.env.group_size,
-        actions=game.actions.mode if game is not None else "generate",
-        # The normalisation is score's; the config refuses another value with another mode.
-        action_normalization=game.actions.normalization if game is not None and game.actions.mode == "score" else None,
+        actions=game.actions.mode if game is not None else DEFAULT_MODE,
+        # The normalisation is its mode's option (score's); the config refuses another value with another mode.
+        action_normalization=game.actions.options.get("normalization") if game is not None else None,
     )
 
 

@@ -1,49 +1,31 @@
 """What a run's logged measures are, in words, as its ``run.json``, ``config.yaml`` and report state them: which KL
-the ``<learner>/kl`` metric is, and which distribution a learner's exploitability is computed on."""
+the ``<learner>/kl`` metric is, and which distribution a learner's exploitability is computed on. Each is its action
+mode's fact (:class:`~marllm.algorithms.action_modes.ActionMode`)."""
 
 from __future__ import annotations
 
+from marllm.algorithms.action_catalog import DEFAULT_MODE, action_mode
 from marllm.config import TrainConfig
-
-TOKEN_KL = "full-vocabulary KL(policy || reference) summed over response tokens, batch mean"
-SAMPLED_TOKEN_KL = (
-    "KL(policy || reference) of the sampling distributions (repetition penalty, temperature, top-k/top-p applied; the "
-    "reference restricted to the policy's kept tokens) summed over response tokens, batch mean"
-)
-CONSTRAINED_KL = (
-    "KL(policy || reference) of the distributions restricted to the legal moves' continuations, summed over the "
-    "answer's tokens (EOS included), batch mean"
-)
-SCORE_KL = "exact KL(policy || reference) over the legal moves of the state, per move, batch mean"
 
 
 def kl_metric(config: TrainConfig) -> str:
     """What ``<learner>/kl`` measures under ``config``'s action mode and ``generation.logprobs_from``."""
-    actions = config.game.actions.mode if config.game is not None else "generate"
-    if actions == "score":
-        return SCORE_KL
-    restricted = CONSTRAINED_KL if actions == "constrained" else None
-    if config.generation.logprobs_from == "sampling":
-        return (restricted + ", after every sampling processor") if restricted else SAMPLED_TOKEN_KL
-    return (restricted + ", tempered logits") if restricted else TOKEN_KL
+    mode = action_mode(config.game.actions.mode if config.game is not None else DEFAULT_MODE)
+    return mode.kl[config.generation.logprobs_from]
 
 
 def exploitability_measure(config: TrainConfig) -> str | None:
-    """The distribution whose exploitability the run logs or a ``best_response`` seat answers, or None where the run
-    measures none."""
+    """The distribution whose exploitability the run logs or an opponent reading the learner's tabulated policy (a
+    ``best_response`` seat) answers, or None where the run measures none."""
     game = config.game
     if game is None:
         return None
-    best_response = any(seat.kind == "best_response" for seat in game.parsed_seats())
-    if game.measurement.exploitability_every is None and not best_response:
+    tabulated = any(seat.opponent.tabulates for seat in game.parsed_seats() if not seat.is_learner)
+    if game.measurement.exploitability_every is None and not tabulated:
         return None
-    if game.actions.mode == "score":
-        return "the policy that plays: the exact softmax over the legal moves' scores, from which moves are drawn"
-    if game.actions.mode == "constrained":
-        return (
-            "the policy that plays: each legal move's exact probability under constrained sampling, every sampling "
-            "processor applied (repetition penalty, temperature, top-k/top-p), EOS included"
-        )
+    exact = game.actions.facts.exact_policy
+    if exact is not None:
+        return f"the policy that plays: {exact}"
     return (
         f"the policy that plays, estimated: the frequencies of game.measurement.exploitability_samples = "
         f"{game.measurement.exploitability_samples} {game.actions.mode} answers per information state, each with a "

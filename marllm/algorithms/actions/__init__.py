@@ -10,9 +10,12 @@ mini-batch of it under the updated policy (``rescore``) the same way, so that an
 ``score``       one legal move drawn from the softmax of their likelihoods :class:`~.score.ScoreCollector`
 =============== ========================================================== ==========================================
 
-A learner owns one collector (:func:`new_collector`) and its loss of a mini-batch is its objective of what
-:meth:`~.base.Collector.rescore` returns. A model outside training plays through one too
-(:meth:`~.base.Collector.play`; :class:`~marllm.games.model_player.ModelPlayer`), so each mode samples in one place.
+The names, and each mode's facts (its options, what its KL is, whether its answers end with EOS, whether it has exact
+move probabilities), are in the torch-free catalog :mod:`marllm.algorithms.action_catalog`, which a config reads; a
+collector class of one's own is named by reference there. A learner owns one collector (:func:`new_collector`) and
+its loss of a mini-batch is its objective of what :meth:`~.base.Collector.rescore` returns. A model outside training
+plays through one too (:meth:`~.base.Collector.play`; :class:`~marllm.games.model_player.ModelPlayer`), so each mode
+samples in one place.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from marllm.algorithms.action_catalog import CATALOG, collector_class, modes_taking
 from marllm.algorithms.actions.base import Collector, Rescored
 from marllm.algorithms.actions.constrained import ConstrainedCollector
 from marllm.algorithms.actions.score import ScoreCollector
@@ -37,26 +41,22 @@ __all__ = [
     "new_collector",
 ]
 
-COLLECTORS: dict[str, type[Collector]] = {
-    cls.actions: cls for cls in (TokenCollector, ConstrainedCollector, ThinkCollector, ScoreCollector)
-}
-"""Action mode name (``game.actions.mode``) -> its collector class."""
+COLLECTORS: dict[str, type[Collector]] = {name: collector_class(name, "actions") for name in CATALOG}
+"""Built-in action mode name (``game.actions.mode``) -> its collector class."""
 
 
 def new_collector(actions: str, *, owner: str, options: dict[str, Any] | None = None, **parts: Any) -> Collector:
-    """The collector of ``actions`` on a learner's ``parts`` (:class:`~.base.Collector`'s attributes), with the
-    mode's own ``options`` (``normalization`` for ``score``).
+    """The collector of ``actions`` (a catalog name or a collector class by reference,
+    :mod:`~marllm.algorithms.action_catalog`) on a learner's ``parts`` (:class:`~.base.Collector`'s attributes), with
+    the mode's own ``options`` (``normalization`` for ``score``).
 
     Raises:
         ValueError: an unknown mode, or an option the mode does not take (naming the modes that do).
     """
-    if actions not in COLLECTORS:
-        raise ValueError(f"{owner}: actions must be one of {list(COLLECTORS)}, got {actions!r}")
-    cls = COLLECTORS[actions]
+    cls = collector_class(actions, owner)
     shared = {f.name for f in fields(Collector)}
     own = {f.name for f in fields(cls)} - shared
     for option in options or {}:
         if option not in own:
-            takes = [name for name, other in COLLECTORS.items() if option in {f.name for f in fields(other)}]
-            raise ValueError(f"{owner}: {option} applies to actions {takes} only, not {actions!r}")
+            raise ValueError(f"{owner}: {option} applies to actions {modes_taking(option)} only, not {actions!r}")
     return cls(**parts, **(options or {}))

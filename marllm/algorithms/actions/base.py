@@ -7,11 +7,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
 
+from marllm.algorithms.action_modes import ActionMode
 from marllm.algorithms.rollout import Rollout
 
 if TYPE_CHECKING:
@@ -38,8 +39,9 @@ class Rescored(NamedTuple):
 
 
 @dataclass(eq=False, kw_only=True)
-class Collector:
-    """The acting half of a learner for one action mode (a subclass per mode, :mod:`marllm.algorithms.actions`).
+class Collector(ActionMode):
+    """The acting half of a learner for one action mode (a subclass per mode, :mod:`marllm.algorithms.actions`),
+    whose class attributes are the mode's facts (:class:`~marllm.algorithms.action_modes.ActionMode`).
 
     :meth:`collect` plays one batch and records it as a :class:`~marllm.algorithms.rollout.Rollout` (the
     log-probs of what was played under the policy and under π_0, the value estimates and the KL); :meth:`rescore`
@@ -63,11 +65,6 @@ class Collector:
         player: how messages name a collector that plays for a player, not a learner (:attr:`owner`); None: the
             learner ``name``.
     """
-
-    actions: ClassVar[str]
-    """The ``game.actions.mode`` name of this mode."""
-    needs_legal_moves: ClassVar[bool] = True
-    """Whether :meth:`collect` needs ``observation["legal_moves"]`` (a game's)."""
 
     name: str
     model: PreTrainedModel

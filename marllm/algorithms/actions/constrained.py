@@ -14,18 +14,17 @@ from dataclasses import dataclass
 
 import torch
 
+from marllm.algorithms.action_modes import ConstrainedMode
 from marllm.algorithms.actions.tokens import TokenCollector
 from marllm.models.devices import autocast_for
 from marllm.models.generation import GeneratedBatch
-from marllm.models.legal_moves import exact_move_probabilities, generate_moves
+from marllm.models.legal_moves import constrained_move_probabilities, generate_moves
 
 
 @dataclass(eq=False, kw_only=True)
-class ConstrainedCollector(TokenCollector):
+class ConstrainedCollector(ConstrainedMode, TokenCollector):
     """A legal move per prompt, restricted token by token; see the module docstring."""
 
-    actions = "constrained"
-    needs_legal_moves = True
     draws_budget = False
 
     @torch.no_grad()
@@ -34,8 +33,8 @@ class ConstrainedCollector(TokenCollector):
         tokens' restricted probabilities, its final EOS included (in the order of ``legal_moves``)."""
         self.activate()
         with autocast_for(self.model, self.config.autocast_dtype):
-            return exact_move_probabilities(
-                self.model, self.tokenizer, prompts, legal_moves, self.actions, self.generation,
+            return constrained_move_probabilities(
+                self.model, self.tokenizer, prompts, legal_moves, self.generation,
                 device=self.device, owner=self.owner,
             )  # fmt: skip
 

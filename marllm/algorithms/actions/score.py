@@ -29,22 +29,22 @@ from typing import Any
 import torch
 from tianshou.data import Batch
 
+from marllm.algorithms.action_modes import ScoreMode
 from marllm.algorithms.actions.base import Collector, Rescored
 from marllm.algorithms.rollout import Rollout
 from marllm.models.devices import autocast_for
 from marllm.models.legal_moves import (
-    NORMALIZATIONS,
     check_moves_fit,
-    exact_move_probabilities,
     first_token_scores,
     score_logprobs,
+    scored_move_probabilities,
 )
 from marllm.models.packed_moves import move_tensors, packed_from_tensors
 from marllm.models.policy import ValueHead
 
 
 @dataclass(eq=False, kw_only=True)
-class ScoreCollector(Collector):
+class ScoreCollector(ScoreMode, Collector):
     """One legal move per row drawn from π(· | s), the softmax of the moves' ``normalization``-normalised
     log-likelihoods (:func:`move_scores`); free-text answers are refused.
 
@@ -54,13 +54,13 @@ class ScoreCollector(Collector):
             its ``chat_template`` only: nothing is sampled token by token.
     """
 
-    actions = "score"
     normalization: str = "token"
 
     def __post_init__(self) -> None:
-        if self.normalization not in NORMALIZATIONS:
+        normalizations = self.options["normalization"]
+        if self.normalization not in normalizations:
             raise ValueError(
-                f"{self.owner}: action_normalization must be one of {list(NORMALIZATIONS)}, got {self.normalization!r}"
+                f"{self.owner}: action_normalization must be one of {list(normalizations)}, got {self.normalization!r}"
             )
 
     def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
@@ -93,8 +93,8 @@ class ScoreCollector(Collector):
         """π(a | s) of each legal move of each prompt, in the order of ``legal_moves`` (each row sums to 1)."""
         self.activate()
         with autocast_for(self.model, self.config.autocast_dtype):
-            return exact_move_probabilities(
-                self.model, self.tokenizer, prompts, legal_moves, "score", self.generation, self.normalization,
+            return scored_move_probabilities(
+                self.model, self.tokenizer, prompts, legal_moves, self.generation, self.normalization,
                 self.device, self.owner,
             )  # fmt: skip
 

@@ -12,17 +12,15 @@ from dataclasses import dataclass
 
 import torch
 
+from marllm.algorithms.action_modes import ThinkMode
 from marllm.algorithms.actions.tokens import TokenCollector
 from marllm.models.generation import GeneratedBatch
 from marllm.models.thought_moves import generate_thought_and_move
 
 
 @dataclass(eq=False, kw_only=True)
-class ThinkCollector(TokenCollector):
+class ThinkCollector(ThinkMode, TokenCollector):
     """A thought, then a legal move; see the module docstring."""
-
-    actions = "think"
-    needs_legal_moves = True
 
     def _sample(
         self, prompts: tuple[str, ...], legal_moves: list[list[str]] | None, budget: int, capture: bool

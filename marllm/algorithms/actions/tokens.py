@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 from tianshou.data import Batch
 
+from marllm.algorithms.action_modes import GenerateMode
 from marllm.algorithms.actions.base import Collector, Rescored
 from marllm.algorithms.core import (
     floor_logprobs,
@@ -39,11 +40,9 @@ from marllm.models.prefix_forward import shared_prefix_response_forward
 
 
 @dataclass(eq=False, kw_only=True)
-class TokenCollector(Collector):
+class TokenCollector(GenerateMode, Collector):
     """Free text: one response per prompt, of the batch's budget (:meth:`sample_length`), every token an action."""
 
-    actions = "generate"
-    needs_legal_moves = False
     draws_budget: ClassVar[bool] = True
     """Whether an answer's length budget is drawn (free text); a constrained move's is its longest legal name's."""
     _plain_head_checked: bool = field(default=False, init=False, repr=False)
