@@ -69,7 +69,7 @@ def _check_batched_rules(make_env: Callable[[], AECEnv], episodes: int, seed: in
     answers = 0
     for episode in range(episodes):
         transcript = _play_checked(env, seed + episode, max_steps)
-        answers += len(transcript)
+        answers += len(transcript) - 1  # its turns, then the payoffs
         again = _play_checked(make_env(), seed + episode, max_steps)
         if again != transcript:
             step = next((k for k, (a, b) in enumerate(zip(transcript, again, strict=False)) if a != b), None)
