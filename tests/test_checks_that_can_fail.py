@@ -61,7 +61,10 @@ def rescaling(algorithm: str, actions: str):
     return make
 
 
-@pytest.mark.parametrize(("algorithm", "actions"), [("ppo", "generate"), ("ppo", "score"), ("grpo", "generate")])
+@pytest.mark.parametrize(
+    ("algorithm", "actions"),
+    [("ppo", "generate"), ("ppo", "score"), ("grpo", "generate"), ("reinforce_pp", "constrained")],
+)
 def test_an_objective_that_rescales_the_log_probs_it_is_given_fails_the_on_policy_check(algorithm, actions):
     turns, rewards = observations(algorithm)
     assert check_first_update_is_on_policy(maker(algorithm, actions, None), turns, rewards) < 1e-5

@@ -30,18 +30,8 @@ OPENSPIEL = [
     "blotto",  # simultaneous moves, many of them
     "first_sealed_auction",  # chance deals values, then simultaneous-style bids
 ]
-# A social dilemma logs cooperation_rate NaN in its final infos where no answer of a seat was legal (PettingZoo's
-# seed_test answers with random text): NaN is unequal to itself, so two envs of one seed compare unequal.
-NAN_IN_INFOS = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="cooperation_rate is NaN when a seat has no legal answer"
-)
 GAMES = [pytest.param(name, id=name) for name in playable_classic_games()] + [
-    pytest.param(
-        f"openspiel:{name}",
-        id=name.split("(")[0],
-        marks=[needs_openspiel] + ([NAN_IN_INFOS] if "matrix_pd" in name else []),
-    )
-    for name in OPENSPIEL
+    pytest.param(f"openspiel:{name}", id=name.split("(")[0], marks=needs_openspiel) for name in OPENSPIEL
 ]
 
 
