@@ -75,7 +75,7 @@ def measure(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
     learners, _ = make_learners(
         model_dir,
         ["llm1", "llm2"],
-        PPOConfig(mini_batch_size=args.batch_size // 2, ppo_epochs=1),
+        PPOConfig.from_flat(mini_batch_size=args.batch_size // 2, ppo_epochs=1),
         GenerationConfig(min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens, stop_at_eos=False),
         placement=ModelPlacement(device=args.device, fsdp=mode == "sharded", data_parallel=data_parallel),
         tokenizer=tokenizer,

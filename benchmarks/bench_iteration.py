@@ -99,7 +99,9 @@ class Floor:
         self.ppo = ppo
         self.policies = [AutoModelForCausalLM.from_pretrained(model_dir).eval() for _ in range(num_agents)]
         self.reference = AutoModelForCausalLM.from_pretrained(model_dir).eval().requires_grad_(False)
-        self.optimizers = [torch.optim.Adam(policy.parameters(), lr=ppo.learning_rate) for policy in self.policies]
+        self.optimizers = [
+            torch.optim.Adam(policy.parameters(), lr=ppo.optimiser.learning_rate) for policy in self.policies
+        ]
 
     def iteration(self, prompts_per_agent: list[tuple[str, ...]], samples: list[dict], responses: list[Any]) -> dict:
         """Seconds per phase for one iteration; ``prompts_per_agent[i]`` are the prompts marllm's agent i answered."""
@@ -159,10 +161,10 @@ class Floor:
         prompt_length: int,
     ) -> None:
         batch_size = sequences.shape[0]
-        for _ in range(self.ppo.ppo_epochs):
+        for _ in range(self.ppo.batching.ppo_epochs):
             order = torch.randperm(batch_size)
-            for start in range(0, batch_size, self.ppo.mini_batch_size):
-                rows = order[start : start + self.ppo.mini_batch_size]
+            for start in range(0, batch_size, self.ppo.batching.mini_batch_size):
+                rows = order[start : start + self.ppo.batching.mini_batch_size]
                 logits = policy(
                     input_ids=sequences[rows], attention_mask=mask[rows], position_ids=positions[rows], use_cache=False
                 ).logits[:, prompt_length - 1 : -1]  # (b, L, V)
@@ -178,7 +180,7 @@ def measure_mode(model_dir: str, num_agents: int, args: argparse.Namespace) -> d
     """Alternate marllm and floor iterations; returns per-repeat seconds of both and the prompt shapes."""
     tokenizer = load_tokenizer(model_dir)
     generation = GenerationConfig(min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens, stop_at_eos=False)
-    ppo = PPOConfig(mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs)
+    ppo = PPOConfig.from_flat(mini_batch_size=args.mini_batch_size, ppo_epochs=args.ppo_epochs)
     dataset = random_queries(tokenizer, 4 * args.batch_size, QUERY_TOKENS, seed=SEED)
     env = chain_env(dataset, num_agents, args.batch_size)
     ids = learner_ids(num_agents)

@@ -5,9 +5,9 @@ vocabulary, the log-probs of the taken tokens (marllm's chunked log-softmax, who
 the logits), and the backward into the hidden states and the head's weight. This times that path and measures its
 peak resident memory above what the inputs and the head hold, in a fresh process per variant:
 
-- ``whole``: the head applied to the whole pass at once (``ppo.logits_chunk_rows: null``, the default);
+- ``whole``: the head applied to the whole pass at once (``ppo.compute.logits_chunk_rows: null``, the default);
 - ``chunks of N``: :func:`marllm.models.chunked_head.chunked_head_logprobs` with N rows per chunk
-  (``ppo.logits_chunk_rows: N``).
+  (``ppo.compute.logits_chunk_rows: N``).
 
 Both make the head's weight gradient (vocabulary × hidden), counted with the model's other gradients; the last
 column but one is the peak without it: the logits path proper.

@@ -99,7 +99,7 @@ def measure_one(mode: str, num_agents: int, model_dir: str, args: argparse.Names
     learners, _ = make_learners(
         model_dir,
         learner_ids(num_agents),
-        PPOConfig(mini_batch_size=args.batch_size, ppo_epochs=1),
+        PPOConfig.from_flat(mini_batch_size=args.batch_size, ppo_epochs=1),
         GenerationConfig(min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens, stop_at_eos=False),
         placement=ModelPlacement(device=device, lora=lora),
         tokenizer=tokenizer,

@@ -65,10 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=64, help="dialogues per iteration")
     parser.add_argument("--min-new-tokens", type=int, default=4, help="generation.min_new_tokens")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="generation.max_new_tokens")
-    parser.add_argument("--mini-batch-size", type=int, default=64, help="ppo.mini_batch_size")
-    parser.add_argument("--ppo-epochs", type=int, default=4, help="ppo.ppo_epochs")
-    parser.add_argument("--kl-penalty", default="full", choices=("k1", "full"), help="ppo.kl_penalty")
-    parser.add_argument("--forward-batch-size", type=int, default=None, help="ppo.forward_batch_size")
+    parser.add_argument("--mini-batch-size", type=int, default=64, help="ppo.batching.mini_batch_size")
+    parser.add_argument("--ppo-epochs", type=int, default=4, help="ppo.batching.ppo_epochs")
+    parser.add_argument("--kl-penalty", default="full", choices=("k1", "full"), help="ppo.kl.kl_penalty")
+    parser.add_argument("--forward-batch-size", type=int, default=None, help="ppo.compute.forward_batch_size")
     parser.add_argument(
         "--logprobs-from", default="tempered", choices=("tempered", "sampling"), help="generation.logprobs_from"
     )
@@ -231,7 +231,7 @@ def measure(kind: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
     tokenizer = load_tokenizer(model_dir)
     dataset = random_queries(tokenizer, 2 * args.batch_size * args.iterations, QUERY_TOKENS, seed=SEED)
     env = chain_env(dataset, args.agents, args.batch_size)
-    ppo = PPOConfig(
+    ppo = PPOConfig.from_flat(
         mini_batch_size=args.mini_batch_size,
         ppo_epochs=args.ppo_epochs,
         kl_penalty=args.kl_penalty,

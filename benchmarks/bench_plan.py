@@ -11,7 +11,7 @@ the phase it was reached in (rollout or update), the peak of each phase, and sec
 - ``qwen05-fp32``, ``qwen05-bf16``, ``qwen05-lora``: the same loop on Qwen2.5-0.5B's shape with its real
   151,936-token vocabulary (``make_workload.py runs/bench-qwen05 --arch qwen2 --vocab-size 151936``), batch 16:
   full fine-tuning in float32, full fine-tuning in bfloat16, LoRA (r = 16) adapters on a bfloat16 base;
-- any case with ``+KEY=VALUE`` overrides appended (``qwen05-fp32+ppo.gradient_checkpointing=true``).
+- any case with ``+KEY=VALUE`` overrides appended (``qwen05-fp32+ppo.compute.gradient_checkpointing=true``).
 
 The workload cases use the workload's queries and its word-count reward (the task section only sizes the prompts:
 ``task.query_max_tokens`` is set to the longest query in tokens).
@@ -34,7 +34,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = Path(__file__).with_name("configs")
-QWEN05 = ["model.name_or_path=runs/bench-qwen05/model", "env.batch_size=16", "ppo.mini_batch_size=16"]
+QWEN05 = ["model.name_or_path=runs/bench-qwen05/model", "env.batch_size=16", "ppo.batching.mini_batch_size=16"]
 CASES: dict[str, tuple[str, list[str]]] = {
     "main": (str(ROOT / "examples" / "cory_offline.yaml"), []),
     "workload": (str(CONFIGS / "workload_cory.yaml"), []),

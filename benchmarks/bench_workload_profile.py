@@ -63,7 +63,7 @@ def measure(kind: str, workload: str, args: argparse.Namespace) -> dict[str, Any
         batch_size=args.batch_size,
     )
     env = RolePermutation(SharedReward(env), period=5)
-    ppo = PPOConfig(
+    ppo = PPOConfig.from_flat(
         learning_rate=1.41e-5,
         mini_batch_size=args.mini_batch_size or args.batch_size,
         gradient_accumulation_steps=args.accumulation,
@@ -116,16 +116,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("workload", help="the directory make_workload.py wrote")
     parser.add_argument("--iterations", type=int, default=6, help="iterations measured (6 crosses a role swap)")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--mini-batch-size", type=int, default=None, help="ppo.mini_batch_size (default: the batch)")
-    parser.add_argument("--accumulation", type=int, default=1, help="ppo.gradient_accumulation_steps")
     parser.add_argument(
-        "--micro-batch-size", type=_micro_batch_size, default="auto", help="ppo.micro_batch_size: auto, none or N"
+        "--mini-batch-size", type=int, default=None, help="ppo.batching.mini_batch_size (default: the batch)"
     )
-    parser.add_argument("--fused-kernels", type=_switch, default=True, help="ppo.fused_kernels: true or false")
+    parser.add_argument("--accumulation", type=int, default=1, help="ppo.batching.gradient_accumulation_steps")
     parser.add_argument(
-        "--rollout-from-generate", type=_auto_switch, default="auto", help="ppo.rollout_from_generate: auto/true/false"
+        "--micro-batch-size",
+        type=_micro_batch_size,
+        default="auto",
+        help="ppo.compute.micro_batch_size: auto, none or N",
     )
-    parser.add_argument("--autocast-dtype", choices=["bfloat16"], default=None, help="ppo.autocast_dtype")
+    parser.add_argument("--fused-kernels", type=_switch, default=True, help="ppo.compute.fused_kernels: true or false")
+    parser.add_argument(
+        "--rollout-from-generate",
+        type=_auto_switch,
+        default="auto",
+        help="ppo.compute.rollout_from_generate: auto/true/false",
+    )
+    parser.add_argument("--autocast-dtype", choices=["bfloat16"], default=None, help="ppo.compute.autocast_dtype")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's choice)")
     parser.add_argument("--tensors", action="store_true", help="also profile tensor allocations (slow)")
     parser.add_argument("--child", help=argparse.SUPPRESS)

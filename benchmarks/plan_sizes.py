@@ -31,23 +31,24 @@ SETTINGS = {
     "float32, full": [],
     "bfloat16, full": ["model.dtype=bfloat16"],
     "bfloat16, full, checkpointing, logits by 4 rows": [
-        "model.dtype=bfloat16", "ppo.gradient_checkpointing=true", "ppo.logits_chunk_rows=4"],
+        "model.dtype=bfloat16", "ppo.compute.gradient_checkpointing=true", "ppo.compute.logits_chunk_rows=4"],
     "LoRA r=16 on bfloat16": ["model.dtype=bfloat16", "model.lora={r: 16}"],
     "LoRA r=16 on bfloat16, checkpointing, logits by 4 rows": [
-        "model.dtype=bfloat16", "model.lora={r: 16}", "ppo.gradient_checkpointing=true", "ppo.logits_chunk_rows=4"],
+        "model.dtype=bfloat16", "model.lora={r: 16}", "ppo.compute.gradient_checkpointing=true",
+        "ppo.compute.logits_chunk_rows=4"],
 }  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=64, help="env.batch_size = ppo.mini_batch_size")
+    parser.add_argument("--batch", type=int, default=64, help="env.batch_size = ppo.batching.mini_batch_size")
     parser.add_argument("--new-tokens", type=int, default=64, help="generation.max_new_tokens")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     args = parser.parse_args()
-    common = [f"env.batch_size={args.batch}", f"ppo.mini_batch_size={args.batch}",
+    common = [f"env.batch_size={args.batch}", f"ppo.batching.mini_batch_size={args.batch}",
               f"generation.max_new_tokens={args.new_tokens}"]  # fmt: skip
     print(f"CORY, 2 learners, batch {args.batch}, prompts of {args.prompt_tokens} + {args.new_tokens} new tokens, "
-          "update passes of 32 rows (ppo.micro_batch_size: auto); estimated peak GiB on one GPU")  # fmt: skip
+          "update passes of 32 rows (ppo.compute.micro_batch_size: auto); estimated peak GiB on one GPU")  # fmt: skip
     print(f"{'size':<6}{'setting':<58}{'peak GiB':>9}   fits 24 / 40 / 80 GiB")
     with tempfile.TemporaryDirectory() as folder:
         for size, shape in SHAPES.items():

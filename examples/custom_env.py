@@ -8,6 +8,7 @@ rotates the three learners through the three roles every 2 iterations.
 import sys
 
 from marllm import GenerationConfig, PPOConfig, RolePermutation, SharedReward, make_learners, run_iteration
+from marllm.algorithms import BatchingConfig, KLConfig, OptimiserConfig
 from marllm.envs import env as text_env
 
 UPBEAT = {"good", "great", "fun", "best", "love", "wonderful", "beautiful", "enjoy"}
@@ -28,7 +29,11 @@ def main(model: str = "marllm:offline-base", iterations: int = 4) -> list[dict]:
         dataset=queries, roles=list(TEMPLATES), templates=TEMPLATES, reward_fn=upbeat_reward, batch_size=4, seed=0
     )
     env = RolePermutation(SharedReward(env), period=2, learners=["ann", "bob", "cid"])
-    ppo = PPOConfig(mini_batch_size=4, learning_rate=1e-4, init_kl_coef=0.1)
+    ppo = PPOConfig(
+        optimiser=OptimiserConfig(learning_rate=1e-4),
+        batching=BatchingConfig(mini_batch_size=4),
+        kl=KLConfig(init_kl_coef=0.1),
+    )
     learners, _ = make_learners(model, env.possible_agents, ppo, GenerationConfig(4, 8), seed=0)
     return [run_iteration(env, learners)[0] for _ in range(iterations)]
 

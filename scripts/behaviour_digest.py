@@ -10,8 +10,8 @@ of ``eval_samples.jsonl``. Run it before and after a change and compare the two 
     .venv/bin/python scripts/behaviour_digest.py /tmp/after
     diff /tmp/before/digest.json /tmp/after/digest.json && echo identical
 
-Dotted overrides after OUT go to every run (``ppo.micro_batch_size=null ppo.fused_kernels=false``: the digest of a
-path asked for by hand).
+Dotted overrides after OUT go to every run (``ppo.compute.micro_batch_size=null ppo.compute.fused_kernels=false``: the
+digest of a path asked for by hand).
 
 Where digests differ, ``--compare BEFORE AFTER`` says how: per run, the metric values that changed, metric keys
 added or gone, and whether samples and eval samples are identical.

@@ -123,7 +123,7 @@ def assert_first_update_is_on_policy(learner):
 
 
 def constrained_learner(tokenizer, **ppo):
-    config = PPOConfig(**{"mini_batch_size": 6, "ppo_epochs": 1, **ppo})
+    config = PPOConfig.from_flat(**{"mini_batch_size": 6, "ppo_epochs": 1, **ppo})
     model, reference = make_tiny_gpt2(tokenizer, seed=1), make_tiny_gpt2(tokenizer, seed=2)
     generation = GenerationConfig(temperature=1.5, logprobs_from="sampling", top_k=20)
     return PPOLearner(
@@ -185,7 +185,7 @@ def hand_score(model, tokenizer, prompt, names, normalization):
 
 
 def score_learner(tokenizer, normalization="token", algorithm="ppo", **ppo):
-    config = PPOConfig(**{"mini_batch_size": 6, "ppo_epochs": 1, **ppo})
+    config = PPOConfig.from_flat(**{"mini_batch_size": 6, "ppo_epochs": 1, **ppo})
     model, reference = make_tiny_gpt2(tokenizer, seed=1), make_tiny_gpt2(tokenizer, seed=2)
     options = AlgorithmOptions(actions="score", action_normalization=normalization)
     return build_learner(

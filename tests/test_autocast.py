@@ -1,4 +1,4 @@
-"""ppo.autocast_dtype: forwards in bfloat16 under torch.autocast while weights, gradients, Adam's state and the
+"""ppo.compute.autocast_dtype: forwards in bfloat16 under torch.autocast while weights, gradients, Adam's state and the
 rollout's columns stay float32; the learner still learns; the setting is refused where it cannot apply."""
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def test_a_bfloat16_autocast_learner_learns_to_say_a_token(tokenizer):
 
 
 def test_autocast_dtype_is_checked():
-    assert PPOConfig().autocast_dtype is None
-    with pytest.raises(ValueError, match="ppo.autocast_dtype must be 'bfloat16' or null, got 'float16'"):
-        PPOConfig(autocast_dtype="float16")
-    with pytest.raises(ConfigError, match="ppo.autocast_dtype is mixed precision for whole models"):
-        config = load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["ppo.autocast_dtype=bfloat16"])
+    assert PPOConfig().compute.autocast_dtype is None
+    with pytest.raises(ValueError, match="ppo.compute.autocast_dtype must be 'bfloat16' or null, got 'float16'"):
+        PPOConfig.from_flat(autocast_dtype="float16")
+    with pytest.raises(ConfigError, match="ppo.compute.autocast_dtype is mixed precision for whole models"):
+        config = load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["ppo.compute.autocast_dtype=bfloat16"])
         config.check_data_parallel(8)

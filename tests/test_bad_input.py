@@ -83,7 +83,7 @@ def tiny_config(lm_dir: Path, reviews: Path, classifier: Path) -> dict:
         "model": {"name_or_path": str(lm_dir), "device": "cpu"},
         "task": {"dataset": str(reviews), "eval_split": None, "min_text_chars": 20, "reward_model": str(classifier)},
         "env": {"batch_size": 2},
-        "ppo": {"mini_batch_size": 2},
+        "ppo": {"batching": {"mini_batch_size": 2}},
         "logging": {"tensorboard": False, "progress": False, "save_checkpoint": False, "eval_queries": 0},
     }
 
@@ -289,11 +289,12 @@ def test_an_empty_config_file_is_an_error_naming_it(tmp_path, capsys):
 
 
 def test_a_duplicate_key_names_the_key_and_both_lines(tmp_path):
-    path = write(tmp_path / "dup.yaml", "name: a\nppo:\n  learning_rate: 1.0e-5\n  ppo_epochs: 2\n  learning_rate: 1\n")
+    path = write(tmp_path / "dup.yaml", "name: a\nppo:\n  optimiser:\n    learning_rate: 1.0e-5\n    adam_eps: 1.0e-8\n"
+                 "    learning_rate: 1\n")
     with pytest.raises(ConfigError) as error:
         load_config(path)
     assert str(error.value) == (
-        f"config file '{path}': key 'learning_rate' appears twice in one mapping (lines 3 and 5); give each key once"
+        f"config file '{path}': key 'learning_rate' appears twice in one mapping (lines 4 and 6); give each key once"
     )
     write(path, "name: a\niterations: 3\nname: b\n")
     with pytest.raises(ConfigError, match=r"key 'name' appears twice in one mapping \(lines 1 and 3\)"):

@@ -43,7 +43,7 @@ def test_a_learner_generates_and_trains_on_the_rendered_prompt(chat_tokenizer):
         model=model,
         tokenizer=chat_tokenizer,
         reference=reference,
-        config=PPOConfig(mini_batch_size=4),
+        config=PPOConfig.from_flat(mini_batch_size=4),
         generation=generation,
         seed=0,
     )
@@ -65,7 +65,7 @@ def test_chat_template_without_a_template_is_refused_when_the_learner_is_built(t
             model=model,
             tokenizer=tokenizer,
             reference=model,
-            config=PPOConfig(mini_batch_size=4),
+            config=PPOConfig.from_flat(mini_batch_size=4),
             generation=GenerationConfig(chat_template=True),
         )
 

@@ -33,7 +33,7 @@ from marllm.run.checkpoint import (
 from marllm.run.setup import build
 from marllm.wrappers import RolePermutation, SharedReward
 from tests.conftest import make_tiny_gpt2
-from tests.test_train import ROOT, tiny_overrides
+from tests.test_train import ROOT, merge_settings, tiny_overrides
 
 LORA = {"r": 2, "alpha": 4, "target_modules": ["c_attn"]}
 
@@ -41,8 +41,7 @@ LORA = {"r": 2, "alpha": 4, "target_modules": ["c_attn"]}
 # ----------------------------------------------------------------------------------------------- exact resumption
 def cory_config(lm, classifier, reviews, lora):
     data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
-    for section, values in tiny_overrides(lm, classifier, reviews).items():
-        data[section].update(values)
+    merge_settings(data, tiny_overrides(lm, classifier, reviews))
     data["agents"]["role_period"] = 1  # the roles swap at every iteration, so across the checkpoint too
     data["model"]["lora"] = LORA if lora else None
     return config_from_dict(data)
@@ -102,7 +101,7 @@ def test_resumed_cory_run_continues_bit_for_bit(tmp_path, tiny_lm_dir, tiny_clas
 # ----------------------------------------------------------------------------------------------- small setups
 def tiny_learners(tokenizer, ids=("llm1", "llm2"), n_positions=128):
     reference = make_tiny_gpt2(tokenizer, n_positions).requires_grad_(False).eval()
-    ppo = PPOConfig(mini_batch_size=4, learning_rate=1e-3)
+    ppo = PPOConfig.from_flat(mini_batch_size=4, learning_rate=1e-3)
     generation = GenerationConfig(2, 4)
     return {
         learner_id: PPOLearner(

@@ -1,5 +1,5 @@
-"""ppo.logits_chunk_rows: the LM head applied a few rows at a time, recomputed in the backward, gives the update of
-the whole pass (the weights after it within float rounding) while no head call sees more than the chunk's rows; a
+"""ppo.compute.logits_chunk_rows: the LM head applied a few rows at a time, recomputed in the backward, gives the update
+of the whole pass (the weights after it within float rounding) while no head call sees more than the chunk's rows; a
 model that changes its logits after its head is refused."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
-from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
+from marllm.algorithms import ComputeConfig, GenerationConfig, PPOConfig, PPOLearner
 from marllm.models.chunked_head import check_plain_head, chunked_head_logprobs, head_deferred
 from marllm.models.lora import LoraSettings, attach_adapters
 from tests.conftest import make_tiny_gpt2
@@ -25,7 +25,7 @@ def updated(tokenizer, base, chunk_rows, prompts=PROMPTS, lora=False, generation
     the largest row count any LM-head call saw during the update, and the update's statistics."""
     model = copy.deepcopy(base)
     settings = {"mini_batch_size": 4, "ppo_epochs": 2, "learning_rate": 3e-3, "init_kl_coef": 0.01}
-    config = PPOConfig(kl_control="fixed", logits_chunk_rows=chunk_rows, micro_batch_size=None, **settings)
+    config = PPOConfig.from_flat(kl_control="fixed", logits_chunk_rows=chunk_rows, micro_batch_size=None, **settings)
     kwargs = {"reference": copy.deepcopy(base).requires_grad_(False).eval()}
     torch.manual_seed(0)
     if lora:
@@ -129,5 +129,5 @@ def test_a_model_that_soft_caps_its_logits_is_refused(tokenizer):
 
 def test_logits_chunk_rows_is_checked():
     with pytest.raises(ValueError, match="logits_chunk_rows"):
-        PPOConfig(logits_chunk_rows=0)
-    assert any("logits_chunk_rows" in reason for reason in PPOConfig(logits_chunk_rows=4).whole_model_settings())
+        PPOConfig.from_flat(logits_chunk_rows=0)
+    assert any("logits_chunk_rows" in reason for reason in ComputeConfig(logits_chunk_rows=4).whole_model_settings())

@@ -128,11 +128,12 @@ def test_a_changed_study_names_the_run_and_the_key_that_changed():
         "out holds a study whose runs differ from study s's (new runs: base__seed1; run base__seed0 changed "
         "iterations: 50 -> 60); give another --out, or start every run again with --overwrite"
     )
-    variants = {"cory": ["ppo.learning_rate=1e-3"], "ppo": []}
-    changed = {"cory": ["ppo.learning_rate=5e-4", "name=cory"], "ppo": []}
+    variants = {"cory": ["ppo.optimiser.learning_rate=1e-3"], "ppo": []}
+    changed = {"cory": ["ppo.optimiser.learning_rate=5e-4", "name=cory"], "ppo": []}
     before = study_from_dict({"name": "s", "base": {"iterations": 2}, "variants": variants, "seeds": [0, 1]})
     after = study_from_dict({"name": "s", "base": {"iterations": 2}, "variants": changed, "seeds": [0, 1]})
-    assert "(run cory__seed0 changed ppo.learning_rate: 1e-3 -> 5e-4, name: (absent) -> cory; 1 more run changed)" in (
+    changes = "ppo.optimiser.learning_rate: 1e-3 -> 5e-4, name: (absent) -> cory; 1 more run changed"
+    assert f"(run cory__seed0 changed {changes})" in (
         expansion_changed(Path("out"), "s", before.expansion(), after.expansion())
     )
     assert "(its study.json does not list runs as marllm study writes them)" in (

@@ -21,7 +21,9 @@ def learners(tokenizer) -> dict[str, PPOLearner]:
     found = {}
     for seed, name in enumerate(("pioneer", "observer")):
         reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
-        config = PPOConfig(mini_batch_size=2, ppo_epochs=2, learning_rate=3e-3, kl_control="fixed", init_kl_coef=0.05)
+        config = PPOConfig.from_flat(
+            mini_batch_size=2, ppo_epochs=2, learning_rate=3e-3, kl_control="fixed", init_kl_coef=0.05
+        )
         kwargs = {"algorithm": "grpo", "group_size": 2} if name == "observer" else {}
         learner_class = CriticFreeLearner if kwargs else PPOLearner
         found[name] = learner_class(

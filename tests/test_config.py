@@ -37,11 +37,20 @@ def test_examples_hold_the_papers_imdb_hyperparameters(path):
     assert config.task.reward_model == "lvwerra/distilbert-imdb"
     assert (config.task.query_min_tokens, config.task.query_max_tokens) == (2, 8)
     ppo = config.ppo
-    assert ppo.learning_rate == 1.41e-5
+    assert ppo.optimiser.learning_rate == 1.41e-5
     assert config.env.batch_size == 256
-    assert (ppo.mini_batch_size, ppo.gradient_accumulation_steps, ppo.ppo_epochs) == (256, 1, 4)
+    assert (ppo.batching.mini_batch_size, ppo.batching.gradient_accumulation_steps, ppo.batching.ppo_epochs) == (
+        256,
+        1,
+        4,
+    )
     assert (ppo.gamma, ppo.lam, ppo.clip_range, ppo.clip_range_value, ppo.vf_coef) == (1.0, 0.95, 0.2, 0.2, 0.1)
-    assert (ppo.kl_control, ppo.init_kl_coef, ppo.target_kl, ppo.kl_horizon) == ("adaptive", 0.3, 6.0, 10000)
+    assert (ppo.kl.kl_control, ppo.kl.init_kl_coef, ppo.kl.target_kl, ppo.kl.kl_horizon) == (
+        "adaptive",
+        0.3,
+        6.0,
+        10000,
+    )
     assert ppo.score_transform == "normalize"
     gen = config.generation
     assert (gen.min_new_tokens, gen.max_new_tokens, gen.top_k, gen.top_p) == (4, 16, 0, 1.0)
@@ -70,7 +79,7 @@ def test_ppo_example_is_one_learner_on_its_own_reward():
 
 
 def test_to_dict_round_trips_through_yaml(tmp_path):
-    config = load_config(CORY, ["ppo.learning_rate=1e-5", "agents.reward_coefficients=[[1, 0.5], [0.5, 1]]"])
+    config = load_config(CORY, ["ppo.optimiser.learning_rate=1e-5", "agents.reward_coefficients=[[1, 0.5], [0.5, 1]]"])
     path = write_yaml(tmp_path, yaml.safe_dump(config.to_dict()))
     assert load_config(path) == config
 
@@ -78,7 +87,7 @@ def test_to_dict_round_trips_through_yaml(tmp_path):
 def test_defaults_are_the_cory_paper_setting():
     config = config_from_dict({})
     assert config.env.roles == ["pioneer", "observer"] and config.learner_ids == ["llm1", "llm2"]
-    assert config.ppo.learning_rate == 1.41e-5 and config.ppo.init_kl_coef == 0.3
+    assert config.ppo.optimiser.learning_rate == 1.41e-5 and config.ppo.kl.init_kl_coef == 0.3
     assert config.coefficient_matrix() is None  # no sharing unless asked
 
 
@@ -87,14 +96,16 @@ def test_defaults_are_the_cory_paper_setting():
 
 def test_override_1e_minus_5_is_a_float():
     assert yaml.safe_load("1e-5") == "1e-5"  # YAML 1.1: a string, since it has no dot
-    config = load_config(CORY, ["ppo.learning_rate=1e-5"])
-    assert config.ppo.learning_rate == 1e-5 and type(config.ppo.learning_rate) is float
+    config = load_config(CORY, ["ppo.optimiser.learning_rate=1e-5"])
+    assert config.ppo.optimiser.learning_rate == 1e-5 and type(config.ppo.optimiser.learning_rate) is float
 
 
 def test_float_written_as_1e_minus_5_in_a_yaml_file(tmp_path):
-    config = load_config(write_yaml(tmp_path, "ppo:\n  learning_rate: 1e-5\n  init_kl_coef: 2\n"))
-    assert config.ppo.learning_rate == 1e-5 and config.ppo.init_kl_coef == 2.0
-    assert type(config.ppo.init_kl_coef) is float
+    config = load_config(
+        write_yaml(tmp_path, "ppo:\n  optimiser:\n    learning_rate: 1e-5\n  kl:\n    init_kl_coef: 2\n")
+    )
+    assert config.ppo.optimiser.learning_rate == 1e-5 and config.ppo.kl.init_kl_coef == 2.0
+    assert type(config.ppo.kl.init_kl_coef) is float
 
 
 def test_override_list_null_and_bool_values():
@@ -142,25 +153,26 @@ def test_override_into_a_new_nested_mapping():
     "overrides,message",
     [
         (["foo=1"], "unknown config key 'foo'; valid keys here: ['agents', 'critic_free', 'env', 'game', 'generation'"),
-        (["ppo.lr=1e-5"], "unknown config key 'ppo.lr'; valid keys here: ['adam_eps'"),
+        (["ppo.lr=1e-5"], "unknown config key 'ppo.lr'; valid keys here: ['batching', 'clip_range'"),
+        (["ppo.optimiser.lr=1e-5"], "unknown config key 'ppo.optimiser.lr'; valid keys here: ['adam_eps'"),
         (["agents.period=5"], "unknown config key 'agents.period' (did you mean 'agents.role_period'?)"),
         (["iterations=ten"], "iterations must be an integer, got str 'ten'"),
         (["seed=1.0"], "seed must be an integer, got float 1.0"),
-        (["ppo.ppo_epochs=1.5"], "ppo.ppo_epochs must be an integer, got float 1.5"),
+        (["ppo.batching.ppo_epochs=1.5"], "ppo.batching.ppo_epochs must be an integer, got float 1.5"),
         (["logging.tensorboard='yes'"], "logging.tensorboard must be true or false, got 'yes'"),
-        (["ppo.learning_rate=abc"], "ppo.learning_rate must be a number, got str 'abc'"),
+        (["ppo.optimiser.learning_rate=abc"], "ppo.optimiser.learning_rate must be a number, got str 'abc'"),
         (["env.roles=pioneer"], "env.roles must be a list, got str 'pioneer'"),
         (["agents.role_period=true"], "agents.role_period must be an integer, got bool True"),
         (["model=3"], "model must be a mapping, got int 3"),
-        (["ppo.kl_control=pid"], "ppo.kl_control must be one of ['adaptive', 'fixed'], got 'pid'"),
+        (["ppo.kl.kl_control=pid"], "ppo.kl.kl_control must be one of ['adaptive', 'fixed'], got 'pid'"),
         (["ppo.score_transform=whiten"], "ppo.score_transform must be one of ['none', 'scale', 'normalize']"),
         (
             ["env.batch_size=100"],
-            "env.batch_size: batch size 100 is not divisible by ppo.mini_batch_size × "
-            "ppo.gradient_accumulation_steps = 256 × 1 = 256",
+            "env.batch_size: batch size 100 is not divisible by ppo.batching.mini_batch_size × "
+            "ppo.batching.gradient_accumulation_steps = 256 × 1 = 256",
         ),
         (
-            ["env.batch_size=64", "ppo.mini_batch_size=16", "ppo.gradient_accumulation_steps=3"],
+            ["env.batch_size=64", "ppo.batching.mini_batch_size=16", "ppo.batching.gradient_accumulation_steps=3"],
             "= 16 × 3 = 48",
         ),
         (["agents.reward_coefficients=[[1, 1, 1], [1, 1, 1]]"], "agents.reward_coefficients: reward coefficients"),
@@ -189,7 +201,7 @@ def test_override_into_a_new_nested_mapping():
         (["=3"], "override '=3' must look like section.key=value"),
         (["iterations.count=1"], "override 'iterations.count=1': iterations is not a section"),
         (["env.roles.first=a"], "override 'env.roles.first=a': env.roles is not a section"),
-        (["ppo.learning_rate=[1"], "override 'ppo.learning_rate=[1': value is not valid YAML"),
+        (["ppo.optimiser.learning_rate=[1"], "override 'ppo.optimiser.learning_rate=[1': value is not valid YAML"),
     ],
 )
 def test_config_errors_name_the_key(overrides, message):
@@ -244,16 +256,16 @@ def test_cli_train_with_an_unknown_key_returns_2(tmp_path, capsys):
 
 
 def test_cli_train_with_a_bad_override_returns_2(capsys):
-    assert main(["train", str(CORY), "ppo.kl_control=pid"]) == 2
-    assert "ppo.kl_control must be one of ['adaptive', 'fixed'], got 'pid'" in capsys.readouterr().err
+    assert main(["train", str(CORY), "ppo.kl.kl_control=pid"]) == 2
+    assert "ppo.kl.kl_control must be one of ['adaptive', 'fixed'], got 'pid'" in capsys.readouterr().err
 
 
 def test_cli_overrides_may_follow_options(tmp_path, capsys):
     # the override after --run-dir must be applied (and here rejected), not dropped or misparsed
-    assert main(["train", str(CORY), "--run-dir", str(tmp_path / "run"), "ppo.kl_control=pid"]) == 2
-    assert "ppo.kl_control must be one of" in capsys.readouterr().err
+    assert main(["train", str(CORY), "--run-dir", str(tmp_path / "run"), "ppo.kl.kl_control=pid"]) == 2
+    assert "ppo.kl.kl_control must be one of" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["train", str(CORY), "ppo.ppo_epochs=1", "--no-such-option"])
+        main(["train", str(CORY), "ppo.batching.ppo_epochs=1", "--no-such-option"])
     assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
 
 
@@ -270,12 +282,14 @@ def test_full_parameter_training_in_float16_is_a_config_error(dtype):
 
 
 def test_new_ppo_switches_load_from_yaml_overrides():
-    config = load_config(CORY, ["ppo.ratio_threshold=null", "ppo.loss_reduction=step_token_mean"])
-    assert config.ppo.ratio_threshold is None and config.ppo.loss_reduction == "step_token_mean"
-    config = load_config(CORY, ["ppo.ratio_threshold=5"])
-    assert config.ppo.ratio_threshold == 5.0
-    with pytest.raises(ConfigError, match=r"ppo.loss_reduction must be one of \['minibatch_token_mean', 'step_token"):
-        load_config(CORY, ["ppo.loss_reduction=sum"])
+    config = load_config(CORY, ["ppo.guards.ratio_threshold=null", "ppo.batching.loss_reduction=step_token_mean"])
+    assert config.ppo.guards.ratio_threshold is None and config.ppo.batching.loss_reduction == "step_token_mean"
+    config = load_config(CORY, ["ppo.guards.ratio_threshold=5"])
+    assert config.ppo.guards.ratio_threshold == 5.0
+    with pytest.raises(
+        ConfigError, match=r"ppo.batching.loss_reduction must be one of \['minibatch_token_mean', 'step_token"
+    ):
+        load_config(CORY, ["ppo.batching.loss_reduction=sum"])
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
@@ -297,8 +311,8 @@ def test_smollm2_cory_and_ppo_examples_differ_only_in_the_agents(task):
 @pytest.mark.parametrize(
     ("override", "valid"),
     [
-        ("ppo.rollout_from_generate=maybe", "'maybe' matches none of bool or 'auto'"),
-        ("ppo.micro_batch_size=big", "'big' matches none of int or 'auto' or null"),
+        ("ppo.compute.rollout_from_generate=maybe", "'maybe' matches none of bool or 'auto'"),
+        ("ppo.compute.micro_batch_size=big", "'big' matches none of int or 'auto' or null"),
     ],
 )
 def test_a_value_of_a_union_type_is_refused_naming_what_is_valid(override, valid):

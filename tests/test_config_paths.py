@@ -31,7 +31,7 @@ def project(tmp_path: Path, tiny_lm_dir: Path) -> Path:
         "task": {"name": "text", "dataset": "data/prompts.jsonl", "query_column": "prompt",
                  "reward": "rewards.py:length"},
         "env": {"roles": ["speaker"], "templates": {"speaker": "{query}"}, "batch_size": 2},
-        "ppo": {"mini_batch_size": 2, "ppo_epochs": 1},
+        "ppo": {"batching": {"mini_batch_size": 2, "ppo_epochs": 1}},
         "generation": {"min_new_tokens": 2, "max_new_tokens": 4},
         "logging": {"tensorboard": False, "progress": False, "eval_queries": 2, "checkpoint_every": 1,
                     "save_checkpoint": True},

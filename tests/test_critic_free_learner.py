@@ -84,7 +84,7 @@ def test_preprocess_leaves_the_rollout_alone_and_the_loss_gets_the_updates_kl_co
 
     b = rollout.tensors
     mask = b.mask.bool()
-    kl = b.kl.double()  # the reward's per-token KL: k1 = log π − log π_0 (ppo.kl_penalty), 0 on padding
+    kl = b.kl.double()  # the reward's per-token KL: k1 = log π − log π_0 (ppo.kl.kl_penalty), 0 on padding
     assert kl.sum(1).mean() > 1.0  # far from the first update's usual 0
     in_reward = eta if kl_in == "reward" else 0.0
     rewards = -in_reward * kl
@@ -140,11 +140,10 @@ def tiny_cory_data(lm, classifier, reviews, agents, env):
     """examples/cory_imdb.yaml made tiny, with ``agents`` and ``env`` settings on top."""
     import yaml
 
-    from tests.test_train import ROOT, tiny_overrides
+    from tests.test_train import ROOT, merge_settings, tiny_overrides
 
     data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
-    for section, values in tiny_overrides(lm, classifier, reviews).items():
-        data[section].update(values)
+    merge_settings(data, tiny_overrides(lm, classifier, reviews))
     data["agents"].update(agents)
     data["env"].update(env)
     return data
@@ -223,7 +222,7 @@ def test_the_kl_controller_is_fed_the_kl_the_penalty_uses(tokenizer, estimator):
         learner.finish([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5])
         b = learner.rollouts[0].tensors
         learner.update()
-        if kl_in == "reward":  # the reward's estimator, ppo.kl_penalty (k1)
+        if kl_in == "reward":  # the reward's estimator, ppo.kl.kl_penalty (k1)
             expected = b.kl.double().sum(1).mean().item()
         else:  # the loss's estimator of the rollout's KL
             x = (b.ref_logprobs - b.logprobs).double() * b.mask

@@ -85,7 +85,7 @@ def text_config(project, lm_dir, **task):
         "task": {"name": "text", "dataset": str(project / "prompts.jsonl"), "query_column": "prompt",
                  "reward": f"{project / 'rewards.py'}:length", **task},
         "env": {"roles": ["speaker"], "templates": {"speaker": "{query}"}, "batch_size": 2},
-        "ppo": {"mini_batch_size": 2, "ppo_epochs": 1},
+        "ppo": {"batching": {"mini_batch_size": 2, "ppo_epochs": 1}},
         "generation": {"min_new_tokens": 2, "max_new_tokens": 4},
         "logging": {"tensorboard": False, "progress": False, "eval_queries": 2, "checkpoint_every": None},
     }
@@ -195,7 +195,7 @@ def test_a_task_class_of_ones_own_by_path(project, tiny_lm_dir):
         "model": {"name_or_path": str(tiny_lm_dir), "device": "cpu"},
         "task": {"name": "tasks.py:Echo", "count": 2},
         "env": {"roles": ["speaker"], "batch_size": 2},
-        "ppo": {"mini_batch_size": 2},
+        "ppo": {"batching": {"mini_batch_size": 2}},
         "logging": {"pass_at_k": [1]},  # the class says its reward is 0/1
     }
     config = load_config(write_config(project, data))

@@ -265,7 +265,7 @@ def test_fsdp_config_is_checked_before_anything_starts():
         "load_in_4bit": False,
     }
     for data in (sharded, lora):
-        del data["name"], data["model"], data["ppo"]["learning_rate"]
+        del data["name"], data["model"], data["ppo"]["optimiser"]["learning_rate"]
     assert sharded == lora
 
 

@@ -14,7 +14,7 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from tests.test_data_parallel import ENV, ROOT
-from tests.test_train import tiny_overrides
+from tests.test_train import merge_settings, tiny_overrides
 
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["replicated", "sharded"])
@@ -22,8 +22,7 @@ def test_cli_trains_cory_on_two_ranks_and_resumes_on_one(
     tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file, fsdp
 ):
     data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
-    for section, values in tiny_overrides(tiny_lm_dir, tiny_classifier_dir, reviews_file).items():
-        data[section].update(values)
+    merge_settings(data, tiny_overrides(tiny_lm_dir, tiny_classifier_dir, reviews_file))
     data["logging"].update({"checkpoint_every": 1, "samples_per_iteration": 1, "save_checkpoint": fsdp})
     data["model"]["fsdp"] = fsdp
     config = tmp_path / "cory_tiny.yaml"
@@ -64,8 +63,7 @@ def test_cli_trains_cory_on_two_ranks_and_resumes_on_one(
 
 def test_nproc_refuses_a_batch_that_does_not_split(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
     data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
-    for section, values in tiny_overrides(tiny_lm_dir, tiny_classifier_dir, reviews_file).items():
-        data[section].update(values)
+    merge_settings(data, tiny_overrides(tiny_lm_dir, tiny_classifier_dir, reviews_file))
     config = tmp_path / "cory_tiny.yaml"
     config.write_text(yaml.safe_dump(data))
     completed = subprocess.run(

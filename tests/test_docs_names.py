@@ -3,8 +3,8 @@ and no page says "not run yet" of a config whose results are in docs/results.
 
 Checked in the README and every page under docs/ (fenced code blocks aside): dotted names
 (``marllm.wrappers.RoleBaselines``, ``marllm.train(config)``), paths in the package (``marllm/run/run_dir.py``), a
-marllm class and its attributes (``PPOConfig.micro_batch_size``, or ``RunState`` alone) and config keys
-(``ppo.micro_batch_size``, ``game.actions.mode: score``), the keys against the dataclass fields of
+marllm class and its attributes (``ComputeConfig.micro_batch_size``, or ``RunState`` alone) and config keys
+(``ppo.compute.micro_batch_size``, ``game.actions.mode: score``), the keys against the dataclass fields of
 :class:`marllm.config.TrainConfig`'s sections.
 """
 
@@ -190,10 +190,10 @@ def test_no_page_says_not_run_yet_of_a_config_with_results():
         ("marllm.train(config)", []),
         ("marllm/run/run_dir.py", []),
         ("marllm/run/rundir.py", ["marllm/run/rundir.py"]),
-        ("PPOConfig.micro_batch_size", []),
+        ("ComputeConfig.micro_batch_size", []),
         ("PPOConfig.micro_batches", ["PPOConfig.micro_batches"]),
         ("RunDir", ["RunDir"]),
-        ("ppo.micro_batch_size", []),
+        ("ppo.compute.micro_batch_size", []),
         ("game.actions.mode: score", []),
         ("agents.models.llm2", []),
         ("task.reward_model", []),

@@ -36,7 +36,7 @@ from marllm.run.run_dir import (
 )
 from marllm.run.train import train
 from tests.conftest import make_tiny_gpt2
-from tests.test_train import ROOT, tiny_overrides
+from tests.test_train import ROOT, merge_settings, tiny_overrides
 
 SUBPROCESS_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
 
@@ -44,13 +44,15 @@ SUBPROCESS_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OF
 def cory_data(lm, classifier, reviews, **top) -> dict:
     """The tiny CORY config as YAML data: two learners whose roles swap every 2 iterations, no eval at the end."""
     data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
-    for section, values in tiny_overrides(lm, classifier, reviews).items():
-        data[section].update(values)
+    merge_settings(data, tiny_overrides(lm, classifier, reviews))
     data["agents"]["role_period"] = 2
     data["logging"].update({"eval_queries": 0, "checkpoint_every": 1})
     for key, value in top.items():
-        section, _, name = key.rpartition("__")
-        (data[section] if section else data)[name] = value
+        *sections, name = key.split("__")
+        node = data
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[name] = value
     return data
 
 
@@ -236,8 +238,8 @@ def test_resume_checks_the_config_and_the_checkpoint(cory, tmp_path):
         train(cory(iterations=2), run_dir, resume=True)
     train(cory(iterations=3, logging__checkpoint_every=None), run_dir)
     changed = cory(iterations=3, seed=5)
-    changed.ppo.learning_rate = 0.5
-    with pytest.raises(ConfigError, match=r"ppo.learning_rate: 0.001 -> 0.5; seed: 0 -> 5\. Resume with"):
+    changed.ppo.optimiser.learning_rate = 0.5
+    with pytest.raises(ConfigError, match=r"ppo.optimiser.learning_rate: 0.001 -> 0.5; seed: 0 -> 5\. Resume with"):
         train(changed, run_dir, resume=True)
     with pytest.raises(ConfigError, match="iterations=2 is fewer than the 3 iterations"):
         train(cory(iterations=2), run_dir, resume=True)
@@ -273,12 +275,12 @@ def test_resume_differences_leave_out_what_may_change(cory):
     base = cory(iterations=3)
     saved = base.to_dict()
     other = cory(iterations=30, run_dir="elsewhere", logging__progress=True, logging__checkpoint_every=5)
-    other.ppo.on_nonfinite = "skip"
+    other.ppo.guards.on_nonfinite = "skip"
     assert resume_differences(saved, other) == []
     other.env.batch_size, other.model.dtype = 8, "float64"
     assert resume_differences(saved, other) == ["env.batch_size: 4 -> 8", "model.dtype: 'float32' -> 'float64'"]
-    del saved["ppo"]["max_grad_norm"]  # a key added since: compares as its default
-    assert "ppo.max_grad_norm" not in " ".join(resume_differences(saved, other))
+    del saved["ppo"]["optimiser"]["max_grad_norm"]  # a key added since: compares as its default
+    assert "ppo.optimiser.max_grad_norm" not in " ".join(resume_differences(saved, other))
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": {}}) == {"a.b": 1, "a.c": [1, 2], "d": {}}
 
 
@@ -415,7 +417,7 @@ def nan_losses_for(monkeypatch, learner_name: str, from_update: int, from_call: 
 
 
 def skip_learner(tokenizer) -> PPOLearner:
-    settings = PPOConfig(mini_batch_size=4, ppo_epochs=2, learning_rate=1e-2, on_nonfinite="skip")
+    settings = PPOConfig.from_flat(mini_batch_size=4, ppo_epochs=2, learning_rate=1e-2, on_nonfinite="skip")
     reference = make_tiny_gpt2(tokenizer).requires_grad_(False).eval()
     return PPOLearner(
         "llm1",
@@ -458,8 +460,8 @@ def test_a_skipped_update_leaves_the_controller_and_score_statistics(tokenizer, 
 def test_too_many_skips_stop_the_run_and_keep_the_checkpoint_before_them(cory, monkeypatch, tmp_path, capsys):
     nan_losses_for(monkeypatch, "llm1", from_update=2)
     config = cory(iterations=8)
-    config.ppo.on_nonfinite, config.ppo.max_consecutive_skips = "skip", 2
-    with pytest.raises(NonFiniteLossError, match=r"\['llm1'\] skipped more than ppo.max_consecutive_skips = 2"):
+    config.ppo.guards.on_nonfinite, config.ppo.guards.max_consecutive_skips = "skip", 2
+    with pytest.raises(NonFiniteLossError, match=r"\['llm1'\] skipped more than ppo.guards.max_consecutive_skips = 2"):
         train(config, tmp_path / "run")
     metrics = lines(tmp_path / "run" / "metrics.jsonl")
     assert [m["llm1/nonfinite_skipped"] for m in metrics] == [0, 0, 1, 1, 1]
@@ -471,10 +473,10 @@ def test_too_many_skips_stop_the_run_and_keep_the_checkpoint_before_them(cory, m
 
 
 def test_non_finite_settings_are_checked():
-    with pytest.raises(ValueError, match="ppo.on_nonfinite must be one of"):
-        PPOConfig(on_nonfinite="ignore")
-    with pytest.raises(ValueError, match="ppo.max_consecutive_skips must be an integer >= 0"):
-        PPOConfig(max_consecutive_skips=-1)
+    with pytest.raises(ValueError, match="ppo.guards.on_nonfinite must be one of"):
+        PPOConfig.from_flat(on_nonfinite="ignore")
+    with pytest.raises(ValueError, match="ppo.guards.max_consecutive_skips must be an integer >= 0"):
+        PPOConfig.from_flat(max_consecutive_skips=-1)
     with pytest.raises(ConfigError, match="logging.checkpoint_every must be >= 1"):
         config_from_dict({"logging": {"checkpoint_every": 0}})
     with pytest.raises(ConfigError, match="logging.keep_checkpoints must be >= 1"):
@@ -502,9 +504,9 @@ def test_a_non_finite_loss_fails_the_run_with_one_line_and_how_to_resume(cory, m
     assert err[0].startswith("marllm: error: learner 'llm1': non-finite PPO loss")
     assert err[1:] == [
         f"marllm: the run's latest checkpoint (iteration 2) stays; resume with: marllm train {config_path} --resume "
-        f"{run_dir} ppo.on_nonfinite=skip"
+        f"{run_dir} ppo.guards.on_nonfinite=skip"
     ]
     assert read_run_state(run_dir).describe() == "2 of 4 iterations, failed"
     monkeypatch.undo()
-    assert main(["train", str(config_path), "--resume", str(run_dir), "ppo.on_nonfinite=skip"]) == 0
+    assert main(["train", str(config_path), "--resume", str(run_dir), "ppo.guards.on_nonfinite=skip"]) == 0
     assert read_run_state(run_dir).finished

@@ -57,7 +57,7 @@ def test_game_max_moves_in_a_config_reaches_the_env(tiny_lm_dir):
     data = {
         "model": {"name_or_path": str(tiny_lm_dir), "device": "cpu"},
         "game": {"name": "tictactoe_v3", "seats": ["llm", "random"], "batch_size": 2, "max_moves": 4},
-        "ppo": {"mini_batch_size": 1},
+        "ppo": {"batching": {"mini_batch_size": 1}},
     }
     assert build_game_env(config_from_dict(data)).unwrapped.max_moves == 4
     data["game"]["max_moves"] = 0

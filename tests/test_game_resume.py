@@ -17,7 +17,12 @@ CONFIG = str(ROOT / "examples" / "games" / "kuhn_poker_offline.yaml")
 @needs_openspiel
 @pytest.mark.parametrize("actions", ["generate", "constrained", "score"])
 def test_a_resumed_game_run_goes_on_as_the_uninterrupted_one(tmp_path, actions):
-    overrides = [f"game.actions.mode={actions}", "game.batch_size=4", "logging.progress=false", "ppo.ppo_epochs=2"]
+    overrides = [
+        f"game.actions.mode={actions}",
+        "game.batch_size=4",
+        "logging.progress=false",
+        "ppo.batching.ppo_epochs=2",
+    ]
     if actions != "generate":  # exact under legal-move policies; sampled under free text (not worth it here)
         overrides += ["game.measurement.exploitability_every=1", "game.illegal_penalty=0.0"]
     uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"

@@ -39,7 +39,7 @@ def metrics_of(run_dir: Path) -> list[dict]:
         pytest.param("kuhn_poker_offline", [], ["llm"], {"llm": ["player_0", "player_1"]}, marks=needs_openspiel),
         pytest.param(
             "ipd_offline",
-            [IPD2, "ppo.mini_batch_size=2"],
+            [IPD2, "ppo.batching.mini_batch_size=2"],
             ["llm1", "llm2"],
             {"llm1": ["player_0"], "llm2": ["player_1"]},
             marks=needs_openspiel,

@@ -39,7 +39,7 @@ def game_config(game=None, **sections):
     data = {
         "model": {"name_or_path": "marllm:offline-base", "device": "cpu"},
         "game": {"name": "tictactoe_v3", "seats": ["llm", "random"], "batch_size": 4, **(game or {})},
-        "ppo": {"mini_batch_size": 1},
+        "ppo": {"batching": {"mini_batch_size": 1}},
     }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value}
@@ -94,8 +94,16 @@ def test_a_game_config_names_its_learners_and_shares_rewards_over_its_seats():
         ({"templates": "{board}"}, {}, r"game.templates: .*board"),
         ({"templates": {"player_1": "{state}"}}, {}, r"game.templates: .*missing \['player_2'\]"),
         ({"name": "rps_v2", "options": {"rounds": 3}}, {}, r"game.options: rps_v2 does not take \{'rounds': 3\}"),
-        ({}, {"ppo": {"mini_batch_size": 4}}, r"= 4 must be 1 for this game: the games of a batch of tictactoe_v3 end"),
-        ({}, {"ppo": {"mini_batch_size": 4}}, r"set ppo.last_minibatch: merge \(the rows left over join the last"),
+        (
+            {},
+            {"ppo": {"batching": {"mini_batch_size": 4}}},
+            r"= 4 must be 1 for this game: the games of a batch of tictactoe_v3 end",
+        ),
+        (
+            {},
+            {"ppo": {"batching": {"mini_batch_size": 4}}},
+            r"set ppo.batching.last_minibatch: merge \(the rows left over join the last",
+        ),
         (
             {},
             {"env": {"batch_size": 8}},
@@ -162,11 +170,12 @@ def test_a_game_section_needs_its_name_and_seats():
         ({"name": "openspiel:nope"}, {}, r"game.name: OpenSpiel has no game 'nope' \(pyspiel.registered_names"),
         ({"name": "openspiel:kuhn_poker", "options": {"players": 3}}, {}, "take their parameters in the game string"),
         ({"name": IPD, "seats": ["llm", "minimax"]}, {}, "minimax plays tic-tac-toe only"),
-        ({"name": IPD}, {"ppo": {"mini_batch_size": 4}}, r"ends its game early .*game.illegal: random"),
+        ({"name": IPD}, {"ppo": {"batching": {"mini_batch_size": 4}}}, r"ends its game early .*game.illegal: random"),
         (
             {"name": IPD, "illegal": "random", "batch_size": 6},
-            {"ppo": {"mini_batch_size": 4}},
-            r"game.batch_size 6 is not divisible by ppo.mini_batch_size × ppo.gradient_accumulation_steps = 4 × 1 = 4",
+            {"ppo": {"batching": {"mini_batch_size": 4}}},
+            r"game.batch_size 6 is not divisible by ppo.batching.mini_batch_size × "
+            r"ppo.batching.gradient_accumulation_steps = 4 × 1 = 4",
         ),
     ],
 )
@@ -176,13 +185,13 @@ def test_bad_openspiel_settings_are_refused(game, sections, message):
 
 
 def test_merged_last_mini_batches_take_any_mini_batch_size():
-    config = config_from_dict(game_config({}, ppo={"mini_batch_size": 4, "last_minibatch": "merge"}))
-    assert config.ppo.last_minibatch == "merge" and config.ppo.mini_batch_size == 4
+    config = config_from_dict(game_config({}, ppo={"batching": {"mini_batch_size": 4, "last_minibatch": "merge"}}))
+    assert config.ppo.batching.last_minibatch == "merge" and config.ppo.batching.mini_batch_size == 4
 
 
 @needs_openspiel
 def test_lockstep_games_take_whole_batch_mini_batches():
-    config = config_from_dict(game_config({"name": IPD, "illegal": "random"}, ppo={"mini_batch_size": 4}))
+    config = config_from_dict(game_config({"name": IPD, "illegal": "random"}, ppo={"batching": {"mini_batch_size": 4}}))
     assert config.game.info.lockstep
 
 

@@ -103,7 +103,7 @@ def test_mcts_beats_a_random_player_at_openspiel_tic_tac_toe():
 def tiny_learner(tokenizer, seed=0):
     model = make_tiny_gpt2(tokenizer, seed=seed)
     reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
-    config = PPOConfig(mini_batch_size=4, learning_rate=1e-2, init_kl_coef=0.01, kl_control="fixed")
+    config = PPOConfig.from_flat(mini_batch_size=4, learning_rate=1e-2, init_kl_coef=0.01, kl_control="fixed")
     return PPOLearner("llm", model=model, tokenizer=tokenizer, reference=reference, config=config,
                       generation=GenerationConfig(2, 4), seed=seed)  # fmt: skip
 

@@ -108,8 +108,8 @@ def word_tokenizer(words):
 def tiny_learner(tokenizer, seed=0, mini_batch_size=1, generation=(1, 3), last_minibatch="whole"):
     model = make_tiny_gpt2(tokenizer, n_positions=32, seed=seed)
     reference = make_tiny_gpt2(tokenizer, n_positions=32, seed=seed).requires_grad_(False).eval()
-    config = PPOConfig(mini_batch_size=mini_batch_size, learning_rate=3e-3, init_kl_coef=0.01, kl_control="fixed",
-                       last_minibatch=last_minibatch)  # fmt: skip
+    config = PPOConfig.from_flat(mini_batch_size=mini_batch_size, learning_rate=3e-3, init_kl_coef=0.01,
+                                 kl_control="fixed", last_minibatch=last_minibatch)  # fmt: skip
     return PPOLearner("llm", model=model, tokenizer=tokenizer, reference=reference, config=config,
                       generation=GenerationConfig(*generation), seed=seed)  # fmt: skip
 
@@ -131,8 +131,8 @@ def test_self_play_of_a_tiny_ppo_learner_at_tictactoe():
 
 
 def test_self_play_with_larger_mini_batches_merges_the_moves_left_over_into_the_last_one():
-    """The moves of an iteration vary in number; with ppo.last_minibatch: merge mini-batches of 5 take them all,
-    the last one the rows left over, and every move is trained on exactly once per epoch."""
+    """The moves of an iteration vary in number; with ppo.batching.last_minibatch: merge mini-batches of 5 take them
+    all, the last one the rows left over, and every move is trained on exactly once per epoch."""
     torch.manual_seed(0)
     tokenizer = word_tokenizer([str(k) for k in range(1, 10)] + ["move"])
     learner = tiny_learner(tokenizer, mini_batch_size=5, last_minibatch="merge")
@@ -143,7 +143,7 @@ def test_self_play_with_larger_mini_batches_merges_the_moves_left_over_into_the_
     learner._loss = lambda mb, prompt_length: (sizes.append(len(mb.mask)), loss(mb, prompt_length))[1]
     run_iteration(environment, seats, seed=0)
     moves = sum(r.length for r in environment.records)
-    assert moves % 5 and sum(sizes) == moves * learner.config.ppo_epochs  # not divisible by 5, all trained on
+    assert moves % 5 and sum(sizes) == moves * learner.config.batching.ppo_epochs  # not divisible by 5, all trained on
     assert min(sizes) >= 5 and max(sizes) < 10 and learner.num_updates == 1
 
 

@@ -1,5 +1,5 @@
-"""ppo.gradient_checkpointing: the policy's transformer layers recomputed in the backward give the same update (the
-same weights after it, bit for bit on the CPU) and the same rollout, on GPT-2, a tiny Qwen2 and a LoRA adapter;
+"""ppo.compute.gradient_checkpointing: the policy's transformer layers recomputed in the backward give the same update
+(the same weights after it, bit for bit on the CPU) and the same rollout, on GPT-2, a tiny Qwen2 and a LoRA adapter;
 refused for a model class that does not support it."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def updated(tokenizer, base, checkpointing, prompts=PROMPTS, lora=False):
     the update, and how many attention calls the update made."""
     model = copy.deepcopy(base)
     settings = {"mini_batch_size": 4, "ppo_epochs": 2, "learning_rate": 3e-3, "init_kl_coef": 0.01}
-    config = PPOConfig(kl_control="fixed", gradient_checkpointing=checkpointing, **settings)
+    config = PPOConfig.from_flat(kl_control="fixed", gradient_checkpointing=checkpointing, **settings)
     kwargs = {"reference": copy.deepcopy(base).requires_grad_(False).eval()}
     torch.manual_seed(0)  # the adapters' and the value head's initial weights
     if lora:
@@ -129,19 +129,21 @@ def test_checkpointing_is_refused_for_a_model_class_without_it(tokenizer):
         supports_gradient_checkpointing = False
 
     model = NoCheckpointing(make_tiny_gpt2(tokenizer).config)
-    with pytest.raises(ValueError, match=r"ppo.gradient_checkpointing: NoCheckpointing does not support gradient"):
+    with pytest.raises(
+        ValueError, match=r"ppo.compute.gradient_checkpointing: NoCheckpointing does not support gradient"
+    ):
         PPOLearner(
             "llm1",
             model=model,
             tokenizer=tokenizer,
             reference=copy.deepcopy(model).requires_grad_(False),
-            config=PPOConfig(gradient_checkpointing=True),
+            config=PPOConfig.from_flat(gradient_checkpointing=True),
         )
 
 
 def test_gradient_checkpointing_setting_is_checked():
-    assert PPOConfig().gradient_checkpointing is False
-    with pytest.raises(ValueError, match="ppo.gradient_checkpointing must be true or false, got 'yes'"):
-        PPOConfig(gradient_checkpointing="yes")
-    assert any("gradient_checkpointing" in reason for reason in PPOConfig(gradient_checkpointing=True)
+    assert PPOConfig().compute.gradient_checkpointing is False
+    with pytest.raises(ValueError, match="ppo.compute.gradient_checkpointing must be true or false, got 'yes'"):
+        PPOConfig.from_flat(gradient_checkpointing="yes")
+    assert any("gradient_checkpointing" in reason for reason in PPOConfig.from_flat(gradient_checkpointing=True)
                .whole_model_settings())  # fmt: skip

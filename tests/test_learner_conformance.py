@@ -60,7 +60,7 @@ def tiny_learner(
     data_parallel=None, algorithm="ppo", actions="generate", micro_batch_size=None, from_generate=False
 ):
     """The matrix's learner: a tiny GPT-2 policy and reference, seeded alike on every call (and every rank)."""
-    config = PPOConfig(
+    config = PPOConfig.from_flat(
         mini_batch_size=6, ppo_epochs=1, micro_batch_size=micro_batch_size,
         rollout_from_generate=True if from_generate else "auto",
     )  # fmt: skip

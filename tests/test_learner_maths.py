@@ -79,7 +79,7 @@ def test_values_of_the_rollout_and_the_update_read_the_same_hidden_state(tokeniz
         model=model,
         tokenizer=tokenizer,
         reference=make_tiny_gpt2(tokenizer, seed=0).requires_grad_(False).eval(),
-        config=PPOConfig(mini_batch_size=4, rollout_from_generate=rollout_from_generate),
+        config=PPOConfig.from_flat(mini_batch_size=4, rollout_from_generate=rollout_from_generate),
         generation=GenerationConfig(4, 8),
         seed=0,
     )

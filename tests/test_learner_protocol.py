@@ -50,11 +50,16 @@ def test_built_in_learners_satisfy_the_interface(tokenizer):
         model=model,
         tokenizer=tokenizer,
         reference=model,
-        config=PPOConfig(mini_batch_size=4),
+        config=PPOConfig.from_flat(mini_batch_size=4),
         generation=GenerationConfig(4, 6),
     )
     grpo = CriticFreeLearner(
-        "llm2", model=model, tokenizer=tokenizer, reference=model, config=PPOConfig(mini_batch_size=4), group_size=2
+        "llm2",
+        model=model,
+        tokenizer=tokenizer,
+        reference=model,
+        config=PPOConfig.from_flat(mini_batch_size=4),
+        group_size=2,
     )
     assert isinstance(ppo, Learner) and isinstance(grpo, Learner) and isinstance(EchoLearner("x"), Learner)
 

@@ -1,5 +1,5 @@
-"""``ppo.anneal_updates``: the learning rate falls linearly to 0 over a learner's updates, set from its update count
-(so a restored learner goes on where it was), and is logged; without it nothing changes."""
+"""``ppo.optimiser.anneal_updates``: the learning rate falls linearly to 0 over a learner's updates, set from its update
+count (so a restored learner goes on where it was), and is logged; without it nothing changes."""
 
 from __future__ import annotations
 
@@ -42,4 +42,4 @@ def test_a_constant_learning_rate_logs_nothing_new(tokenizer):
     assert "learning_rate" not in one_update(learner)
     assert [group["lr"] for group in learner.optimizer.param_groups] == [1e-3]
     with pytest.raises(ValueError, match="anneal_updates"):
-        PPOConfig(anneal_updates=0)
+        PPOConfig.from_flat(anneal_updates=0)

@@ -45,7 +45,7 @@ def make_learner(tokenizer, generation, **ppo):
         model=model,
         tokenizer=tokenizer,
         reference=reference,
-        config=PPOConfig(**settings),
+        config=PPOConfig.from_flat(**settings),
         generation=generation,
         seed=0,
     )

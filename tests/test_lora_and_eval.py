@@ -43,7 +43,11 @@ def math_config(lm_dir, data_dir, **extra):
         "task": {"name": "gsm8k", "dataset": str(data_dir)},
         "env": {"batch_size": 4},
         "agents": {"reward_coefficients": 1.0, "role_period": 1},
-        "ppo": {"mini_batch_size": 2, "ppo_epochs": 1, "learning_rate": 1e-3, "score_transform": "none"},
+        "ppo": {
+            "batching": {"mini_batch_size": 2, "ppo_epochs": 1},
+            "optimiser": {"learning_rate": 1e-3},
+            "score_transform": "none",
+        },
         "generation": {"min_new_tokens": 4, "max_new_tokens": 6, "repetition_penalty": 1.0},
         "logging": {"tensorboard": False, "eval_queries": 2, "progress": False, "save_checkpoint": True},
     }
@@ -80,8 +84,9 @@ def test_lora_learners_share_one_base_and_train_only_their_adapter(tmp_path, lon
 
 def test_lora_learners_on_one_base_take_their_rollout_from_generate(long_context_lm_dir, gsm8k_dir):
     lora = {"r": 2, "alpha": 4, "target_modules": ["c_attn"]}
-    ppo = {"mini_batch_size": 2, "ppo_epochs": 1, "learning_rate": 1e-3, "score_transform": "none"}
-    config = math_config(long_context_lm_dir, gsm8k_dir, model__lora=lora, ppo={**ppo, "rollout_from_generate": True})
+    ppo = {"batching": {"mini_batch_size": 2, "ppo_epochs": 1}, "optimiser": {"learning_rate": 1e-3}}
+    ppo |= {"score_transform": "none", "compute": {"rollout_from_generate": True}}
+    config = math_config(long_context_lm_dir, gsm8k_dir, model__lora=lora, ppo=ppo)
     setup = build(config)
     llm1 = setup.learners["llm1"]
     adapters_before = {n: p.clone() for n, p in llm1.model.named_parameters() if "lora_" in n}
@@ -186,15 +191,21 @@ def test_gsm8k_example_configs_are_the_papers_table_2():
     for config in (cory, ppo):
         assert config.model.name_or_path == "meta-llama/Llama-2-7b-chat-hf" and config.model.load_in_4bit
         assert config.model.lora is not None and config.task.name == "gsm8k"
-        assert (config.env.batch_size, config.ppo.mini_batch_size, config.ppo.gradient_accumulation_steps) == (
+        assert (
+            config.env.batch_size,
+            config.ppo.batching.mini_batch_size,
+            config.ppo.batching.gradient_accumulation_steps,
+        ) == (
             32,
             2,
             16,
         )
-        assert (config.ppo.init_kl_coef, config.ppo.gamma, config.ppo.lam) == (0.01, 1.0, 0.95)
+        assert (config.ppo.kl.init_kl_coef, config.ppo.gamma, config.ppo.lam) == (0.01, 1.0, 0.95)
         assert (config.ppo.clip_range, config.ppo.clip_range_value, config.ppo.vf_coef) == (0.2, 0.2, 0.1)
         assert config.iterations == 100
-    assert cory.ppo.learning_rate == pytest.approx(1e-4) and ppo.ppo.learning_rate == pytest.approx(1e-5)
+    assert cory.ppo.optimiser.learning_rate == pytest.approx(1e-4) and ppo.ppo.optimiser.learning_rate == pytest.approx(
+        1e-5
+    )
     assert cory.agents.role_period == 5 and len(cory.learner_ids) == 2 and len(ppo.learner_ids) == 1
 
 

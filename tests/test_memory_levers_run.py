@@ -17,7 +17,7 @@ def test_a_run_trains_a_bfloat16_policy_against_a_float32_reference_with_checkpo
     def config():
         made = tiny_config("ppo_imdb.yaml", tiny_lm_dir, tiny_classifier_dir, reviews_file, iterations=2)
         made.model.dtype, made.model.reference_dtype = "bfloat16", "float32"
-        made.ppo.gradient_checkpointing = True
+        made.ppo.compute.gradient_checkpointing = True
         return made
 
     setup = build(config())

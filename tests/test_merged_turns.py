@@ -144,15 +144,15 @@ def test_segment_rows_put_each_ranks_slice_of_each_turn_where_one_process_holds_
 
 
 def test_split_points_merge_what_is_left_over_into_the_last_slice():
-    from marllm.algorithms.ppo_config import PPOConfig
+    from marllm.algorithms.ppo_config import BatchingConfig
     from marllm.algorithms.ppo_steps import split_points
 
     assert split_points(11, 4, merge_last=False) == [slice(0, 4), slice(4, 8), slice(8, 11)]
     assert split_points(11, 4, merge_last=True) == [slice(0, 4), slice(4, 11)]
     assert split_points(12, 4, merge_last=True) == [slice(0, 4), slice(4, 8), slice(8, 12)]
     assert split_points(3, 4, merge_last=True) == [slice(0, 3)]  # smaller than one: one slice of all
-    PPOConfig(mini_batch_size=4, last_minibatch="merge").check_batch_size(11)
-    with pytest.raises(ValueError, match=r"not divisible by .*\(or set ppo.last_minibatch: merge"):
-        PPOConfig(mini_batch_size=4).check_batch_size(11)
-    with pytest.raises(ValueError, match="ppo.last_minibatch must be one of"):
-        PPOConfig(last_minibatch="drop")
+    BatchingConfig(mini_batch_size=4, last_minibatch="merge").check_batch_size(11)
+    with pytest.raises(ValueError, match=r"not divisible by .*\(or set ppo.batching.last_minibatch: merge"):
+        BatchingConfig(mini_batch_size=4).check_batch_size(11)
+    with pytest.raises(ValueError, match="ppo.batching.last_minibatch must be one of"):
+        BatchingConfig(last_minibatch="drop")

@@ -1,5 +1,5 @@
-"""ppo.micro_batch_size: a mini-batch in passes of fewer rows, sorted by length and trimmed of padding, is the same
-update as the whole mini-batch up to the order of float sums — gradients, skipped mini-batches and metrics."""
+"""ppo.compute.micro_batch_size: a mini-batch in passes of fewer rows, sorted by length and trimmed of padding, is the
+same update as the whole mini-batch up to the order of float sums — gradients, skipped mini-batches and metrics."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tianshou.data import Batch
 from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import PPOLearner
-from marllm.algorithms.ppo_config import AUTO_MICRO_BATCH_SIZE, PPOConfig
+from marllm.algorithms.ppo_config import AUTO_MICRO_BATCH_SIZE, ComputeConfig, PPOConfig
 from marllm.algorithms.ppo_steps import trim_padding
 from tests.test_ppo_learner import make_learner
 
@@ -47,7 +47,7 @@ def rollout_pair(tokenizer, learner_class=None, learner_kwargs=None, micro_batch
     ppo = {"micro_batch_size": None, **ppo}  # the whole mini-batch in one untrimmed pass
     whole = make_learner(tokenizer, 0, learner_class or PPOLearner, learner_kwargs, **ppo)
     micro = make_learner(tokenizer, 0, learner_class or PPOLearner, learner_kwargs, **ppo)
-    micro.config = PPOConfig(**{**vars(whole.config), "micro_batch_size": micro_batch_size})
+    micro.config = PPOConfig.from_flat(**{**vars(whole.config), "micro_batch_size": micro_batch_size})
     torch.manual_seed(0)
     whole.act({"prompt": list(PROMPTS)})
     whole.finish([0.3 * (i % 3) - 0.2 for i in range(len(PROMPTS))])
@@ -85,7 +85,7 @@ def assert_same_update(whole, micro, steps_scale=2e-2):
         # Adam divides each gradient by its own magnitude: on components whose gradient is near ε the last-bit
         # differences above show, as between data-parallel ranks (tests/test_data_parallel.py); a step moves a
         # parameter by ~the learning rate, ~50× this tolerance.
-        torch.testing.assert_close(one, other, rtol=1e-4, atol=steps_scale * whole.config.learning_rate)
+        torch.testing.assert_close(one, other, rtol=1e-4, atol=steps_scale * whole.config.optimiser.learning_rate)
     for key in ("loss/policy", "loss/total", "ratio", "clipfrac", "approx_kl", "skipped_minibatch_fraction"):
         if key in metrics[0]:
             assert metrics[1][key] == pytest.approx(metrics[0][key], rel=1e-4, abs=1e-6), key
@@ -139,12 +139,12 @@ def test_a_mini_batch_skipped_by_the_ratio_threshold_gives_no_gradient_in_micro_
 
 def test_micro_batch_size_is_checked_and_auto_by_default():
     with pytest.raises(ValueError, match="micro_batch_size"):
-        PPOConfig(micro_batch_size=0)
-    assert PPOConfig().micro_batch_size == "auto"
-    assert PPOConfig().passes_of(sharded=False) == AUTO_MICRO_BATCH_SIZE == 32
-    assert PPOConfig().passes_of(sharded=True) is None  # a sharded model takes the whole mini-batch in one pass
-    assert PPOConfig(micro_batch_size=None).passes_of(sharded=False) is None
-    assert PPOConfig(micro_batch_size=4).passes_of(sharded=False) == 4
+        PPOConfig.from_flat(micro_batch_size=0)
+    assert PPOConfig().compute.micro_batch_size == "auto"
+    assert PPOConfig().compute.passes_of(sharded=False) == AUTO_MICRO_BATCH_SIZE == 32
+    assert PPOConfig().compute.passes_of(sharded=True) is None  # a sharded model takes the whole mini-batch in one pass
+    assert ComputeConfig(micro_batch_size=None).passes_of(sharded=False) is None
+    assert ComputeConfig(micro_batch_size=4).passes_of(sharded=False) == 4
 
 
 def test_a_pass_no_larger_than_the_mini_batch_is_still_trimmed_to_its_rows(tokenizer):

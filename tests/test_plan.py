@@ -64,7 +64,7 @@ def test_activations_measured_on_two_layers_are_those_of_the_full_depth(tmp_path
 def test_weights_gradients_and_adam_state_are_counted_as_allocated(cory, tiny_lm_dir, tokenizer):
     """After an update the plan's kept lines match the learners' real tensors: fp32, pure bfloat16, LoRA."""
     for overrides in ({}, {"model__dtype": "bfloat16"}, {"model__lora": {"r": 4}, "model__dtype": "bfloat16"}):
-        config = cory(**overrides, env__batch_size=4, ppo__mini_batch_size=4, ppo__ppo_epochs=1)
+        config = cory(**overrides, env__batch_size=4, ppo__batching__mini_batch_size=4, ppo__batching__ppo_epochs=1)
         plan = plan_memory(config, identity)
         learners, reference = learners_from_config(config, tokenizer)
         for learner in learners.values():
@@ -97,7 +97,7 @@ def test_levers_are_listed_when_the_run_does_not_fit(cory):
     assert plan.fits is False and plan.levers
     levers = dict(plan.levers)
     assert levers["model.dtype: bfloat16"] < plan.peak
-    assert levers["ppo.gradient_checkpointing: true"] < plan.peak
+    assert levers["ppo.compute.gradient_checkpointing: true"] < plan.peak
     assert any(name.startswith("model.lora") for name in levers)
     assert [peak for _, peak in plan.levers] == sorted(peak for _, peak in plan.levers)
     assert plan_memory(config, identity, capacity=1e15).levers == []
@@ -112,9 +112,9 @@ def test_prompt_length_follows_the_templates(cory):
 
 def test_the_plan_follows_the_levers(cory):
     base = plan_memory(cory(), identity)
-    chunked = plan_memory(cory(ppo__logits_chunk_rows=1), identity)
+    chunked = plan_memory(cory(ppo__compute__logits_chunk_rows=1), identity)
     assert chunked.update[2].bytes < base.update[2].bytes
-    checkpointed = plan_memory(cory(ppo__gradient_checkpointing=True), identity)
+    checkpointed = plan_memory(cory(ppo__compute__gradient_checkpointing=True), identity)
     assert checkpointed.update[1].bytes < base.update[1].bytes
     half = plan_memory(cory(model__reference_dtype="bfloat16"), identity)
     assert half.kept[3].bytes == base.kept[3].bytes / 2

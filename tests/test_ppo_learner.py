@@ -29,7 +29,7 @@ def make_learner(
         model=model,
         tokenizer=tokenizer,
         reference=reference,
-        config=PPOConfig(**settings),
+        config=PPOConfig.from_flat(**settings),
         generation=GenerationConfig(4, 8),
         seed=seed,
         **(learner_kwargs or {}),
@@ -168,7 +168,7 @@ def test_a_kl_controller_passed_in_is_used_and_checkpointed(tokenizer):
         model=model,
         tokenizer=tokenizer,
         reference=reference,
-        config=PPOConfig(mini_batch_size=8),
+        config=PPOConfig.from_flat(mini_batch_size=8),
         generation=GenerationConfig(4, 8),
         kl_controller=controller,
     )
@@ -186,7 +186,7 @@ def test_a_kl_controller_passed_in_is_used_and_checkpointed(tokenizer):
         model=make_tiny_gpt2(tokenizer),
         tokenizer=tokenizer,
         reference=reference,
-        config=PPOConfig(mini_batch_size=8),
+        config=PPOConfig.from_flat(mini_batch_size=8),
         generation=GenerationConfig(4, 8),
         kl_controller=other,
     )
@@ -209,7 +209,7 @@ def test_prompt_longer_than_context_is_an_error(tokenizer):
         model=model,
         tokenizer=tokenizer,
         reference=model,
-        config=PPOConfig(mini_batch_size=2),
+        config=PPOConfig.from_flat(mini_batch_size=2),
         generation=GenerationConfig(4, 8),
     )
     with pytest.raises(PromptTooLongError, match=r"prompt 1 has \d+ tokens.*context of 16"):
@@ -287,7 +287,7 @@ def test_gradient_accumulation_matches_one_big_mini_batch(tokenizer):
         torch.manual_seed(1)
         model = make_tiny_gpt2(tokenizer, seed=1)
         reference = make_tiny_gpt2(tokenizer, seed=1).requires_grad_(False).eval()
-        ppo = PPOConfig(
+        ppo = PPOConfig.from_flat(
             mini_batch_size=mini_batch_size,
             gradient_accumulation_steps=accumulation,
             ppo_epochs=1,

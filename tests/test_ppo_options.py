@@ -24,7 +24,7 @@ def make_learner(tokenizer, seed=0, dtype=torch.float32, **ppo):
         model=model,
         tokenizer=tokenizer,
         reference=reference,
-        config=PPOConfig(**settings),
+        config=PPOConfig.from_flat(**settings),
         generation=generation,
         seed=seed,
     )
@@ -41,7 +41,7 @@ def parameter_vector(learner):
 def lora_learners(tokenizer, dtype=torch.float32):
     base = make_tiny_gpt2(tokenizer).to(dtype)
     shared = attach_adapters(base, ["llm1", "llm2"], LoraSettings(r=2, alpha=4, target_modules=["c_attn", "wte"]))
-    config = PPOConfig(mini_batch_size=8, learning_rate=1e-2, ppo_epochs=2, score_transform="none")
+    config = PPOConfig.from_flat(mini_batch_size=8, learning_rate=1e-2, ppo_epochs=2, score_transform="none")
     generation = GenerationConfig(4, 6)
     return {
         name: PPOLearner(
@@ -110,7 +110,7 @@ def test_half_precision_lora_adapters_are_refused(tokenizer):
             model=shared,
             tokenizer=tokenizer,
             reference=None,
-            config=PPOConfig(mini_batch_size=8),
+            config=PPOConfig.from_flat(mini_batch_size=8),
             adapter="llm1",
         )
 
@@ -162,7 +162,7 @@ def rewarded_learner(tokenizer, **ppo):
 
 def test_ratio_guard_skips_mini_batches_whose_mean_ratio_is_too_large(tokenizer):
     learner = rewarded_learner(tokenizer, mini_batch_size=4, gradient_accumulation_steps=1, ppo_epochs=2)
-    assert learner.config.ratio_threshold == 10.0
+    assert learner.config.guards.ratio_threshold == 10.0
     # old log-probs 5 nats lower: every ratio is e^5 ≈ 148, as after a policy blow-up
     learner.rollouts[0].tensors.logprobs -= 5.0
     before = parameter_vector(learner)
@@ -243,18 +243,21 @@ def test_minibatch_token_mean_weights_tokens_by_their_mini_batch(tokenizer):
 
 def test_defaults_keep_the_papers_behaviour():
     config = PPOConfig()
-    assert config.loss_reduction == "minibatch_token_mean"
-    assert config.ratio_threshold == 10.0
+    assert config.batching.loss_reduction == "minibatch_token_mean"
+    assert config.guards.ratio_threshold == 10.0
 
 
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"ratio_threshold": 1.0}, r"ppo.ratio_threshold must be a number > 1 or null .*got 1.0"),
-        ({"ratio_threshold": float("inf")}, r"ppo.ratio_threshold must be a number > 1 or null"),
-        ({"loss_reduction": "sum"}, r"ppo.loss_reduction must be one of \['minibatch_token_mean', 'step_token_mean'\]"),
+        ({"ratio_threshold": 1.0}, r"ppo.guards.ratio_threshold must be a number > 1 or null .*got 1.0"),
+        ({"ratio_threshold": float("inf")}, r"ppo.guards.ratio_threshold must be a number > 1 or null"),
+        (
+            {"loss_reduction": "sum"},
+            r"ppo.batching.loss_reduction must be one of \['minibatch_token_mean', 'step_token_mean'\]",
+        ),
     ],
 )
 def test_new_options_are_validated(settings, message):
     with pytest.raises(ValueError, match=message):
-        PPOConfig(**settings)
+        PPOConfig.from_flat(**settings)

@@ -172,12 +172,14 @@ def test_action_normalization_other_than_the_default_is_refused_outside_score(ac
 
 def test_rollout_from_generate_is_refused_with_score_actions():
     with pytest.raises(ValueError, match="rollout_from_generate: true .* game.actions.mode: score generates nothing"):
-        config_from_dict(_game({"actions": {"mode": "score"}}, ppo={"rollout_from_generate": True}))
-    with pytest.raises(ConfigError, match="ppo.rollout_from_generate"):
-        load_config(TICTACTOE, ["game.actions.mode=score", "ppo.rollout_from_generate=true"])
+        config_from_dict(_game({"actions": {"mode": "score"}}, ppo={"compute": {"rollout_from_generate": True}}))
+    with pytest.raises(ConfigError, match="ppo.compute.rollout_from_generate"):
+        load_config(TICTACTOE, ["game.actions.mode=score", "ppo.compute.rollout_from_generate=true"])
     for setting in ("auto", False):
-        assert config_from_dict(_game({"actions": {"mode": "score"}}, ppo={"rollout_from_generate": setting}))
-    assert config_from_dict(_game({"actions": {"mode": "generate"}}, ppo={"rollout_from_generate": True}))
+        assert config_from_dict(
+            _game({"actions": {"mode": "score"}}, ppo={"compute": {"rollout_from_generate": setting}})
+        )
+    assert config_from_dict(_game({"actions": {"mode": "generate"}}, ppo={"compute": {"rollout_from_generate": True}}))
 
 
 # --- 4. advice that named no setting ----------------------------------------------------------------------------

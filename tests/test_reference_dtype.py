@@ -25,7 +25,7 @@ COLUMNS = ("response", "logprobs", "ref_logprobs", "values", "kl", "kl_full", "m
 def rollout_with(path, reference_dtype):
     """The rollout of one learner from the model at ``path`` whose reference is loaded in ``reference_dtype``."""
     placement = ModelPlacement(device="cpu", reference_dtype=reference_dtype)
-    ppo = PPOConfig(mini_batch_size=8, kl_penalty="full")
+    ppo = PPOConfig.from_flat(mini_batch_size=8, kl_penalty="full")
     learners, reference = make_learners(str(path), ["llm1"], ppo, GenerationConfig(4, 8), placement=placement)
     torch.manual_seed(1)
     learners["llm1"].act({"prompt": PROMPTS})

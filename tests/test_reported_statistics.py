@@ -79,7 +79,7 @@ def tiny_learner(tokenizer, learner_class=PPOLearner, **kwargs) -> PPOLearner:
         model=make_tiny_gpt2(tokenizer),
         tokenizer=tokenizer,
         reference=reference,
-        config=PPOConfig(**settings),
+        config=PPOConfig.from_flat(**settings),
         **kwargs,
     )
 
@@ -202,7 +202,7 @@ def drifted_learner(tokenizer, learner_class, kl_penalty: str, **kwargs) -> PPOL
         eos = policy.transformer.wte.weight[tokenizer.eos_token_id]
         policy.transformer.ln_f.bias.add_(4.0 * eos / eos.dot(eos))  # +4 on the EOS logit (the LM head is tied)
     reference = make_tiny_gpt2(tokenizer, seed=0).requires_grad_(False).eval()
-    config = PPOConfig(
+    config = PPOConfig.from_flat(
         mini_batch_size=len(PROMPTS),
         ppo_epochs=1,
         learning_rate=1e-3,

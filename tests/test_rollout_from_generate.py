@@ -1,5 +1,5 @@
-"""ppo.rollout_from_generate: the rollout's log-probs and values taken from generate's own KV-cached forwards are
-those of a second full forward up to float rounding, on the same sampled tokens; the switch is refused where
+"""ppo.compute.rollout_from_generate: the rollout's log-probs and values taken from generate's own KV-cached forwards
+are those of a second full forward up to float rounding, on the same sampled tokens; the switch is refused where
 generate's forwards cannot be matched to the tokens."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from marllm.algorithms.critic_free_learner import CriticFreeLearner
-from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+from marllm.algorithms.ppo_config import ComputeConfig, GenerationConfig, PPOConfig
 from marllm.config import ConfigError, load_config
 from marllm.models.generation import generate_responses
 from marllm.models.policy import position_ids_for, ready_for_generation, response_forward
@@ -127,27 +127,29 @@ def test_critic_free_rollout_from_generate_has_no_values_to_take(tokenizer):
 
 
 def test_rollout_from_generate_is_on_by_default_for_whole_models_and_refused_with_fsdp_when_asked():
-    assert PPOConfig().rollout_from_generate == "auto"
-    assert PPOConfig().rollout_from_generate_for(sharded=False) is True
-    assert PPOConfig().rollout_from_generate_for(sharded=True) is False
-    assert PPOConfig(rollout_from_generate=False).rollout_from_generate_for(sharded=False) is False
-    with pytest.raises(ValueError, match="ppo.rollout_from_generate must be true, false or 'auto'"):
-        PPOConfig(rollout_from_generate="yes")
+    assert PPOConfig().compute.rollout_from_generate == "auto"
+    assert PPOConfig().compute.rollout_from_generate_for(sharded=False) is True
+    assert PPOConfig().compute.rollout_from_generate_for(sharded=True) is False
+    assert ComputeConfig(rollout_from_generate=False).rollout_from_generate_for(sharded=False) is False
+    with pytest.raises(ValueError, match="ppo.compute.rollout_from_generate must be true, false or 'auto'"):
+        PPOConfig.from_flat(rollout_from_generate="yes")
     load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml").check_data_parallel(8)  # the defaults suit sharding
-    with pytest.raises(ConfigError, match="ppo.rollout_from_generate takes one logit per sampled token"):
-        config = load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["ppo.rollout_from_generate=true"])
+    with pytest.raises(ConfigError, match="ppo.compute.rollout_from_generate takes one logit per sampled token"):
+        config = load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["ppo.compute.rollout_from_generate=true"])
         config.check_data_parallel(8)
 
 
 def test_every_whole_model_setting_is_named_when_refused_with_fsdp():
-    assert PPOConfig().whole_model_settings() == []
-    every = PPOConfig(micro_batch_size=4, autocast_dtype="bfloat16", rollout_from_generate=True)
-    reasons = every.whole_model_settings()
+    assert PPOConfig().compute.whole_model_settings() == []
+    every = PPOConfig.from_flat(micro_batch_size=4, autocast_dtype="bfloat16", rollout_from_generate=True)
+    reasons = every.compute.whole_model_settings()
     assert [reason.split(" ", 1)[0] for reason in reasons] == [
-        "ppo.micro_batch_size",
-        "ppo.autocast_dtype",
-        "ppo.rollout_from_generate",
+        "ppo.compute.micro_batch_size",
+        "ppo.compute.autocast_dtype",
+        "ppo.compute.rollout_from_generate",
     ]
-    overrides = ["ppo.rollout_from_generate=true", "ppo.micro_batch_size=2"]
-    with pytest.raises(ConfigError, match="ppo.micro_batch_size splits.*; ppo.rollout_from_generate takes"):
+    overrides = ["ppo.compute.rollout_from_generate=true", "ppo.compute.micro_batch_size=2"]
+    with pytest.raises(
+        ConfigError, match="ppo.compute.micro_batch_size splits.*; ppo.compute.rollout_from_generate takes"
+    ):
         load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", overrides).check_data_parallel(8)

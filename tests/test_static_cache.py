@@ -40,8 +40,8 @@ def test_static_cache_samples_the_dynamic_caches_tokens_from_the_same_logits(tok
 
 
 def test_a_learner_with_a_static_cache_records_the_dynamic_caches_rollout(tokenizer):
-    """The rollout (generate's own forwards, ``ppo.rollout_from_generate``) of a learner sampling with a static cache:
-    the same responses, and log-probs, reference log-probs and values up to float rounding."""
+    """The rollout (generate's own forwards, ``ppo.compute.rollout_from_generate``) of a learner sampling with a static
+    cache: the same responses, and log-probs, reference log-probs and values up to float rounding."""
     rollouts = {}
     for cache in ("dynamic", "static"):
         learner = PPOLearner(
@@ -49,7 +49,7 @@ def test_a_learner_with_a_static_cache_records_the_dynamic_caches_rollout(tokeni
             model=make_tiny_gpt2(tokenizer),
             tokenizer=tokenizer,
             reference=make_tiny_gpt2(tokenizer).requires_grad_(False).eval(),
-            config=PPOConfig(mini_batch_size=4),
+            config=PPOConfig.from_flat(mini_batch_size=4),
             generation=GenerationConfig(4, 8, cache=cache),
             seed=0,
         )

@@ -70,7 +70,7 @@ def bf16_learner(tokenizer, seed=0, **ppo):
         model=model,
         tokenizer=tokenizer,
         reference=reference,
-        config=PPOConfig(**settings),
+        config=PPOConfig.from_flat(**settings),
         generation=GenerationConfig(4, 8),
         seed=seed,
     )

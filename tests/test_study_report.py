@@ -247,9 +247,9 @@ def test_study_report_grid_axis_figure_and_one_seed_cells(tmp_path):
         for seed in (1, 2) if k == 0 else (1,):
             name = f"ppo_c{k}_s{seed}"
             _write_run(tmp_path, name, ["llm1"], coef, seed, status="finished")
-            runs.append({"name": name, "variant": "ppo", "axes": {"ppo.init_kl_coef": coef}, "seed": seed,
+            runs.append({"name": name, "variant": "ppo", "axes": {"ppo.kl.init_kl_coef": coef}, "seed": seed,
                          "overrides": [], "run_dir": f"runs/{name}"})
-    runs.append({"name": "ppo_c2_s1", "variant": "ppo", "axes": {"ppo.init_kl_coef": 0.3}, "seed": 1,
+    runs.append({"name": "ppo_c2_s1", "variant": "ppo", "axes": {"ppo.kl.init_kl_coef": 0.3}, "seed": 1,
                  "overrides": [], "run_dir": "runs/ppo_c2_s1"})  # a cell whose only run never started
     (tmp_path / "study.json").write_text(json.dumps({"name": "grid", "runs": runs}))
     path = build_study_report(tmp_path)
@@ -267,7 +267,7 @@ def test_study_report_grid_axis_figure_and_one_seed_cells(tmp_path):
     }
     dominant = finals[0.2][0] > finals[0.1][0] and finals[0.2][1] < finals[0.1][1]
     assert dominant  # the seed-2 run of the 0.1 cell has a much larger KL
-    assert summary["pareto"]["ppo"] == ["ppo (ppo.init_kl_coef=0.2)"]
+    assert summary["pareto"]["ppo"] == ["ppo (ppo.kl.init_kl_coef=0.2)"]
     reward = summary["cells"][0]["final"]["task_reward"]["mean"]["mean"]
     assert reward == pytest.approx(finals[0.1][0])
 

@@ -15,7 +15,7 @@ from marllm.run.run_dir import update_run_info
 from marllm.studies.execute import LocalExecutor, plan, prepare_study_dir, run_study
 from marllm.studies.spec import load_study, run_name, study_from_dict
 
-from .test_train import ROOT, tiny_overrides
+from .test_train import ROOT, merge_settings, tiny_overrides
 
 PPO = [
     "env.roles=[pioneer]",
@@ -29,8 +29,7 @@ PPO = [
 def write_base(tmp_path: Path, lm: Path, classifier: Path, reviews: Path) -> Path:
     """A tiny CORY config (2 iterations, batch 4) written as YAML, as a study's ``base``."""
     data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
-    for section, values in tiny_overrides(lm, classifier, reviews).items():
-        data[section].update(values)
+    merge_settings(data, tiny_overrides(lm, classifier, reviews))
     data["iterations"] = 2
     data["logging"]["checkpoint_every"] = 1
     path = tmp_path / "configs" / "base.yaml"
@@ -69,8 +68,8 @@ def test_expansion_crosses_variants_grid_and_seeds(tmp_path, base_file):
     runs = study.runs()
     assert len(runs) == 2 * 2 * 1 * 2
     assert [r.name for r in runs][:2] == [
-        "ppo__ppo.learning_rate=0.001__env.batch_size=4__seed0",
-        "ppo__ppo.learning_rate=0.001__env.batch_size=4__seed1",
+        "ppo__ppo.optimiser.learning_rate=0.001__env.batch_size=4__seed0",
+        "ppo__ppo.optimiser.learning_rate=0.001__env.batch_size=4__seed1",
     ]
     assert len({r.name for r in runs}) == len(runs)
     ppo, cory = runs[0], runs[-1]
@@ -263,7 +262,9 @@ def test_study_runs_in_two_workers_then_redoes_only_failed_runs(
     assert reports == [out, out, out]  # the study's report is built after each run of the study
 
     base = yaml.safe_load(base_file.read_text())
-    base["ppo"]["learning_rate"] = 5e-4  # the finished runs were trained otherwise: refused before anything runs
+    base["ppo"]["optimiser"]["learning_rate"] = (
+        5e-4  # the finished runs were trained otherwise: refused before anything runs
+    )
     base_file.write_text(yaml.safe_dump(base))
     assert main(argv) == 2
     assert "ppo.optimiser.learning_rate: 0.001 -> 0.0005" in capsys.readouterr().err

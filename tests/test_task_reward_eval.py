@@ -40,7 +40,7 @@ def project(tmp_path_factory, tiny_lm_dir):
             "templates": {"proposer": "{query}", "critic": "{query} {proposer}", "proposer_2": "{critic}"},
             "batch_size": 2,
         },
-        "ppo": {"mini_batch_size": 2, "ppo_epochs": 1},
+        "ppo": {"batching": {"mini_batch_size": 2, "ppo_epochs": 1}},
         "generation": {"min_new_tokens": 2, "max_new_tokens": 4},
         "logging": {"tensorboard": False, "progress": False, "eval_queries": 2, "checkpoint_every": None},
     }
@@ -104,7 +104,7 @@ def test_cross_play_without_an_evaluation_split_says_training_queries(tmp_path, 
         "task": {"name": "text", "dataset": str(tmp_path / "prompts.jsonl"), "reward": "rewards.py:length"},
         "env": {"roles": ["pioneer", "observer"], "templates": {"pioneer": "{query}", "observer": "{pioneer}"},
                 "batch_size": 2},
-        "ppo": {"mini_batch_size": 2},
+        "ppo": {"batching": {"mini_batch_size": 2}},
         "generation": {"min_new_tokens": 2, "max_new_tokens": 3},
     }
     path = tmp_path / "config.yaml"

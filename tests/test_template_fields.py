@@ -29,7 +29,7 @@ def config_data(tmp_path, lm_dir):
         "task": {"name": "text", "dataset": str(tmp_path / "items.jsonl"), "query_column": "prompt",
                  "reward": f"{tmp_path / 'rewards.py'}:length"},
         "env": {"roles": ["seller"], "templates": {"seller": "Sell {query}, list ${price}:"}, "batch_size": 2},
-        "ppo": {"mini_batch_size": 2, "ppo_epochs": 1},
+        "ppo": {"batching": {"mini_batch_size": 2, "ppo_epochs": 1}},
         "generation": {"min_new_tokens": 2, "max_new_tokens": 4},
         "logging": {"tensorboard": False, "progress": False, "eval_queries": 2, "checkpoint_every": None},
     }

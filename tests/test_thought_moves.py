@@ -69,7 +69,7 @@ def captured_moves(monkeypatch):
 
 
 def think_learner(tokenizer, **ppo):
-    config = PPOConfig(**{"mini_batch_size": 14, "ppo_epochs": 1, **ppo})
+    config = PPOConfig.from_flat(**{"mini_batch_size": 14, "ppo_epochs": 1, **ppo})
     model, reference = make_tiny_gpt2(tokenizer, seed=1), make_tiny_gpt2(tokenizer, seed=2)
     generation = GenerationConfig(
         min_new_tokens=2, max_new_tokens=5, temperature=1.5, logprobs_from="sampling", top_k=20, repetition_penalty=3.0
@@ -122,7 +122,7 @@ def test_think_is_validated_and_its_probabilities_are_not_exact(tokenizer):
     assert config_from_dict(game_config({"actions": {"mode": "think"}})).game.actions.mode == "think"
     with pytest.raises(ValueError, match="game.actions.mode: think ends each answer with EOS"):
         config_from_dict(game_config({"actions": {"mode": "think"}}, generation={"stop_at_eos": False}))
-    with pytest.raises(ValueError, match="set ppo.rollout_from_generate to auto or false"):
+    with pytest.raises(ValueError, match="set ppo.compute.rollout_from_generate to auto or false"):
         think_learner(tokenizer, rollout_from_generate=True)
     learner = think_learner(tokenizer)
     with pytest.raises(ValueError, match="exact move probabilities need constrained or score"):

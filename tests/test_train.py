@@ -30,23 +30,35 @@ def tiny_overrides(lm, classifier, reviews):
             "reward_model": str(classifier),
         },
         "env": {"batch_size": 4},
-        "ppo": {"mini_batch_size": 2, "ppo_epochs": 2, "learning_rate": 1e-3, "forward_batch_size": None},
+        "ppo": {
+            "batching": {"mini_batch_size": 2, "ppo_epochs": 2},
+            "optimiser": {"learning_rate": 1e-3},
+            "compute": {"forward_batch_size": None},
+        },
         "logging": {"tensorboard": False, "eval_queries": 3, "progress": False, "save_checkpoint": False},
     }
 
 
+def merge_settings(data: dict, overrides: dict) -> dict:
+    """``data`` (a config's YAML data) with ``overrides`` set in it key by key, into sections at any depth."""
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            merge_settings(data[key], value)
+        else:
+            data[key] = value
+    return data
+
+
 def tiny_config(base_yaml, lm, classifier, reviews, **top):
     data = yaml.safe_load((ROOT / "examples" / base_yaml).read_text())
-    for section, values in tiny_overrides(lm, classifier, reviews).items():
-        data[section].update(values)
+    merge_settings(data, tiny_overrides(lm, classifier, reviews))
     data.update(top)
     return config_from_dict(data)
 
 
 def test_cli_trains_cory_from_yaml_with_role_swap(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
     data = yaml.safe_load((ROOT / "examples" / "cory_imdb.yaml").read_text())
-    for section, values in tiny_overrides(tiny_lm_dir, tiny_classifier_dir, reviews_file).items():
-        data[section].update(values)
+    merge_settings(data, tiny_overrides(tiny_lm_dir, tiny_classifier_dir, reviews_file))
     data["logging"].update({"tensorboard": True, "save_checkpoint": True})
     config_path = tmp_path / "cory_tiny.yaml"
     config_path.write_text(yaml.safe_dump(data))
@@ -109,9 +121,9 @@ def test_cli_reports_config_errors(tmp_path, capsys):
     from marllm.cli import main
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text("ppo:\n  learning_rat: 0.1\n")
+    bad.write_text("ppo:\n  optimiser:\n    learning_rat: 0.1\n")
     assert main(["train", str(bad)]) == 2
-    assert "ppo.learning_rat" in capsys.readouterr().err
+    assert "ppo.optimiser.learning_rat" in capsys.readouterr().err
 
 
 def test_training_is_deterministic_for_a_seed(tmp_path, tiny_lm_dir, tiny_classifier_dir, reviews_file):
@@ -150,8 +162,8 @@ def test_example_configs_are_the_papers_setup():
     assert np.array_equal(cory.coefficient_matrix(), np.ones((2, 2))) and ppo.coefficient_matrix() is None
     for config in (cory, ppo):
         assert config.iterations == 100 and config.env.batch_size == 256
-        assert config.ppo.learning_rate == pytest.approx(1.41e-5) and config.ppo.ppo_epochs == 4
-        assert (config.ppo.init_kl_coef, config.ppo.target_kl, config.ppo.kl_horizon) == (0.3, 6.0, 10_000)
+        assert config.ppo.optimiser.learning_rate == pytest.approx(1.41e-5) and config.ppo.batching.ppo_epochs == 4
+        assert (config.ppo.kl.init_kl_coef, config.ppo.kl.target_kl, config.ppo.kl.kl_horizon) == (0.3, 6.0, 10_000)
         assert (config.ppo.gamma, config.ppo.lam, config.ppo.clip_range, config.ppo.vf_coef) == (1.0, 0.95, 0.2, 0.1)
         assert config.ppo.score_transform == "normalize"
         assert (config.generation.min_new_tokens, config.generation.max_new_tokens) == (4, 16)

@@ -49,7 +49,7 @@ def config_file(tmp_path, tiny_lm_dir, how):
         "model": {"name_or_path": str(tiny_lm_dir), "device": "cpu"},
         "task": {"name": "tasks.py:Failing", "how": how},
         "env": {"roles": ["speaker"], "batch_size": 2},
-        "ppo": {"mini_batch_size": 2},
+        "ppo": {"batching": {"mini_batch_size": 2}},
         "logging": {"tensorboard": False, "progress": False},
     }
     path = tmp_path / "config.yaml"

@@ -393,7 +393,7 @@ def test_build_env_assembles_the_cory_stack():
         {
             "env": {"roles": ["pioneer", "observer"], "batch_size": 2},
             "agents": {"reward_coefficients": 0.5, "role_period": 2},
-            "ppo": {"mini_batch_size": 2},
+            "ppo": {"batching": {"mini_batch_size": 2}},
         }
     )
     environment = build_env(cory, task)
@@ -404,12 +404,16 @@ def test_build_env_assembles_the_cory_stack():
     np.testing.assert_allclose(final["llm1"][1]["batch_rewards"], [1 + 1.5, 2 + 0])
     np.testing.assert_allclose(final["llm2"][1]["batch_rewards"], [3 + 0.5, 0 + 1])
 
-    ppo = config_from_dict({"env": {"roles": ["pioneer"], "batch_size": 2}, "ppo": {"mini_batch_size": 2}})
+    ppo = config_from_dict(
+        {"env": {"roles": ["pioneer"], "batch_size": 2}, "ppo": {"batching": {"mini_batch_size": 2}}}
+    )
     environment = build_env(ppo, task)
     assert isinstance(environment, RolePermutation) and not isinstance(environment.env, SharedReward)
     assert environment.period is None and environment.possible_agents == ["llm1"]
 
-    critic = config_from_dict({"env": {"roles": ["pioneer", "critic"], "batch_size": 2}, "ppo": {"mini_batch_size": 2}})
+    critic = config_from_dict(
+        {"env": {"roles": ["pioneer", "critic"], "batch_size": 2}, "ppo": {"batching": {"mini_batch_size": 2}}}
+    )
     with pytest.raises(ValueError, match=r"default templates for roles \['observer', 'pioneer'\] only.*\['critic'\]"):
         build_env(critic, task)
 

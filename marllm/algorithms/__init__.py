@@ -17,13 +17,18 @@ _EXPORTS = {
     "ALGORITHMS": "marllm.algorithms.catalog",
     "AdaptiveKLController": "marllm.algorithms.kl_controller",
     "AlgorithmOptions": "marllm.algorithms.catalog",
+    "BatchingConfig": "marllm.algorithms.ppo_sections",
+    "ComputeConfig": "marllm.algorithms.ppo_sections",
     "CriticFreeConfig": "marllm.algorithms.critic_free_config",
     "CriticFreeLearner": "marllm.algorithms.critic_free_learner",
     "FixedKLController": "marllm.algorithms.kl_controller",
     "GenerationConfig": "marllm.algorithms.ppo_config",
+    "GuardsConfig": "marllm.algorithms.ppo_sections",
+    "KLConfig": "marllm.algorithms.ppo_sections",
     "KLController": "marllm.algorithms.kl_controller",
     "Learner": "marllm.algorithms.learner",
     "NonFiniteLossError": "marllm.algorithms.ppo_steps",
+    "OptimiserConfig": "marllm.algorithms.ppo_sections",
     "PPOConfig": "marllm.algorithms.ppo_config",
     "PPOLearner": "marllm.algorithms.ppo",
     "PolicyGradientLearner": "marllm.algorithms.policy_gradient",
@@ -35,13 +40,18 @@ __all__ = [
     "ALGORITHMS",
     "AdaptiveKLController",
     "AlgorithmOptions",
+    "BatchingConfig",
+    "ComputeConfig",
     "CriticFreeConfig",
     "CriticFreeLearner",
     "FixedKLController",
     "GenerationConfig",
+    "GuardsConfig",
+    "KLConfig",
     "KLController",
     "Learner",
     "NonFiniteLossError",
+    "OptimiserConfig",
     "PPOConfig",
     "PPOLearner",
     "PolicyGradientLearner",
@@ -58,6 +68,7 @@ if TYPE_CHECKING:
     from marllm.algorithms.policy_gradient import PolicyGradientLearner
     from marllm.algorithms.ppo import PPOLearner
     from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+    from marllm.algorithms.ppo_sections import BatchingConfig, ComputeConfig, GuardsConfig, KLConfig, OptimiserConfig
     from marllm.algorithms.ppo_steps import NonFiniteLossError
     from marllm.algorithms.rollout import Rollout
 

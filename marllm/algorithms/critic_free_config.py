@@ -20,7 +20,7 @@ class CriticFreeConfig:
 
     Attributes:
         kl_in: where the KL to the reference enters. ``"reward"``: as PPO does, −η·KL per token in the reward (the
-            estimator of ``ppo.kl_penalty``; for GRPO and RLOO summed over the response and subtracted from the
+            estimator of ``ppo.kl.kl_penalty``; for GRPO and RLOO summed over the response and subtracted from the
             outcome reward before the group baseline). ``"loss"``: as GRPO's paper does, η × the ``kl_estimator``
             per token added to the loss, the reward being the task score alone.
         kl_estimator: the per-token estimator of the KL as a loss term (x = log π_0 − log π of the sampled token):
@@ -28,20 +28,20 @@ class CriticFreeConfig:
             that of the reverse KL(π_0 ‖ π); clamped as verl does), ``"k2"`` (½·x², biased, whose gradient is that
             of KL(π ‖ π_0), the KL it is meant to bound) or ``"k1"`` (−x, whose gradient is zero in expectation: a
             loss term that does nothing on average). With ``kl_in: loss`` the adaptive KL controller is fed this
-            estimator's summed KL of the rollout (what the loss penalises), not ``ppo.kl_penalty``'s.
+            estimator's summed KL of the rollout (what the loss penalises), not ``ppo.kl.kl_penalty``'s.
         loss_aggregation: ``"token-mean"`` (mean over every response token of the mini-batch, DAPO) or
             ``"seq-mean-token-mean"`` (mean over each response, then over responses: GRPO's paper).
         scale_by_std: GRPO divides each group's centred task scores by their standard deviation; false keeps the
             centring only. With the KL in the reward, the group-centred −η·ΣKL is added after that division, so the
             penalty keeps the size η gives it (:func:`~marllm.algorithms.critic_free.grpo_kl_penalised_advantages`).
 
-    Dr. GRPO (Liu et al., 2025) is two changes to GRPO, both needed: ``scale_by_std: false`` and no per-answer
-    length normalisation, i.e. ``loss_aggregation: token-mean`` (every token of the mini-batch weighs the same; the
-    paper divides by a constant token budget instead, which differs from the mini-batch's token count only by a
-    factor common to the whole mini-batch). That factor is common to a whole optimiser step only with one
-    mini-batch per step; with ``ppo.gradient_accumulation_steps`` > 1 set ``ppo.loss_reduction: step_token_mean`` so
-    that every token of the step weighs the same, as the constant normaliser makes it.
-    ``seq-mean-token-mean`` brings the length normalisation back.
+    Dr. GRPO (Liu et al., 2025) is two changes to GRPO, both needed: ``scale_by_std: false`` and no per-answer length
+    normalisation, i.e. ``loss_aggregation: token-mean`` (every token of the mini-batch weighs the same; the paper
+    divides by a constant token budget instead, which differs from the mini-batch's token count only by a factor common
+    to the whole mini-batch). That factor is common to a whole optimiser step only with one mini-batch per step; with
+    ``ppo.batching.gradient_accumulation_steps`` > 1 set ``ppo.batching.loss_reduction: step_token_mean`` so that every
+    token of the step weighs the same, as the constant normaliser makes it. ``seq-mean-token-mean`` brings the length
+    normalisation back.
 
     ``ppo.score_transform`` applies to these learners too, before the group baseline: for GRPO with
     ``scale_by_std`` a running rescale of the scores cancels out in the division (up to its ε); for RLOO and Dr.

@@ -62,7 +62,7 @@ class AdaptiveKLController:
 
 
 def kl_controller_from(config: PPOConfig) -> KLController:
-    """The controller of ``config.kl_control``: :class:`AdaptiveKLController` or :class:`FixedKLController`."""
-    if config.kl_control == "adaptive":
-        return AdaptiveKLController(config.init_kl_coef, config.target_kl, config.kl_horizon)
-    return FixedKLController(config.init_kl_coef)
+    """The controller of ``config.kl.kl_control``: :class:`AdaptiveKLController` or :class:`FixedKLController`."""
+    if config.kl.kl_control == "adaptive":
+        return AdaptiveKLController(config.kl.init_kl_coef, config.kl.target_kl, config.kl.kl_horizon)
+    return FixedKLController(config.kl.init_kl_coef)

@@ -93,7 +93,7 @@ def check_learner_settings(
     Raises:
         ValueError: naming the learner and what is wrong.
     """
-    whole_model_only = config.whole_model_settings() if sharded else []
+    whole_model_only = config.compute.whole_model_settings() if sharded else []
     if whole_model_only:
         raise ValueError(
             f"learner {name!r}: {'; '.join(whole_model_only)}: leave these at their defaults for a sharded model"
@@ -104,15 +104,16 @@ def check_learner_settings(
 
 def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
     """Refuse a mode whose answers end with EOS (constrained, thought-then-move) without an EOS to end them, and
-    ``ppo.rollout_from_generate: true`` with a mode it does not fit (a thought and its move are two generate calls),
-    as the mode's facts say (:func:`~marllm.algorithms.action_catalog.action_mode`; an unknown mode is refused)."""
+    ``ppo.compute.rollout_from_generate: true`` with a mode it does not fit (a thought and its move are two generate
+    calls), as the mode's facts say (:func:`~marllm.algorithms.action_catalog.action_mode`; an unknown mode is
+    refused)."""
     mode = action_mode(actions, f"learner {name!r}")
     if mode.ends_with_eos:
         check_constrained(tokenizer, generation, f"learner {name!r}")
-    if mode.rollout_from_generate is not None and learner.config.rollout_from_generate is True:
+    if mode.rollout_from_generate is not None and learner.config.compute.rollout_from_generate is True:
         raise ValueError(
             f"learner {name!r}: game.actions.mode: {actions} {mode.rollout_from_generate}; set "
-            "ppo.rollout_from_generate to auto or false"
+            "ppo.compute.rollout_from_generate to auto or false"
         )
 
 
@@ -148,16 +149,16 @@ def check_full_precision(name: str, trainable: list[torch.nn.Parameter], adapter
 
 
 def prepare_networks(model: PreTrainedModel, reference: PreTrainedModel | None, config: PPOConfig | None) -> None:
-    """Ready a learner's networks, in place: GELUs fused into one kernel (``ppo.fused_kernels``; not when ``config``
-    is None) in the policy and the reference, the policy's activations recomputed in the backward (bit-identical,
-    with a fraction of the activations' memory) and, with ``ppo.gradient_checkpointing``, its transformer layers'
-    too (:func:`~marllm.models.checkpointing.enable_gradient_checkpointing`)."""
-    if config is not None and config.fused_kernels:
+    """Ready a learner's networks, in place: GELUs fused into one kernel (``ppo.compute.fused_kernels``; not when
+    ``config`` is None) in the policy and the reference, the policy's activations recomputed in the backward
+    (bit-identical, with a fraction of the activations' memory) and, with ``ppo.compute.gradient_checkpointing``, its
+    transformer layers' too (:func:`~marllm.models.checkpointing.enable_gradient_checkpointing`)."""
+    if config is not None and config.compute.fused_kernels:
         for network in (model, reference):
             if network is not None:
                 fuse_tanh_gelus(network)
     recompute_activations_in_backward(model)
-    if config is not None and config.gradient_checkpointing:
+    if config is not None and config.compute.gradient_checkpointing:
         enable_gradient_checkpointing(model)
 
 
@@ -195,20 +196,22 @@ def new_optimizer(
                 f"learner {name!r}: a sharded (model.fsdp) bfloat16 model is not trained with stochastic rounding; "
                 "use model.dtype: float32 with model.fsdp_compute_dtype: bfloat16"
             )
-        return StochasticRoundingAdam(parameters, lr=config.learning_rate, eps=config.adam_eps, seed=seed)
+        return StochasticRoundingAdam(
+            parameters, lr=config.optimiser.learning_rate, eps=config.optimiser.adam_eps, seed=seed
+        )
     return torch.optim.Adam(
         parameters,
-        lr=config.learning_rate,
-        eps=config.adam_eps,
-        fused=True if config.fused_kernels and not sharded else None,
+        lr=config.optimiser.learning_rate,
+        eps=config.optimiser.adam_eps,
+        fused=True if config.compute.fused_kernels and not sharded else None,
     )
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, config: Any, update: int) -> dict[str, float]:
     """Give every parameter group the learning rate of the learner's ``update``-th update (from 0;
-    :meth:`~marllm.algorithms.ppo_config.PPOConfig.learning_rate_at`: from the update count, so a restored learner
-    goes on where it was), and return it as a metric where it is annealed (``{}`` where it is constant)."""
-    learning_rate = config.learning_rate_at(update)
+    :meth:`~marllm.algorithms.ppo_sections.OptimiserConfig.learning_rate_at`: from the update count, so a restored
+    learner goes on where it was), and return it as a metric where it is annealed (``{}`` where it is constant)."""
+    learning_rate = config.optimiser.learning_rate_at(update)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
-    return {} if config.anneal_updates is None else {"learning_rate": learning_rate}
+    return {} if config.optimiser.anneal_updates is None else {"learning_rate": learning_rate}

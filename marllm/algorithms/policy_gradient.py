@@ -73,7 +73,7 @@ class PolicyGradientLearner:
         kl_controller: the KL coefficient controller, any object with a ``value`` (η, read at the start of each
             batch's update and restored from checkpoints) and ``update(kl, n_steps)`` (called after each completed
             batch); see :class:`~marllm.algorithms.kl_controller.KLController`. The learner owns it and changes its
-            state: give each learner its own. None builds it from ``config`` (``kl_control``, ``init_kl_coef``,
+            state: give each learner its own. None builds it from ``config.kl`` (``kl_control``, ``init_kl_coef``,
             ``target_kl``, ``kl_horizon``), which is then not read for the KL coefficient.
         data_parallel: this process's rank of a data-parallel run (:mod:`marllm.parallel.distributed`), whose
             rollouts hold its slice of each batch (None: one process); it computes over the global batch what one
@@ -163,7 +163,8 @@ class PolicyGradientLearner:
             tokenizer=self.tokenizer,
             reference=self.reference,
             adapter=self.adapter,
-            config=self.config,
+            compute=self.config.compute,
+            kl_penalty=self.config.kl.kl_penalty,
             generation=self.generation,
             value_head=self.value_head,
             context_length=self.context_length,
@@ -276,7 +277,7 @@ class PolicyGradientLearner:
         """Train on every rewarded rollout, merged into one batch (:func:`merge_rollouts`), then forget them.
         Returns this learner's metrics (unprefixed): batch means over all of its responses of the iteration.
 
-        With ``ppo.on_nonfinite: skip`` a non-finite loss or gradient norm abandons the rest of the update (see
+        With ``ppo.guards.on_nonfinite: skip`` a non-finite loss or gradient norm abandons the rest of the update (see
         :class:`PPOConfig`): the metrics then hold ``nonfinite_skipped = 1`` and :attr:`last_nonfinite` says why.
         """
         if not self.rollouts:
@@ -287,7 +288,7 @@ class PolicyGradientLearner:
         self.last_nonfinite: str | None = None
         # The iteration's turns are one update: one shuffle of all samples per epoch, one step of each statistic.
         rollout = merge_rollouts(self.rollouts, self.tokenizer.pad_token_id)
-        self.config.check_batch_size(len(rollout.responses) * self._world_size)
+        self.config.batching.check_batch_size(len(rollout.responses) * self._world_size)
         schedule = set_learning_rate(self.optimizer, self.config, self.num_updates)
         metrics = self._update_with(rollout).as_dict() | schedule
         self.rollouts = []
@@ -304,7 +305,7 @@ class PolicyGradientLearner:
         try:
             self._optimisation(data.kl_coef).run(data, losses)
         except NonFiniteLossError as error:
-            if self.config.on_nonfinite == "raise":
+            if self.config.guards.on_nonfinite == "raise":
                 raise
             # The step was not applied and the rest of the update is abandoned; steps already applied stay.
             nonfinite = str(error)
@@ -317,7 +318,7 @@ class PolicyGradientLearner:
             controlled = self._controlled_kl(b)
             kl_batch = controlled if self.data_parallel is None else self.data_parallel.mean(controlled)
             self.kl_controller.update(kl_batch, len(data) * self._world_size)
-        skipped = nonfinite is not None if self.config.on_nonfinite == "skip" else None
+        skipped = nonfinite is not None if self.config.guards.on_nonfinite == "skip" else None
         return update_stats(rollout, data, losses, self._advantage_stats(b), started, skipped)
 
     @torch.no_grad()

@@ -133,7 +133,7 @@ class PPOSteps:
         until they agree to fail.
         """
         counts = self._row_counts if self._row_counts is not None else host_rows(data.batch, self.sample_masses)[1]
-        plan = passes(minibatch, data.batch, data.prompt_length, self.config.passes_of(self.sharded), counts[1])
+        plan = passes(minibatch, data.batch, data.prompt_length, self.config.compute.passes_of(self.sharded), counts[1])
         if not plan:  # this rank holds no row of the mini-batch
             return self._stand_in(data.batch, data.prompt_length), None
         computed = _Passes(plan, minibatch, masses, counts[0], self.sharded)
@@ -162,7 +162,7 @@ class PPOSteps:
     def _skips(self, ratio: float, tokens: float) -> bool:
         """TRL's ratio_threshold: whether a mini-batch whose mean ratio π/π_old (over ``tokens`` of this rank's) has
         run away gives no gradient. Data-parallel, every rank decides on the global mean, in one all-reduce each."""
-        threshold = self.config.ratio_threshold
+        threshold = self.config.guards.ratio_threshold
         if threshold is None:
             return False
         if self.data_parallel is not None:
@@ -191,8 +191,8 @@ class PPOSteps:
 
     def _optimizer_step(self, epoch: int) -> None:
         parameters = self.parameters
-        if self.config.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.max_grad_norm)
+        if self.config.optimiser.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.optimiser.max_grad_norm)
         elif self.sharded:
             norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
         else:
@@ -284,9 +284,9 @@ class _Passes:
 def plan_steps(
     masses: torch.Tensor, global_rows: np.ndarray, config: PPOConfig, rng: np.random.Generator
 ) -> Iterator[list[_MiniBatch]]:
-    """The optimiser steps of an update, each as its mini-batches: ``config.ppo_epochs`` passes over the (global)
-    batch of ``len(masses)`` samples, each shuffled by ``rng``, of which this rank holds ``global_rows`` (its local
-    rows' global indices, in local order). ``masses`` (N,): what each sample weighs in a loss normaliser.
+    """The optimiser steps of an update, each as its mini-batches: ``config.batching.ppo_epochs`` passes over the
+    (global) batch of ``len(masses)`` samples, each shuffled by ``rng``, of which this rank holds ``global_rows`` (its
+    local rows' global indices, in local order). ``masses`` (N,): what each sample weighs in a loss normaliser.
 
     A mini-batch's weight is its loss's share of its step's accumulated gradient: under ``loss_reduction:
     minibatch_token_mean`` 1 / (the mini-batches the step really holds: ``gradient_accumulation_steps``, or fewer or
@@ -296,17 +296,17 @@ def plan_steps(
     batch_size = len(masses)
     local_of = np.full(batch_size, -1)
     local_of[global_rows] = np.arange(len(global_rows))
-    merge = config.last_minibatch == "merge"
-    for epoch in range(config.ppo_epochs):
+    merge = config.batching.last_minibatch == "merge"
+    for epoch in range(config.batching.ppo_epochs):
         b_inds = rng.permutation(batch_size)
-        for step_slice in split_points(batch_size, config.backward_batch_size, merge):
+        for step_slice in split_points(batch_size, config.batching.backward_batch_size, merge):
             step_inds = b_inds[step_slice]
-            mb_slices = split_points(len(step_inds), config.mini_batch_size, merge)
+            mb_slices = split_points(len(step_inds), config.batching.mini_batch_size, merge)
             step = []
             for mb_slice in mb_slices:
                 mb_inds = step_inds[mb_slice]
                 mine = mb_inds[local_of[mb_inds] >= 0]
-                if config.loss_reduction == "step_token_mean":
+                if config.batching.loss_reduction == "step_token_mean":
                     weight = float(masses[mb_inds].sum()) / max(float(masses[step_inds].sum()), 1.0)
                 else:
                     weight = 1.0 / len(mb_slices)

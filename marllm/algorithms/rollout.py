@@ -206,14 +206,14 @@ class UpdateStats:
         received_reward: the reward it trained on, batch mean.
         score: the transformed score, batch mean.
         kl: the full-vocabulary KL(π ‖ π_0) summed over a response, batch mean.
-        kl_penalty: the KL the penalty used (``ppo.kl_penalty``), summed over a response, batch mean.
+        kl_penalty: the KL the penalty used (``ppo.kl.kl_penalty``), summed over a response, batch mean.
         kl_coef: η of the update.
         response_length: response tokens, batch mean.
         advantage_stats: the algorithm's statistics of its returns and advantages (``returns/mean``, …).
         generation_s, forward_s, update_s: seconds spent sampling, scoring the rollout, and updating.
         losses: each loss part's mean over the update's mini-batches (``loss/policy``, ``clipfrac``, ``ratio``, …).
         nonfinite_skipped: whether a non-finite loss or gradient abandoned the update; None (not reported) unless
-            ``ppo.on_nonfinite`` is ``"skip"``.
+            ``ppo.guards.on_nonfinite`` is ``"skip"``.
     """
 
     task_reward: float

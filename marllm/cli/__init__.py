@@ -139,7 +139,7 @@ def _add_train(commands: Any) -> None:
     train.add_argument("config", help="YAML config file, e.g. examples/cory_imdb.yaml")
     # default=[]: an empty list of overrides is not a missing argument (argparse would name it as required)
     train.add_argument(
-        "overrides", nargs="*", default=[], help="dotted overrides, e.g. ppo.learning_rate=1e-5 iterations=3"
+        "overrides", nargs="*", default=[], help="dotted overrides, e.g. ppo.optimiser.learning_rate=1e-5 iterations=3"
     )
     train.add_argument("--run-dir", default=None, help="where to write the run (default: config run_dir or runs/NAME)")
     train.add_argument(

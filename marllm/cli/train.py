@@ -101,7 +101,7 @@ def _add_resume_note(error: Exception, run_dir: Path, resume_command: str) -> No
     info = read_run_info(run_dir) if run_dir.is_dir() else {}
     if info.get("status") != "failed" or info.get("checkpoint_iteration") is None:
         return
-    hint = " ppo.on_nonfinite=skip" if isinstance(error, FloatingPointError) else ""
+    hint = " ppo.guards.on_nonfinite=skip" if isinstance(error, FloatingPointError) else ""
     error.add_note(
         f"the run's latest checkpoint (iteration {info['checkpoint_iteration']}) stays; resume with: "
         f"{resume_command}{hint}"

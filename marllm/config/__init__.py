@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from marllm.algorithms.ppo_config import sectioned_ppo
 from marllm.config.custom_tasks import task_class
 from marllm.config.game import sectioned
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml  # noqa: F401 - ConfigError re-exported
@@ -54,8 +55,8 @@ RESUMABLE_KEYS = (
     "model.trust_remote_code",
     "model.fsdp",  # a checkpoint holds whole tensors, whether the run that wrote it was sharded or not
     "model.fsdp_gather_for_generation",  # where the weights are while generating, not what is computed
-    "ppo.on_nonfinite",
-    "ppo.max_consecutive_skips",
+    "ppo.guards.on_nonfinite",
+    "ppo.guards.max_consecutive_skips",
 )
 
 
@@ -76,10 +77,12 @@ def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[st
     ``config``, leaving out :data:`RESUMABLE_KEYS`; each as ``"key: saved -> now"``.
 
     ``saved`` is first read back with this version's defaults, so that a key added since it was written compares as
-    its default, and a game key that has moved into a section since compares at its new place.
+    its default, and a game or ppo key that has moved into a section since compares at its new place.
     """
     if isinstance(saved.get("game"), Mapping):
         saved = {**saved, "game": sectioned(saved["game"])}
+    if isinstance(saved.get("ppo"), Mapping):
+        saved = {**saved, "ppo": sectioned_ppo(saved["ppo"])}
     # not readable by this version (a key since removed, a device this machine lacks): compare what it holds
     with contextlib.suppress(ValueError):
         saved = config_from_dict(dict(saved)).to_dict()

@@ -142,7 +142,8 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
     """Construct dataclass ``cls`` from a mapping, recursively and strictly.
 
     A dataclass may name its keys that moved (``MOVED_KEYS``: old key -> new dotted key under it) and the field a
-    scalar given for the whole section was meant for (``SCALAR_FIELD``): either is refused with its new place.
+    scalar given for the whole section was meant for (``SCALAR_FIELD``): either is refused with its new place, and a
+    near miss of a moved key is answered with the new place too.
     """
     if isinstance(data, cls):
         return data
@@ -161,8 +162,8 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
         moved = getattr(cls, "MOVED_KEYS", {})
         if key in moved:
             raise ConfigError(f"config key {_join(path, key)!r} is now {_join(path, moved[key])!r}; write it there")
-        close = difflib.get_close_matches(str(key), fields, n=1)
-        hint = f" (did you mean {_join(path, close[0])!r}?)" if close else ""
+        close = difflib.get_close_matches(str(key), [*fields, *moved], n=1)  # a moved key's near miss: its new place
+        hint = f" (did you mean {_join(path, moved.get(close[0], close[0]))!r}?)" if close else ""
         raise ConfigError(f"unknown config key {_join(path, key)!r}{hint}; valid keys here: {sorted(fields)}")
     hints = typing.get_type_hints(cls)
     values = {}

@@ -21,9 +21,9 @@ class ModelConfig:
             ``marllm:smollm2-135m-instruct`` (prepared on first use).
         dtype: the policies' dtype, ``float32``, ``bfloat16`` or ``float16``. What a trained parameter costs, in
             bytes (weights + gradients + Adam's two moments): ``float32`` 4 + 4 + 8 = 16; ``float32`` with
-            ``ppo.autocast_dtype: bfloat16`` the same 16, plus the autocast's transient bfloat16 copies of the weights
-            a forward uses (2); ``bfloat16`` without ``lora`` 2 + 2 + 4 = 8, trained by an Adam that computes each
-            step in float32 and writes the weights and moments back with stochastic rounding (unbiased, where
+            ``ppo.compute.autocast_dtype: bfloat16`` the same 16, plus the autocast's transient bfloat16 copies of the
+            weights a forward uses (2); ``bfloat16`` without ``lora`` 2 + 2 + 4 = 8, trained by an Adam that computes
+            each step in float32 and writes the weights and moments back with stochastic rounding (unbiased, where
             rounding to nearest would lose PPO's small updates:
             :class:`~marllm.algorithms.stochastic_rounding.StochasticRoundingAdam`); ``float16`` without ``lora``
             is refused (Adam's squared gradients underflow its range). With ``lora`` the frozen base costs its dtype's

@@ -88,7 +88,7 @@ class TrainConfig:
 
     def _check_text_env(self) -> None:
         try:
-            self.ppo.check_batch_size(self.env.batch_size)
+            self.ppo.batching.check_batch_size(self.env.batch_size)
         except ValueError as error:
             raise ValueError(f"env.batch_size: {error}") from error
         n = len(self.env.roles)
@@ -125,11 +125,11 @@ class TrainConfig:
                 )
         self.game.check_actions(self.generation.stop_at_eos)
         unfit = self.game.actions.facts.rollout_from_generate  # why the mode does not take it
-        if unfit is not None and self.ppo.rollout_from_generate is True:
+        if unfit is not None and self.ppo.compute.rollout_from_generate is True:
             raise ValueError(
-                "ppo.rollout_from_generate: true takes the rollout's log-probs from generate, and game.actions.mode: "
-                f"{self.game.actions.mode} {unfit}; leave ppo.rollout_from_generate at auto (or false), or use "
-                "game.actions.mode: generate"
+                "ppo.compute.rollout_from_generate: true takes the rollout's log-probs from generate, and "
+                f"game.actions.mode: {self.game.actions.mode} {unfit}; leave ppo.compute.rollout_from_generate at auto "
+                "(or false), or use game.actions.mode: generate"
             )
         if self.logging.pass_at_k is not None:
             raise ValueError(
@@ -139,19 +139,20 @@ class TrainConfig:
         self._check_game_batches()
 
     def _check_game_batches(self) -> None:
-        """PPO splits a learner's moves of an iteration into whole mini-batches unless ``ppo.last_minibatch`` is
-        ``merge``; how many moves an iteration holds depends on the game."""
+        """PPO splits a learner's moves of an iteration into whole mini-batches unless
+        ``ppo.batching.last_minibatch`` is ``merge``; how many moves an iteration holds depends on the game."""
         assert self.game is not None
-        game, ppo = self.game, self.ppo
-        step = ppo.backward_batch_size
+        game, batching = self.game, self.ppo.batching
+        step = batching.backward_batch_size
         lockstep = game.info.lockstep and game.illegal == "random"
-        if step == 1 or ppo.last_minibatch == "merge" or (lockstep and game.batch_size % step == 0):
+        if step == 1 or batching.last_minibatch == "merge" or (lockstep and game.batch_size % step == 0):
             return
-        sizes = f"ppo.mini_batch_size × ppo.gradient_accumulation_steps = {ppo.mini_batch_size} × " \
-                f"{ppo.gradient_accumulation_steps} = {step}"  # fmt: skip
+        sizes = f"ppo.batching.mini_batch_size × ppo.batching.gradient_accumulation_steps = " \
+                f"{batching.mini_batch_size} × {batching.gradient_accumulation_steps} = {step}"  # fmt: skip
         if lockstep:
             raise ValueError(
-                f"game.batch_size {game.batch_size} is not divisible by {sizes} (or set ppo.last_minibatch: merge)"
+                f"game.batch_size {game.batch_size} is not divisible by {sizes} (or set ppo.batching.last_minibatch: "
+                "merge)"
             )
         why = (
             "an illegal answer ends its game early (game.illegal: forfeit)"
@@ -161,8 +162,9 @@ class TrainConfig:
         also = " (or game.illegal: random, with which every move covers every game)" if game.info.lockstep else ""
         raise ValueError(
             f"{sizes} must be 1 for this game: {why}, so a seat's move covers a varying number of games, and PPO "
-            f"splits a learner's moves into whole mini-batches; set ppo.last_minibatch: merge (the rows left over join "
-            f"the last mini-batch), or ppo.mini_batch_size: 1 and ppo.gradient_accumulation_steps: 1{also}"
+            "splits a learner's moves into whole mini-batches; set ppo.batching.last_minibatch: merge (the rows left "
+            "over join the last mini-batch), or ppo.batching.mini_batch_size: 1 and "
+            f"ppo.batching.gradient_accumulation_steps: 1{also}"
         )
 
     def _check_learner_keys(self, key: str, mapping: Mapping[str, Any]) -> None:
@@ -228,7 +230,7 @@ class TrainConfig:
                     "process: start it with marllm train --nproc N (N >= 2), or set model.fsdp: false"
                 )
             return
-        whole_model_only = self.ppo.whole_model_settings() if self.model.fsdp else []
+        whole_model_only = self.ppo.compute.whole_model_settings() if self.model.fsdp else []
         if whole_model_only:
             raise ConfigError(f"{'; '.join(whole_model_only)}: leave these at their defaults with model.fsdp")
         try:

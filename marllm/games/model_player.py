@@ -11,7 +11,7 @@ import numpy as np
 
 from marllm.algorithms.action_catalog import action_mode
 from marllm.algorithms.actions import Collector, new_collector
-from marllm.algorithms.ppo_config import PPOConfig
+from marllm.algorithms.ppo_config import ComputeConfig, KLConfig
 from marllm.models.policy import context_length
 from marllm.parallel.sharding import is_sharded
 from marllm.players.fixed import FixedPlayer
@@ -70,7 +70,8 @@ def _model_collector(
         tokenizer=tokenizer,
         reference=None,
         adapter=None,
-        config=PPOConfig(),
+        compute=ComputeConfig(),
+        kl_penalty=KLConfig().kl_penalty,
         generation=generation,
         value_head=None,
         context_length=context_length(model),

@@ -42,7 +42,7 @@ class FusedTanhGELU(nn.Module):
 def fuse_tanh_gelus(model: nn.Module) -> int:
     """Replace every composite tanh-approximated GELU of ``model`` (:data:`TANH_GELUS`, also inside a
     :class:`RecomputedActivation`) by :class:`FusedTanhGELU`, in place; return how many were replaced. Not
-    bit-identical: a switch (``ppo.fused_kernels``)."""
+    bit-identical: a switch (``ppo.compute.fused_kernels``)."""
     replaced = 0
     for parent in list(model.modules()):
         if isinstance(parent, RecomputedActivation):  # replaced whole, from its own parent

@@ -1,4 +1,4 @@
-"""Gradient checkpointing of a policy's transformer layers (``ppo.gradient_checkpointing``).
+"""Gradient checkpointing of a policy's transformer layers (``ppo.compute.gradient_checkpointing``).
 
 transformers' own checkpointing (``activation_checkpointing_enable``, formerly ``gradient_checkpointing_enable``)
 makes each decoder layer keep only its input under autograd and recompute its activations in the backward, with
@@ -32,13 +32,14 @@ def enable_gradient_checkpointing(model: Any) -> int:
 
     Raises:
         ValueError: the model's class does not support gradient checkpointing (naming it and
-            ``ppo.gradient_checkpointing``).
+            ``ppo.compute.gradient_checkpointing``).
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not getattr(base, "supports_gradient_checkpointing", False):
         raise ValueError(
-            f"ppo.gradient_checkpointing: {type(base).__name__} does not support gradient checkpointing "
-            "(transformers' supports_gradient_checkpointing is false for it); set ppo.gradient_checkpointing: false"
+            f"ppo.compute.gradient_checkpointing: {type(base).__name__} does not support gradient checkpointing "
+            "(transformers' supports_gradient_checkpointing is false for it); set "
+            "ppo.compute.gradient_checkpointing: false"
         )
     if getattr(base, _FLAG, None) is None:
         enable = getattr(base, "activation_checkpointing_enable", None)

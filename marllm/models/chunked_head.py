@@ -60,9 +60,9 @@ def check_plain_head(model: PreTrainedModel, owner: str) -> None:
         model.train(training)
     if projected.shape != logits.shape or not torch.allclose(projected.float(), logits.float(), rtol=1e-3, atol=1e-3):
         raise ValueError(
-            f"{owner}: ppo.logits_chunk_rows needs a model whose logits are its LM head applied to the last hidden "
-            f"state; {type(model).__name__} changes them after its head (soft-capping or scaling): set "
-            "ppo.logits_chunk_rows: null"
+            f"{owner}: ppo.compute.logits_chunk_rows needs a model whose logits are its LM head applied to the last "
+            f"hidden state; {type(model).__name__} changes them after its head (soft-capping or scaling): set "
+            "ppo.compute.logits_chunk_rows: null"
         )
 
 

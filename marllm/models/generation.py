@@ -203,7 +203,7 @@ def _stack_captured(
         raise RuntimeError(
             f"{owner}: generate returned {len(step_logits)} logits and ran {len(hidden_steps)} forwards for "
             f"{length} response tokens; they cannot be matched to the tokens "
-            "(ppo.rollout_from_generate needs one forward per sampled token)"
+            "(ppo.compute.rollout_from_generate needs one forward per sampled token)"
         )
     logits = torch.stack(step_logits, 1)  # generate's float32 copies of each step's raw logits
     hidden = torch.stack(hidden_steps, 1)

@@ -34,7 +34,7 @@ class GenerationConfig:
             gets the same temperature, repetition penalty and EOS suppression and is restricted to the tokens the
             policy's top-k/top-p kept (renormalised over them): both are distributions over the same candidates, so
             KL(μ ‖ μ_0) is finite, 0 while the policy equals the reference, estimated without bias by k1 and exactly
-            by ``kl_penalty: full``; the entropy metric is μ's. Costs one pass of the processors per response
+            by ``ppo.kl.kl_penalty: full``; the entropy metric is μ's. Costs one pass of the processors per response
             position in the rollout and in each PPO forward.
         chat_template: render each prompt as the user turn of the tokenizer's chat template followed by its
             generation prompt, so that the response is the assistant turn (instruct models); False feeds the prompt

@@ -114,8 +114,8 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.summary.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # In the head's own dtype even under mixed precision (ppo.autocast_dtype): values enter GAE and the value
-        # loss, which bfloat16's ~3 significant digits would round.
+        # In the head's own dtype even under mixed precision (ppo.compute.autocast_dtype): values enter GAE and the
+        # value loss, which bfloat16's ~3 significant digits would round.
         with torch.autocast(hidden.device.type, enabled=False):
             return self.summary(hidden.to(self.summary.weight.dtype)).squeeze(-1)
 

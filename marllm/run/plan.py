@@ -8,11 +8,11 @@ device every model lives on, what a training iteration holds at its peak:
   adapters off), the value heads, the reward model, and on a CPU the process itself (Python, torch, transformers);
 - **the larger of two phases**, which never overlap:
   - *rollout* (one learner at a time): the key/value cache of ``generate`` over the batch, the logits kept for the
-    rollout (generate's own, float32, when ``ppo.rollout_from_generate``), and the reference's logits of one
-    ``ppo.forward_batch_size`` chunk;
-  - *update* (one learner at a time): its gradients, the activations a backward needs at ``ppo.micro_batch_size``
-    rows (measured on a two-layer copy, :func:`~marllm.models.memory.activation_bytes`; with
-    ``ppo.gradient_checkpointing`` the layers' inputs plus one layer recomputed), and the pass's logits.
+    rollout (generate's own, float32, when ``ppo.compute.rollout_from_generate``), and the reference's logits of one
+    ``ppo.compute.forward_batch_size`` chunk;
+  - *update* (one learner at a time): its gradients, the activations a backward needs at
+    ``ppo.compute.micro_batch_size`` rows (measured on a two-layer copy, :func:`~marllm.models.memory.activation_bytes`;
+    with ``ppo.compute.gradient_checkpointing`` the layers' inputs plus one layer recomputed), and the pass's logits.
 
 Lengths are the longest the config allows: prompts as the templates render them with the longest query and
 responses, plus ``generation.max_new_tokens``. Each figure is an estimate; ``benchmarks/bench_plan.py`` sets it beside
@@ -159,16 +159,16 @@ def _plan(
     model, ppo = config.model, config.ppo
     reference_dtype = _reference_dtype(config)
     tokens = prompt + config.generation.max_new_tokens
-    passes = ppo.passes_of(model.fsdp)
-    mini = min(ppo.mini_batch_size, config.env.batch_size)
+    passes = ppo.compute.passes_of(model.fsdp)
+    mini = min(ppo.batching.mini_batch_size, config.env.batch_size)
     rows = mini if passes is None else min(passes, mini)
     summary = {
         "model": model.name_or_path, "parameters": shape.parameters, "learners": len(config.learner_ids),
         "trainable_per_learner": shape.lora_parameters if model.lora is not None else shape.parameters,
         "dtype": model.dtype, "reference_dtype": reference_dtype, "lora": model.lora is not None,
         "batch": config.env.batch_size, "prompt_tokens": prompt, "new_tokens": config.generation.max_new_tokens,
-        "update_rows": rows, "gradient_checkpointing": ppo.gradient_checkpointing,
-        "autocast_dtype": ppo.autocast_dtype, "device": device,
+        "update_rows": rows, "gradient_checkpointing": ppo.compute.gradient_checkpointing,
+        "autocast_dtype": ppo.compute.autocast_dtype, "device": device,
     }  # fmt: skip
     kept = _kept(config, shape, reward, device)
     return MemoryPlan(kept, _rollout(config, shape, tokens), _update(config, shape, tokens, rows), summary, capacity)
@@ -210,7 +210,7 @@ def _kept(config: TrainConfig, shape: ModelShape, reward: tuple[int, str], devic
 
 
 def _compute_bytes(config: TrainConfig) -> int:
-    dtype = config.ppo.autocast_dtype or config.model.dtype
+    dtype = config.ppo.compute.autocast_dtype or config.model.dtype
     return bytes_per_element(dtype)
 
 
@@ -218,9 +218,9 @@ def _rollout(config: TrainConfig, shape: ModelShape, tokens: int) -> list[PlanLi
     """One learner's rollout: generate's cache and kept logits, then the reference's forward by chunks."""
     ppo, batch, vocabulary = config.ppo, config.env.batch_size, shape.vocab_size
     new_tokens = config.generation.max_new_tokens
-    rows = min(batch, ppo.forward_batch_size or batch)
+    rows = min(batch, ppo.compute.forward_batch_size or batch)
     reference_dtype = _reference_dtype(config)
-    if ppo.rollout_from_generate_for(config.model.fsdp):
+    if ppo.compute.rollout_from_generate_for(config.model.fsdp):
         logits = PlanLine("rollout logits", 2 * batch * new_tokens * vocabulary * 4,
                           "generate's float32 logits, listed then stacked")  # fmt: skip
     else:
@@ -241,20 +241,20 @@ def _update(config: TrainConfig, shape: ModelShape, tokens: int, rows: int) -> l
     """One learner's update: its gradients, one pass's activations and logits."""
     ppo, new_tokens, vocabulary = config.ppo, config.generation.max_new_tokens, shape.vocab_size
     trainable, trainable_bytes = _trainable(config, shape)
-    checkpointing = ppo.gradient_checkpointing
+    checkpointing = ppo.compute.gradient_checkpointing
     activations = activation_bytes(
-        shape, tokens, config.model.dtype, ppo.autocast_dtype, checkpointing, config.model.lora
+        shape, tokens, config.model.dtype, ppo.compute.autocast_dtype, checkpointing, config.model.lora
     )
-    logit_rows = rows if ppo.logits_chunk_rows is None else min(rows, ppo.logits_chunk_rows)
+    logit_rows = rows if ppo.compute.logits_chunk_rows is None else min(rows, ppo.compute.logits_chunk_rows)
     logits_note = f"{logit_rows} rows × {new_tokens} × {vocabulary:,} × {_compute_bytes(config)} B"
     return [
         PlanLine("gradients", trainable * trainable_bytes, "one learner's, while it updates"),
         PlanLine("activations", _update_activations(activations, rows, checkpointing),
                  f"{rows} rows × {tokens} tokens" + (", checkpointed" if checkpointing else "")),
         PlanLine("update logits", logit_rows * new_tokens * vocabulary * _compute_bytes(config) + _CHUNK_TEMPORARIES,
-                 logits_note + (" (ppo.logits_chunk_rows)" if ppo.logits_chunk_rows else "")),
-        PlanLine("autocast weights", shape.parameters * 2 if ppo.autocast_dtype else 0,
-                 "bfloat16 copies of the weights" if ppo.autocast_dtype else "no autocast"),
+                 logits_note + (" (ppo.compute.logits_chunk_rows)" if ppo.compute.logits_chunk_rows else "")),
+        PlanLine("autocast weights", shape.parameters * 2 if ppo.compute.autocast_dtype else 0,
+                 "bfloat16 copies of the weights" if ppo.compute.autocast_dtype else "no autocast"),
     ]  # fmt: skip
 
 
@@ -291,17 +291,17 @@ def _levers(
         )
     if model.dtype == "float32":
         variants.append(("model.dtype: bfloat16", replace(config, model=replace(model, dtype="bfloat16"))))
-    if not ppo.gradient_checkpointing:
-        variants.append(("ppo.gradient_checkpointing: true",
-                         replace(config, ppo=replace(ppo, gradient_checkpointing=True))))  # fmt: skip
+    if not ppo.compute.gradient_checkpointing:
+        variants.append(("ppo.compute.gradient_checkpointing: true",
+                         _computing(config, gradient_checkpointing=True)))  # fmt: skip
     rows = plan.summary["update_rows"]
     if rows > 1:
-        variants.append((f"ppo.micro_batch_size: {max(1, rows // 4)}",
-                         replace(config, ppo=replace(ppo, micro_batch_size=max(1, rows // 4)))))  # fmt: skip
-    if ppo.logits_chunk_rows is None and rows > 1:
-        variants.append(("ppo.logits_chunk_rows: 1", replace(config, ppo=replace(ppo, logits_chunk_rows=1))))
-    if config.ppo.forward_batch_size is None and config.env.batch_size > 8:
-        variants.append(("ppo.forward_batch_size: 8", replace(config, ppo=replace(ppo, forward_batch_size=8))))
+        variants.append((f"ppo.compute.micro_batch_size: {max(1, rows // 4)}",
+                         _computing(config, micro_batch_size=max(1, rows // 4))))  # fmt: skip
+    if ppo.compute.logits_chunk_rows is None and rows > 1:
+        variants.append(("ppo.compute.logits_chunk_rows: 1", _computing(config, logits_chunk_rows=1)))
+    if config.ppo.compute.forward_batch_size is None and config.env.batch_size > 8:
+        variants.append(("ppo.compute.forward_batch_size: 8", _computing(config, forward_batch_size=8)))
     levers = []
     for name, variant in variants:
         if variant.model.lora is not None and model.lora is None:
@@ -313,4 +313,9 @@ def _levers(
     for ranks in (2, 4, 8):
         levers.append((f"model.fsdp over {ranks} ranks (marllm train --nproc {ranks})",
                        plan.peak - sharded * (1 - 1 / ranks) - plan.update[0].bytes * (1 - 1 / ranks)))  # fmt: skip
+
+
+def _computing(config: TrainConfig, **settings: Any) -> TrainConfig:
+    """``config`` with ``ppo.compute``'s ``settings`` changed."""
+    return replace(config, ppo=replace(config.ppo, compute=replace(config.ppo.compute, **settings)))
     return sorted(levers, key=lambda lever: lever[1])

@@ -1,5 +1,5 @@
 """Runs of skipped updates: each learner's consecutive updates abandoned for a non-finite loss or gradient
-(``ppo.on_nonfinite: skip``), counted as a run goes and recovered from a resumed run's metrics."""
+(``ppo.guards.on_nonfinite: skip``), counted as a run goes and recovered from a resumed run's metrics."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def count_skips(
     if over:
         kept = f"iteration {checkpointed}" if checkpointed is not None else "none"
         raise NonFiniteLossError(
-            f"learner(s) {sorted(over)} skipped more than ppo.max_consecutive_skips = {limit} updates in a row "
+            f"learner(s) {sorted(over)} skipped more than ppo.guards.max_consecutive_skips = {limit} updates in a row "
             f"(non-finite loss or gradient; the last at iteration {iteration}); the run stops, and its latest "
             f"checkpoint ({kept}) is from before the first of these skips"
         )

@@ -264,7 +264,7 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
             if log is not None:
                 log.write(iteration, metrics, sample_rows(dialogues, iteration, config.logging.samples_per_iteration))
                 update_run_info(run.run_dir, completed_iterations=run.completed)
-            count_skips(run.streaks, setup.learners, metrics, config.ppo.max_consecutive_skips, run.checkpointed)
+            count_skips(run.streaks, setup.learners, metrics, config.ppo.guards.max_consecutive_skips, run.checkpointed)
             if _checkpoint_due(run):
                 _save_training_state(run)
             bar.set_postfix(

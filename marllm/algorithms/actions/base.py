@@ -18,7 +18,7 @@ from marllm.algorithms.rollout import Rollout
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
+    from marllm.algorithms.ppo_config import ComputeConfig, GenerationConfig
     from marllm.models.policy import ValueHead
 
 
@@ -55,7 +55,9 @@ class Collector(ActionMode):
         tokenizer: its tokenizer, left-padding.
         reference: the frozen π_0; None: ``model``'s base with every adapter disabled.
         adapter: the learner's LoRA adapter of ``model``, or None.
-        config: the PPO settings (autocast, forward batch size, rollout from generate, KL penalty).
+        compute: how the forwards are computed (``ppo.compute``: autocast, forward batch size, logits chunks,
+            rollout from generate).
+        kl_penalty: the per-token KL the rollout records (``ppo.kl.kl_penalty``: ``"k1"`` or ``"full"``).
         generation: the sampling settings.
         value_head: the value head (V_old of the rollout), or None.
         context_length: the model's context window.
@@ -71,7 +73,8 @@ class Collector(ActionMode):
     tokenizer: PreTrainedTokenizerBase
     reference: PreTrainedModel | None
     adapter: str | None
-    config: PPOConfig
+    compute: ComputeConfig
+    kl_penalty: str
     generation: GenerationConfig
     value_head: ValueHead | None
     context_length: int | None

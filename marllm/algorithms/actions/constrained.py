@@ -32,7 +32,7 @@ class ConstrainedCollector(ConstrainedMode, TokenCollector):
         """The exact probability of each legal move of each prompt as constrained answers play it: the product of its
         tokens' restricted probabilities, its final EOS included (in the order of ``legal_moves``)."""
         self.activate()
-        with autocast_for(self.model, self.config.autocast_dtype):
+        with autocast_for(self.model, self.compute.autocast_dtype):
             return constrained_move_probabilities(
                 self.model, self.tokenizer, prompts, legal_moves, self.generation,
                 device=self.device, owner=self.owner,

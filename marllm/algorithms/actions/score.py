@@ -92,7 +92,7 @@ class ScoreCollector(ScoreMode, Collector):
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
         """π(a | s) of each legal move of each prompt, in the order of ``legal_moves`` (each row sums to 1)."""
         self.activate()
-        with autocast_for(self.model, self.config.autocast_dtype):
+        with autocast_for(self.model, self.compute.autocast_dtype):
             return scored_move_probabilities(
                 self.model, self.tokenizer, prompts, legal_moves, self.generation, self.normalization,
                 self.device, self.owner,
@@ -121,7 +121,7 @@ class ScoreCollector(ScoreMode, Collector):
             columns,
             value_head=self.value_head if with_values else None,
             normalization=self.normalization,
-            autocast_dtype=self.config.autocast_dtype,
+            autocast_dtype=self.compute.autocast_dtype,
             device=self.device,
             pad_token_id=self.tokenizer.pad_token_id,
         )
@@ -152,7 +152,7 @@ class ScoreCollector(ScoreMode, Collector):
             **columns,
         )
         sampled = logprobs - ref_logprobs
-        tensors.kl = kl_full if self.config.kl_penalty == "full" else sampled
+        tensors.kl = kl_full if self.kl_penalty == "full" else sampled
         texts = tuple(names[a] for names, a in zip(legal_moves, action[:, 0].tolist(), strict=True))
         elapsed = time.perf_counter() - started
         timings = {"generation_s": 0.0, "forward_s": elapsed}

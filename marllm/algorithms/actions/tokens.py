@@ -56,7 +56,7 @@ class TokenCollector(GenerateMode, Collector):
         """Sample free-text responses without recording anything (evaluation; deploying the agent alone)."""
         budget = max_new_tokens or self.sample_length()
         self.activate()
-        with autocast_for(self.model, self.config.autocast_dtype):
+        with autocast_for(self.model, self.compute.autocast_dtype):
             return generate_responses(
                 self.model, self.tokenizer, tuple(prompts), budget, self.generation, self.context_length, self.owner
             ).texts
@@ -75,7 +75,7 @@ class TokenCollector(GenerateMode, Collector):
             moves = None if legal_moves is None else [legal_moves[i] for i in rows]
             return self._sample(tuple(prompts[i] for i in rows), moves, budget, False)[0].texts
 
-        with autocast_for(self.model, self.config.autocast_dtype):
+        with autocast_for(self.model, self.compute.autocast_dtype):
             if not self.draws_budget:
                 return answer(range(len(prompts)), 0)
             return answers_by_budget(len(prompts), self.generation, answer)
@@ -84,9 +84,9 @@ class TokenCollector(GenerateMode, Collector):
         """log π of ``mb``'s response tokens under the policy now (the distribution sampled: ``generation``'s
         processing and ``mb.allowed``'s restriction re-applied; floored where the updated policy's top-k/top-p no
         longer keeps a token), its values, and the mean entropy and ratio over the response tokens."""
-        if self.config.logits_chunk_rows is not None:
-            return self._rescore_by_chunks(mb, prompt_length, self.config.logits_chunk_rows)
-        with autocast_for(self.model, self.config.autocast_dtype):  # the forward only: the backward follows its dtypes
+        if self.compute.logits_chunk_rows is not None:
+            return self._rescore_by_chunks(mb, prompt_length, self.compute.logits_chunk_rows)
+        with autocast_for(self.model, self.compute.autocast_dtype):  # the forward only: the backward follows its dtypes
             logits, values = shared_prefix_response_forward(
                 self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head
             )
@@ -103,11 +103,12 @@ class TokenCollector(GenerateMode, Collector):
 
     def _rescore_by_chunks(self, mb: Any, prompt_length: int, chunk_rows: int) -> Rescored:
         """:meth:`rescore` with the LM head applied ``chunk_rows`` rows at a time and recomputed in the backward
-        (``ppo.logits_chunk_rows``, :mod:`marllm.models.chunked_head`): the same log-probs up to float rounding."""
+        (``ppo.compute.logits_chunk_rows``, :mod:`marllm.models.chunked_head`): the same log-probs up to float
+        rounding."""
         if not self._plain_head_checked:
             check_plain_head(self.model, self.owner)
             self._plain_head_checked = True
-        autocast = functools.partial(autocast_for, self.model, self.config.autocast_dtype)
+        autocast = functools.partial(autocast_for, self.model, self.compute.autocast_dtype)
         with autocast(), head_deferred(self.model) as head:
             hidden, values = shared_prefix_response_forward(  # (b, L, H): what the head would have projected
                 self.model, mb.input_ids, mb.attention_mask, prompt_length, self.value_head
@@ -133,8 +134,8 @@ class TokenCollector(GenerateMode, Collector):
         return generate_responses(*args, capture), None
 
     def _from_generate(self) -> bool:
-        """Whether the rollout's log-probs are generate's own forwards (``ppo.rollout_from_generate``)."""
-        return self.config.rollout_from_generate_for(self.sharded)
+        """Whether the rollout's log-probs are generate's own forwards (``ppo.compute.rollout_from_generate``)."""
+        return self.compute.rollout_from_generate_for(self.sharded)
 
     @torch.no_grad()
     def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
@@ -143,7 +144,7 @@ class TokenCollector(GenerateMode, Collector):
         # Every token mode draws the batch's budget, used or not: the generator also shuffles the mini-batches.
         budget = self.sample_length()
         self.activate()
-        with autocast_for(self.model, self.config.autocast_dtype):
+        with autocast_for(self.model, self.compute.autocast_dtype):
             generated_batch, allowed = self._sample(prompts, legal_moves, budget, from_generate)
         prompt_ids, prompt_mask = generated_batch.prompt_ids, generated_batch.prompt_mask
         response, mask = generated_batch.response, generated_batch.mask
@@ -166,7 +167,7 @@ class TokenCollector(GenerateMode, Collector):
             **({"allowed": allowed} if allowed is not None else {}),
         )
         tensors.kl = (
-            tensors.kl_full if self.config.kl_penalty == "full" else sampled_kl(tensors.logprobs, tensors.ref_logprobs)
+            tensors.kl_full if self.kl_penalty == "full" else sampled_kl(tensors.logprobs, tensors.ref_logprobs)
         ) * tensors.mask
         timings = {"generation_s": generated - started, "forward_s": time.perf_counter() - generated}
         return Rollout(prompts, generated_batch.texts, prompt_ids.shape[1], tensors, role=role, timings=timings)
@@ -184,7 +185,7 @@ class TokenCollector(GenerateMode, Collector):
         hidden states of these rows, used instead of a second forward; ``allowed``: their restriction, if any."""
         response = ids[:, prompt_length:]
         settings = (prompt_length, self.generation, self.tokenizer.eos_token_id)
-        with autocast_for(self.model, self.config.autocast_dtype):
+        with autocast_for(self.model, self.compute.autocast_dtype):
             if captured is not None:  # generate's own forwards, instead of a second one over prompt and response
                 logits, hidden = captured
                 values = None if self.value_head is None else self.value_head(hidden)
@@ -199,7 +200,7 @@ class TokenCollector(GenerateMode, Collector):
         with self.reference_model() as reference:
             # The reference may live on another device than the policy (agents.reference_device).
             on = next(reference.parameters()).device
-            with autocast_for(reference, self.config.autocast_dtype):
+            with autocast_for(reference, self.compute.autocast_dtype):
                 ref_logits, _ = shared_prefix_response_forward(reference, ids.to(on), attention.to(on), prompt_length)
             # model.reference_dtype may differ from the policy's: the wider of the two (float32 for a bfloat16
             # reference of a float32 policy), so that processing, restriction and log-softmax see one dtype.
@@ -215,7 +216,7 @@ class TokenCollector(GenerateMode, Collector):
         return scored | {"kl_full": kl_full}
 
     def _chunks(self, batch_size: int) -> list[slice]:
-        size = self.config.forward_batch_size or batch_size
+        size = self.compute.forward_batch_size or batch_size
         return [slice(start, start + size) for start in range(0, batch_size, size)]
 
 
