@@ -40,6 +40,10 @@ FILE_NAME = re.compile(r"\w+\.(?:py|md|ya?ml|jsonl?|txt|png|csv|pt|safetensors)"
 SECTIONS = {field.name: field for field in dataclasses.fields(TrainConfig)}
 CONFIG_KEY = re.compile(rf"({'|'.join(SECTIONS)})((?:\.\w+)+)(?=$|\s|:|=)")
 
+PYTHON_FILE = re.compile(r"[\w/]+\.py")
+SOURCE_TREES = ("marllm", "tests", "scripts", "benchmarks", "examples")
+USERS_FILES = {"tasks.py", "my_opponent.py", "my_mode.py", "my_learner.py"}
+"""Python files a guide tells the user to write (not in the repository)."""
 THIRD_PARTY = {"DistributedDataParallel", "MixedPrecisionPolicy", "TabularPolicy", "AECEnv", "BaseWrapper"}
 """Class names the docs cite from torch, PettingZoo and OpenSpiel."""
 
@@ -130,8 +134,25 @@ def _field_types(owner: type, key: str) -> list[type]:
     return section_types(hints[key]) if key in hints else []
 
 
+@cache
+def source_files() -> tuple[frozenset[str], tuple[str, ...]]:
+    """The repository's Python files: their names, and their paths from the root."""
+    paths = tuple(str(path.relative_to(ROOT)) for tree in SOURCE_TREES for path in (ROOT / tree).rglob("*.py"))
+    return frozenset(Path(path).name for path in paths), paths
+
+
+def missing_python_file(span: str) -> bool:
+    """Whether a Python file a page names (``ppo_steps.py``, ``actions/tokens.py``) is in none of the source trees."""
+    names, paths = source_files()
+    if "/" not in span:
+        return span not in names and span not in USERS_FILES
+    return not any(path == span or path.endswith("/" + span) for path in paths)
+
+
 def missing_names(span: str) -> list[str]:
     """The names in one code span that do not exist (empty when all do or it names nothing of marllm's)."""
+    if PYTHON_FILE.fullmatch(span) and not span.startswith("marllm/"):
+        return [span] if missing_python_file(span) else []
     if FILE_NAME.fullmatch(span) and not span.startswith("marllm"):
         return []
     if match := DOTTED.match(span):
@@ -199,6 +220,10 @@ def test_no_page_says_not_run_yet_of_a_config_with_results():
         ("task.reward_model", []),
         ("ppo.micro_batch", ["ppo.micro_batch"]),
         ("game.py", []),
+        ("ppo_steps.py", []),
+        ("ppo_stepz.py", ["ppo_stepz.py"]),
+        ("actions/tokens.py", []),
+        ("actions/token.py", ["actions/token.py"]),
     ],
 )
 def test_the_check_finds_what_does_not_exist(span, missing):

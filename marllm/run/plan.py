@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marllm.config import TrainConfig
+from marllm.models.lora_settings import LoraSettings
 from marllm.models.memory import (
     ActivationBytes,
     ModelShape,
@@ -278,8 +279,6 @@ def _levers(
     variants: list[tuple[str, TrainConfig]] = []
     model, ppo = config.model, config.ppo
     if model.lora is None:
-        from marllm.models.lora_settings import LoraSettings
-
         lora_dtype = "bfloat16" if device == "cuda" or model.dtype != "float32" else model.dtype
         variants.append(
             (f"model.lora: {{r: 16}}, model.dtype: {lora_dtype}",
@@ -313,9 +312,9 @@ def _levers(
     for ranks in (2, 4, 8):
         levers.append((f"model.fsdp over {ranks} ranks (marllm train --nproc {ranks})",
                        plan.peak - sharded * (1 - 1 / ranks) - plan.update[0].bytes * (1 - 1 / ranks)))  # fmt: skip
+    return sorted(levers, key=lambda lever: lever[1])
 
 
 def _computing(config: TrainConfig, **settings: Any) -> TrainConfig:
     """``config`` with ``ppo.compute``'s ``settings`` changed."""
     return replace(config, ppo=replace(config.ppo, compute=replace(config.ppo.compute, **settings)))
-    return sorted(levers, key=lambda lever: lever[1])
