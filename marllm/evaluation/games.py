@@ -214,7 +214,7 @@ def evaluate_game(
     for checkpoint in checkpoints:
         model, label, tokenizer = load_deployed_model(config, checkpoint)
         model.eval()
-        player = ModelPlayer(label, model, tokenizer, config.generation, game.actions.mode, game.actions.normalization)
+        player = ModelPlayer.of_run(label, model, tokenizer, config)
         for opponent in opponents:
             for seat in seats:
                 result.rows.append(_play(config, player, opponent, seat, games, batch_size, seed))

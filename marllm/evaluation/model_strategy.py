@@ -29,7 +29,7 @@ def evaluate_exploitability(
     for checkpoint in checkpoints:
         model, label, tokenizer = load_deployed_model(config, checkpoint)
         model.eval()
-        player = ModelPlayer(label, model, tokenizer, config.generation, game.actions.mode, game.actions.normalization)
+        player = ModelPlayer.of_run(label, model, tokenizer, config)
         reports[label] = exact.evaluate(game_policy_source(game, player, batch_size))
         del model
     return reports

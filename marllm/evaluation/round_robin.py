@@ -112,7 +112,7 @@ def round_robin(
     for checkpoint in checkpoints:
         model, label, tokenizer = load_deployed_model(config, checkpoint)
         model.eval()
-        player = ModelPlayer(label, model, tokenizer, config.generation, game.actions.mode, game.actions.normalization)
+        player = ModelPlayer.of_run(label, model, tokenizer, config)
         sources[str(checkpoint)] = player_source(game, label, player)
     for name in fixed:
         sources[name] = player_source(game, name)

@@ -12,6 +12,7 @@ import numpy as np
 from marllm.algorithms.action_catalog import action_mode
 from marllm.algorithms.actions import Collector, new_collector
 from marllm.algorithms.ppo_config import ComputeConfig, KLConfig
+from marllm.config import TrainConfig
 from marllm.models.policy import context_length
 from marllm.parallel.sharding import is_sharded
 from marllm.players.fixed import FixedPlayer
@@ -37,14 +38,29 @@ class ModelPlayer(FixedPlayer):
         actions: str = "generate",
         normalization: str = "token",
         collector: Collector | None = None,
+        compute: ComputeConfig | None = None,
     ):
         super().__init__(name)
         self.model, self.tokenizer = model, tokenizer
         if collector is None:
-            collector = _model_collector(name, model, tokenizer, generation, actions, normalization)
+            compute = compute if compute is not None else ComputeConfig()
+            collector = _model_collector(name, model, tokenizer, generation, actions, normalization, compute)
         self.collector = collector
-        """What plays: given (a learner's own), or the collector of ``actions`` on ``model`` with PPO's defaults; its
-        mode (``collector.actions``) and sampling settings (``collector.generation``) are the player's."""
+        """What plays: given (a learner's own), or the collector of ``actions`` on ``model`` with ``compute``'s
+        settings (None: their defaults); its mode (``collector.actions``) and sampling settings
+        (``collector.generation``) are the player's."""
+
+    @classmethod
+    def of_run(cls, name: str, model: Any, tokenizer: Any, config: TrainConfig) -> ModelPlayer:
+        """``model`` (a checkpoint of the run ``config`` describes) playing as the run's learners played: its game's
+        action mode and normalisation, its sampling settings and its ``ppo.compute`` settings, so that an evaluation
+        computes in the precision training did (``ppo.compute.autocast_dtype``)."""
+        if config.game is None:
+            raise ValueError(f"{name}: a model plays a game of a config with a game section")
+        actions = config.game.actions
+        return cls(
+            name, model, tokenizer, config.generation, actions.mode, actions.normalization, compute=config.ppo.compute
+        )
 
     def answer(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
         return self.collector.play(observation)
@@ -57,7 +73,7 @@ class ModelPlayer(FixedPlayer):
 
 
 def _model_collector(
-    name: str, model: Any, tokenizer: Any, generation: Any, actions: str, normalization: str
+    name: str, model: Any, tokenizer: Any, generation: Any, actions: str, normalization: str, compute: ComputeConfig
 ) -> Collector:
     """The collector of ``actions`` (``score``'s ``normalization``) that plays ``model`` for the player ``name``."""
     return new_collector(
@@ -70,7 +86,7 @@ def _model_collector(
         tokenizer=tokenizer,
         reference=None,
         adapter=None,
-        compute=ComputeConfig(),
+        compute=compute,
         kl_penalty=KLConfig().kl_penalty,
         generation=generation,
         value_head=None,
