@@ -1,10 +1,12 @@
-"""Evaluation plays a checkpoint as its run trained it: the players that ``marllm eval``, the exploitability
-evaluation and the round-robin build take the run's ``ppo.compute`` settings, so a run trained under bfloat16 autocast
-is evaluated and tabulated under it, not in float32."""
+"""A model playing a game outside training: evaluation plays a checkpoint as its run trained it (the players that
+``marllm eval``, the exploitability evaluation and the round-robin build take the run's ``ppo.compute`` settings),
+and its exact move probabilities refuse what its answers refuse."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from marllm.algorithms.ppo_config import ComputeConfig
 from marllm.config import load_config
@@ -28,3 +30,16 @@ def test_a_run_trained_under_autocast_is_evaluated_under_it(tokenizer):
     evaluated = player.move_probabilities(PROMPTS, LEGAL)
     assert evaluated == trained.move_probabilities(PROMPTS, LEGAL)
     assert evaluated != in_float32.move_probabilities(PROMPTS, LEGAL)  # bfloat16's logits round differently
+
+
+def test_exact_move_probabilities_refuse_what_answers_refuse(tokenizer):
+    """Constrained moves end with EOS: with it suppressed, the exact probabilities would be NaN (every move's end
+    impossible); they are refused with the same message as the answers."""
+    from marllm.algorithms import GenerationConfig
+
+    model = make_tiny_gpt2(tokenizer).eval()
+    player = ModelPlayer("no eos", model, tokenizer, GenerationConfig(4, 8, stop_at_eos=False), "constrained")
+    with pytest.raises(ValueError, match="stop_at_eos: false would suppress it"):
+        player.move_probabilities(PROMPTS, LEGAL)
+    with pytest.raises(ValueError, match="stop_at_eos: false would suppress it"):
+        player.answer({"prompt": PROMPTS, "legal_moves": LEGAL})

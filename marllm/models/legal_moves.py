@@ -256,7 +256,13 @@ def constrained_move_probabilities(
     answers: the probability with which :func:`generate_moves` plays it, the product of the move's restricted token
     probabilities, its EOS included, after every processor the sampler applies (repetition penalty, temperature,
     top-k/top-p), whatever ``generation.logprobs_from`` says the learner's ratio uses. Differentiable where the caller
-    allows gradients; no autocast of its own."""
+    allows gradients; no autocast of its own.
+
+    Raises:
+        ValueError: the answers could not end (no EOS, or ``generation.stop_at_eos`` off: :func:`check_constrained`),
+            where every move's probability would be 0 over 0.
+    """
+    check_constrained(tokenizer, generation, owner)
     packed = _packed_moves(model, tokenizer, prompts, legal_moves, generation, True, device, owner)
     played = replace(generation, logprobs_from="sampling")  # the sampler's distribution, not the tempered π
     return per_prompt(packed, constrained_logprobs(model, packed, played, tokenizer.eos_token_id))
