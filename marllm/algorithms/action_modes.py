@@ -82,6 +82,17 @@ class ThinkMode(ActionMode):
     summary = "free text, then a constrained move"
     needs_legal_moves = True
     ends_with_eos = True
+    kl = {
+        "tempered": (
+            "KL(policy || reference) summed over the answer's tokens, batch mean: full-vocabulary over the thought's "
+            "tokens (tempered logits), restricted to the legal moves' continuations over the move's (EOS included)"
+        ),
+        "sampling": (
+            "KL(policy || reference) of the sampling distributions summed over the answer's tokens, batch mean: over "
+            "the thought's tokens after every sampling processor (the reference restricted to the policy's kept "
+            "tokens), restricted to the legal moves' continuations over the move's (EOS included)"
+        ),
+    }
     rollout_from_generate = (
         "samples a thought and its move in two generate calls, whose log-probs come from one forward over both"
     )

@@ -1,8 +1,10 @@
 """Models at a game: win, draw, loss and illegal-move rates against fixed opponents, in each seat, with 95% intervals.
 
 A model is the base model or a saved learner (``RUN_DIR/checkpoints/LEARNER``), as ``marllm eval`` loads them
-(:func:`~marllm.evaluation.deployed.load_deployed_model`); it answers the config's game prompts with the config's
-generation settings and the full ``max_new_tokens`` budget. Each (model, opponent, seat) plays ``games`` games of the
+(:func:`~marllm.evaluation.deployed.load_deployed_model`); it answers the config's game prompts as the run's learners
+did (:meth:`~marllm.games.model_player.ModelPlayer.of_run`: the config's action mode, sampling and compute settings;
+free text with each answer's budget drawn from ``[min_new_tokens, max_new_tokens]``, the distribution training
+sampled). Each (model, opponent, seat) plays ``games`` games of the
 config's game, parser and illegal-answer policy, dealt from the same seeds for every model (so models are compared on
 the same deals). The opponents are those of :mod:`marllm.config.opponents` that watch no learner (``random``,
 ``minimax`` for tic-tac-toe, ``mcts``, ``cfr`` for small OpenSpiel games: CFR's average policy after

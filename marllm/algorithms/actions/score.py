@@ -60,7 +60,8 @@ class ScoreCollector(ScoreMode, Collector):
         normalizations = self.options["normalization"]
         if self.normalization not in normalizations:
             raise ValueError(
-                f"{self.owner}: action_normalization must be one of {list(normalizations)}, got {self.normalization!r}"
+                f"{self.owner}: game.actions.normalization must be one of {list(normalizations)}, got "
+                f"{self.normalization!r}"
             )
 
     def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
