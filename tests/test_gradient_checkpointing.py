@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
+from marllm.algorithms import ComputeConfig, GenerationConfig, PPOConfig, PPOLearner
 from marllm.models.checkpointing import checkpointed_layers, enable_gradient_checkpointing
 from marllm.models.lora import LoraSettings, attach_adapters
 from tests.conftest import make_tiny_gpt2
@@ -145,5 +145,5 @@ def test_gradient_checkpointing_setting_is_checked():
     assert PPOConfig().compute.gradient_checkpointing is False
     with pytest.raises(ValueError, match="ppo.compute.gradient_checkpointing must be true or false, got 'yes'"):
         PPOConfig.from_flat(gradient_checkpointing="yes")
-    assert any("gradient_checkpointing" in reason for reason in PPOConfig.from_flat(gradient_checkpointing=True)
+    assert any("gradient_checkpointing" in reason for reason in ComputeConfig(gradient_checkpointing=True)
                .whole_model_settings())  # fmt: skip
