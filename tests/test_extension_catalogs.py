@@ -175,7 +175,9 @@ def test_each_modes_kl_says_which_tokens_are_restricted():
     """``<learner>/kl`` is described by its mode: free text's over the whole vocabulary, a constrained move's over
     the legal moves' continuations, a thought's over the whole vocabulary and then its move's restricted."""
     for logprobs_from in ("tempered", "sampling"):
-        text, move, thought = (collector_class(name).kl[logprobs_from] for name in ("generate", "constrained", "think"))
+        text, move, thought = (
+            collector_class(name, "test").kl[logprobs_from] for name in ("generate", "constrained", "think")
+        )
         assert "restricted to the legal moves" not in text and "restricted to the legal moves" in move
         assert "thought's tokens" in thought
         assert "restricted to the legal moves' continuations over the move's" in thought
