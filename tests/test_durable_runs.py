@@ -406,8 +406,8 @@ def nan_losses_for(monkeypatch, learner_name: str, from_update: int, from_call: 
     real = PPOLearner._loss
     calls: dict[int, int] = {}
 
-    def loss(self, mb, prompt_length):
-        value, parts = real(self, mb, prompt_length)
+    def loss(self, mb, prompt_length, kl_coef):
+        value, parts = real(self, mb, prompt_length, kl_coef)
         if self.name != learner_name or self.num_updates < from_update:
             return value, parts
         calls[self.num_updates] = calls.get(self.num_updates, 0) + 1

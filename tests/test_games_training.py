@@ -140,7 +140,7 @@ def test_self_play_with_larger_mini_batches_merges_the_moves_left_over_into_the_
     seats = {seat: learner for seat in environment.possible_agents}
     sizes = []
     loss = learner._loss
-    learner._loss = lambda mb, prompt_length: (sizes.append(len(mb.mask)), loss(mb, prompt_length))[1]
+    learner._loss = lambda mb, prompt_length, kl_coef: (sizes.append(len(mb.mask)), loss(mb, prompt_length, kl_coef))[1]
     run_iteration(environment, seats, seed=0)
     moves = sum(r.length for r in environment.records)
     assert moves % 5 and sum(sizes) == moves * learner.config.batching.ppo_epochs  # not divisible by 5, all trained on

@@ -98,7 +98,10 @@ def test_ppo_in_micro_batches_is_the_same_update(tokenizer):
     padded = whole.rollouts[0].prompt_length
     calls = []
     loss = micro._loss
-    micro._loss = lambda mb, prompt_length: (calls.append((len(mb.mask), prompt_length)), loss(mb, prompt_length))[1]
+    micro._loss = lambda mb, prompt_length, kl_coef: (
+        calls.append((len(mb.mask), prompt_length)),
+        loss(mb, prompt_length, kl_coef),
+    )[1]
     assert_same_update(whole, micro)
     assert [rows for rows, _ in calls] == [3, 3, 2] * 2
     prompt_lengths = [length for _, length in calls]
@@ -155,7 +158,10 @@ def test_a_pass_no_larger_than_the_mini_batch_is_still_trimmed_to_its_rows(token
     own = tensors.attention_mask[:, : whole.rollouts[0].prompt_length].sum(1).tolist()
     seen = []
     loss = micro._loss
-    micro._loss = lambda mb, prompt_length: (seen.append((int(mb.attention_mask[0, :prompt_length].sum()), prompt_length)), loss(mb, prompt_length))[1]  # noqa: E501
+    micro._loss = lambda mb, prompt_length, kl_coef: (
+        seen.append((int(mb.attention_mask[0, :prompt_length].sum()), prompt_length)),
+        loss(mb, prompt_length, kl_coef),
+    )[1]
     assert_same_update(whole, micro, steps_scale=2e-2)  # 8 one-row steps: Adam's ε-scale components drift further
     assert sorted(length for length, _ in seen) == sorted(own)
     assert all(real == prompt_length for real, prompt_length in seen)  # no left padding left in any pass

@@ -2,11 +2,9 @@
 gradient is accumulated (this rank's rows, the loss normaliser's share, the ratio guard, non-finite losses).
 
 :class:`PPOSteps` runs the epochs of one update from explicit inputs: the settings, the optimiser and the parameters
-it steps, the generator that shuffles the mini-batches, and the learner's loss and sample masses as callables; a
-learner builds one for each update
-(:meth:`~marllm.algorithms.policy_gradient.PolicyGradientLearner._optimisation`). The step plan (:func:`plan_steps`)
-is pure bookkeeping over indices; :meth:`PPOSteps.accumulate` runs one mini-batch's forward and backward through the
-loss.
+it steps, the generator that shuffles the mini-batches, the learner's loss and sample masses as callables (a learner
+builds one per update: :meth:`~marllm.algorithms.policy_gradient.PolicyGradientLearner._optimisation`). The step plan
+(:func:`plan_steps`) is bookkeeping over indices; :meth:`PPOSteps.accumulate` runs a mini-batch's forward and backward.
 """
 
 from __future__ import annotations

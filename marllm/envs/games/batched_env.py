@@ -25,14 +25,12 @@ Info
     (what the move is trained on: payoff · γ^(the seat's later moves in that game) − ``illegal_penalty`` if the answer
     was illegal), one row per turn of the seat, each as long as that turn's observation; ``turn_discounts`` (each
     move's γ^k), ``turn_games`` (which games each turn's rows are), ``payoffs``, ``outcomes`` (+1 win, 0 draw, -1
-    loss) and ``metrics`` (payoff, win, draw and loss rates, illegal-move rate, moves per game, game length, forfeit
-    rate).
+    loss) and ``metrics`` (:data:`~marllm.envs.games.keys.METRICS`).
 Reward
     Zero until the episode ends; then ``rewards[seat]`` is the seat's mean payoff over the batch.
 Termination
     Every seat terminates when the last game ends; nothing truncates (a game's own truncation ends that game). A game
-    still on after ``max_moves`` answers is ended as a draw (payoff 0 to every seat), with a warning and the metric
-    ``capped_rate``: a game that never ends cannot hang the run.
+    still on after ``max_moves`` answers is a draw (payoff 0 to every seat), with a warning and ``capped_rate``.
 """
 
 from __future__ import annotations
