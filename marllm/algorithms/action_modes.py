@@ -48,6 +48,9 @@ class ActionMode:
     """What its KL to the reference (the metric ``<learner>/kl``) is, by ``generation.logprobs_from``."""
     rollout_from_generate: ClassVar[str | None] = None
     """Why ``ppo.compute.rollout_from_generate: true`` does not fit it (the refusal says so), or None where it fits."""
+    ignores_sampling: ClassVar[tuple[str, ...]] = ()
+    """The ``generation`` settings of the sampling distribution its answers never read (a value other than the
+    default is refused, as it would change nothing)."""
 
 
 class GenerateMode(ActionMode):
@@ -107,6 +110,7 @@ class ScoreMode(ActionMode):
     exact_policy = "the exact softmax over the legal moves' scores, from which moves are drawn"
     options = {"normalization": ("none", "token", "word")}
     kl = {"tempered": _SCORE_KL, "sampling": _SCORE_KL}
+    ignores_sampling = ("temperature", "top_k", "top_p", "repetition_penalty", "logprobs_from")
     rollout_from_generate = (
         "generates nothing (it draws each move from a softmax over the legal moves' scores), so it would be ignored"
     )

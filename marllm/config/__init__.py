@@ -14,6 +14,7 @@ from typing import Any
 from marllm.algorithms.ppo_config import sectioned_ppo
 from marllm.config.custom_tasks import task_class
 from marllm.config.game import sectioned
+from marllm.config.ignored import check_read_settings
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml  # noqa: F401 - ConfigError re-exported
 from marllm.config.paths import absolute_config_paths
 from marllm.config.train_config import TrainConfig, per_learner  # noqa: F401 - per_learner re-exported
@@ -35,7 +36,12 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     if isinstance(task, dict):
         kind = task.get("name", "sentiment")
         data["task"] = build(task_class(kind), {**task, "name": kind}, "task")
-    return build(TrainConfig, data)
+    config = build(TrainConfig, data)
+    try:
+        check_read_settings(config, GAME_REPETITION_PENALTY)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return config
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -56,7 +56,8 @@ class ActionsConfig:
         normalization: ``score``'s normalisation of a move's log-likelihood: ``none`` (the sum over its tokens:
             favours short names), ``token`` (the mean per token, TWOSOME's token normalisation) or ``word`` (the sum
             divided by the name's words, TWOSOME's word normalisation). ``score`` only: another value than ``token``
-            with another mode is refused.
+            with another mode is refused; ``token`` itself is accepted with every mode, as the default cannot be told
+            from a value left out and a run directory's ``config.yaml`` records every key.
     """
 
     mode: str = "generate"
@@ -131,7 +132,9 @@ class MeasurementConfig:
         exploitability_every: every this many iterations, the metric ``<learner>/game/exploitability`` (and
             ``nash_conv``) of each learner's tabulated policy (:mod:`marllm.games.exploitability`); null: never.
             Small OpenSpiel games only (Kuhn, Leduc poker, matrix games, small repeated games).
-        exploitability_samples: answers per information state that tabulate a ``generate`` learner's policy.
+        exploitability_samples: answers per information state that tabulate a ``generate`` or ``think`` learner's
+            policy (``constrained`` and ``score`` learners are tabulated exactly and do not read it, so that one config
+            switches mode by one override); refused without anything measured or tabulated.
         policy_average: the weights of the measured policies in the average policy whose exploitability is logged
             beside the last one's (``<learner>/game/exploitability_average``): ``uniform`` (each the same, as
             fictitious play and CFR average) or ``linear`` (the k-th measured weighs k, as CFR+ averages: the early

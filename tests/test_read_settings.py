@@ -1,0 +1,54 @@
+"""A setting the run would not read is refused, naming what reads it: an opponent's setting with no seat of that
+opponent, a measurement setting with nothing measured, a sampling setting under ``score`` (no token is sampled).
+Defaults pass, and so do the answer budgets and ``exploitability_samples`` under modes that do not read them (one
+config switches mode by one override)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from marllm.config import ConfigError, load_config
+
+KUHN = str(Path(__file__).resolve().parents[1] / "examples" / "games" / "kuhn_poker_offline.yaml")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["game.opponents.cfr_iterations=5"], "cfr_iterations: 5 is a setting of a cfr seat, and game.seats"),
+        (["game.opponents.pool_size=2"], "pool_size: 2 is a setting of a snapshot_pool seat"),
+        (["game.opponents.pool_every=2"], "pool_every: 2 is a setting of a snapshot_pool seat"),
+        (["game.opponents.mcts_simulations=8"], "mcts_simulations: 8 is a setting of a mcts seat"),
+        (["game.measurement.policy_average=linear"], "policy_average: linear applies to the policies measured"),
+        (["game.measurement.exploitability_samples=8"], "exploitability_every is null: it would be ignored"),
+        (["game.actions.mode=score", "generation.temperature=0.5"], "generation.temperature: 0.5 would be ignored"),
+        (["game.actions.mode=score", "generation.top_k=5"], "generation.top_k: 5 would be ignored"),
+        (["game.actions.mode=score", "generation.logprobs_from=sampling"], "logprobs_from: sampling would be ignored"),
+        (["game.actions.mode=score", "generation.repetition_penalty=1.1"], "repetition_penalty: 1.1 would be ignored"),
+    ],
+)
+def test_a_setting_nothing_reads_is_refused_naming_what_reads_it(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(KUHN, overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["game.seats=[llm,cfr]", "game.opponents.cfr_iterations=5"],
+        ["game.seats=[llm,best_response]", "game.measurement.exploitability_samples=8"],  # it tabulates the learner
+        ["game.measurement.exploitability_every=2", "game.measurement.policy_average=linear"],
+        [
+            "game.actions.mode=score",
+            "game.measurement.exploitability_every=3",
+            "game.measurement.exploitability_samples=8",
+        ],
+        ["game.actions.mode=score", "generation.min_new_tokens=1", "generation.max_new_tokens=3"],
+        ["game.actions.mode=constrained", "generation.temperature=0.5"],  # constrained moves are sampled
+        ["game.opponents.cfr_iterations=100", "game.actions.normalization=token"],  # defaults, as a run records them
+    ],
+)
+def test_what_the_run_reads_and_the_defaults_pass(overrides):
+    load_config(KUHN, overrides)
