@@ -187,7 +187,9 @@ class GameConfig:
     Attributes:
         name: the game: a PettingZoo classic env (``tictactoe_v3``, ``connect_four_v3``, ``rps_v2``, ...) or
             ``openspiel:<game string>`` (``openspiel:kuhn_poker``,
-            ``openspiel:repeated_game(stage_game=matrix_pd(),num_repetitions=5)``; needs ``marllm[games]``).
+            ``openspiel:repeated_game(stage_game=matrix_pd(),num_repetitions=5)``; needs ``marllm[games]``), or a
+            game of one's own by reference (``my_game.py:env``, relative to the config's folder: a factory of an AEC
+            env, called with ``options``).
         seats: who plays each seat, in the game's seat order: a learner id, or an opponent
             (:mod:`marllm.config.opponents`): ``random``, ``minimax`` (tic-tac-toe), ``mcts``, ``cfr``,
             ``best_response``, ``snapshot_pool:<learner>`` or a class by reference (``my_opponent.py:MyPlayer``,

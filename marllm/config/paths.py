@@ -6,8 +6,8 @@ absolute as the config is read (:func:`absolute_config_paths`), so that the run'
 files from anywhere: ``marllm eval RUN_DIR/config.yaml`` and ``--resume`` work from another working directory.
 
 The paths: ``run_dir``, ``model.name_or_path``, each of ``agents.models``, ``task.dataset``, ``task.eval_dataset``,
-``task.reward_model``, and the files that ``task.name``, ``task.reward``, ``agents.algorithm``, ``game.seats`` and
-``game.actions.mode`` name (``file.py:name``). A value that is
+``task.reward_model``, and the files that ``task.name``, ``task.reward``, ``agents.algorithm``, ``game.name``,
+``game.seats`` and ``game.actions.mode`` name (``file.py:name``). A value that is
 not a local path is left as it is: a hub id (``imdb``, ``gpt2-large``), a ``marllm:`` asset, an importable module.
 A dataset or model counts as a local path when it exists there (or, for a dataset, when it ends in a data-file suffix).
 """
@@ -63,6 +63,7 @@ PATH_KEYS: dict[str, Callable[[Any, Path], Any]] = {
     "task.name": _reference,
     "task.reward": _reference,
     "agents.algorithm": absolute_reference,  # a mapping per learner: below, entry by entry
+    "game.name": absolute_reference,
     "game.seats": _reference,
     "game.actions.mode": absolute_reference,
 }

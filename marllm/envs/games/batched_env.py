@@ -15,9 +15,10 @@ Observation
     prompt lists them), ``legal_actions`` (their action ids), ``history`` (the game so far as action ids, for
     scripted players) and ``games`` (the games' indices in the batch). See :mod:`marllm.envs.games.keys`.
 Action
-    One answer string per row of the observation. The parser maps an answer to a legal move; an answer naming none is
-    illegal: with ``illegal="forfeit"`` the seat loses that game at once (the game's loss; the others get what winning
-    pays in a zero-sum game), with ``"random"`` a random move is played for it; it counts in ``illegal_move_rate``.
+    One answer string per row of the observation. The parser maps an answer to a legal move (on a free-text turn, the
+    view's ``free_text``, the answer itself is the move); one naming none is illegal: with ``illegal="forfeit"`` the
+    seat loses that game at once (the others get what winning pays in a zero-sum game), with ``"random"`` a random
+    move is played for it; it counts in ``illegal_move_rate``.
 Info
     ``infos[seat]`` holds ``role`` (the seat) and ``action_mask`` ((B,) int8: the games it moves in now). At the end
     it also holds the per-game rewards under the keys of :mod:`marllm.envs.info_keys`: ``task_rewards`` and
@@ -49,10 +50,10 @@ from marllm.envs.games.checks import check_credit, check_max_moves, check_policy
 from marllm.envs.games.credit import outcomes, seat_metrics, turn_discounts, turn_rewards
 from marllm.envs.games.parsers import Parser, get_parser
 from marllm.envs.games.prompts import GameTemplate, check_game_templates, prompt_fields
-from marllm.envs.games.records import GameRecord, Turn, count_cooperation
+from marllm.envs.games.records import GameRecord, Turn, count_cooperation, view_metrics
 from marllm.envs.games.spaces import Rows
 from marllm.envs.games.view_lookup import view_for
-from marllm.envs.games.views import GameView, Move
+from marllm.envs.games.views import FREE_TEXT, GameView, Move
 from marllm.envs.info_keys import (
     BATCH_REWARDS,
     TASK_REWARDS,
@@ -282,19 +283,20 @@ class BatchedGameEnv(AECEnv):
     def _play(self, index: int, seat: str, answer: str, names: Sequence[str], actions: Sequence[int]) -> bool:
         """Apply one answer to one game; whether it was illegal."""
         record, game = self.records[index], self.games[index]
-        if not names:
+        talk = self.view.free_text(game, seat)  # a message: the answer itself is the move
+        if not (names or talk):
             raise RuntimeError(f"seat {seat!r} is to move in game {index} but the view lists no legal move for it")
         record.answers[seat] += 1
-        choice = self.parser(answer, names)
-        illegal = choice is None or not 0 <= choice < len(names)
+        choice = None if talk else self.parser(answer, names)
+        illegal = not talk and (choice is None or not 0 <= choice < len(names))
         if illegal:
             record.illegal[seat] += 1
             if self.illegal == "forfeit":
                 self._forfeit(index, seat)
                 return True
             choice = int(self._rng.integers(len(names)))
-        game.step(actions[choice])
-        record.moves.append(Move(seat, actions[choice], names[choice]))
+        record.moves.append(Move(seat, FREE_TEXT, answer) if talk else Move(seat, actions[choice], names[choice]))
+        game.step(answer if talk else record.moves[-1].action)
         for who, reward in game.rewards.items():
             record.returns[who] += float(reward)
         self._settle(index)
@@ -357,21 +359,19 @@ class BatchedGameEnv(AECEnv):
                     payoffs[:, i], result[:, i], answers, illegal, lengths, forfeited == i, capped
                 ),
             }
-            cooperation = self.cooperation_counts(seat)
+            metrics, cooperation = self.infos[seat][keys.METRICS], self.cooperation_counts(seat)
             if cooperation is not None:  # a social dilemma: the share of the seat's legal answers that cooperate
                 cooperative, legal = cooperation
-                metrics = self.infos[seat][keys.METRICS]
                 if legal:  # no legal answer (all replaced): no rate, rather than NaN
                     metrics["cooperation_rate"] = cooperative / legal
                 metrics["legal_answers"] = float(legal)
-            self.final_metrics[seat] = dict(self.infos[seat][keys.METRICS])
+            metrics.update(view_metrics(self.view, self.games, seat, metrics))  # the game's own measures
+            self.final_metrics[seat] = dict(metrics)
         self.terminations = dict.fromkeys(self.agents, True)
 
     def cooperation_counts(self, seat: str) -> tuple[int, int] | None:
-        """(cooperative, legal): how many of the seat's legal answers in this batch's games chose the cooperative
-        move, of how many legal answers; None where the game's view names no cooperative move
-        (:meth:`~marllm.envs.games.GameView.cooperative_move`). With ``illegal="random"`` the random move played for
-        an illegal answer is not counted; a forfeiting answer is illegal."""
+        """(cooperative, legal): of the seat's legal answers in this batch (not moves played for illegal ones), how
+        many chose the view's cooperative move (:meth:`~marllm.envs.games.GameView.cooperative_move`), or None."""
         return count_cooperation(self.view, self.games, self.records, self.turns, seat)
 
     def render(self) -> str | None:

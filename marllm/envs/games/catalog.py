@@ -1,4 +1,5 @@
-"""Games by name, as a config names them: a PettingZoo classic env (``tictactoe_v3``) or ``openspiel:<game string>``.
+"""Games by name, as a config names them: a PettingZoo classic env (``tictactoe_v3``), ``openspiel:<game string>``,
+or a game of one's own by reference (``my_game.py:env``, a zero-argument factory of an AEC env).
 
 :func:`game_factory` turns a name into the zero-argument factory :class:`~marllm.envs.games.BatchedGameEnv` takes;
 :func:`describe_game` builds one copy to report what a config needs to check before a run starts: the game's seats,
@@ -21,6 +22,7 @@ import pettingzoo.classic
 from pettingzoo import AECEnv
 
 from marllm.envs.games.openspiel import openspiel_factory, require_openspiel
+from marllm.utils.imports import load_reference
 
 OPENSPIEL_PREFIX = "openspiel:"
 """The prefix of an OpenSpiel game string in a game name (``openspiel:kuhn_poker``)."""
@@ -89,6 +91,20 @@ def classic_games() -> tuple[str, ...]:
     return tuple(sorted(name for name in names if re.fullmatch(r"[a-z_]+_v\d+", name)))
 
 
+def is_game_reference(name: str) -> bool:
+    """Whether ``name`` names a game of one's own by reference (``my_game.py:env``, ``package.module:env``): a
+    zero-argument factory of an AEC env (a class, or a function), loaded when the game is built."""
+    return ":" in name and not is_openspiel_name(name)
+
+
+def load_game_reference(name: str) -> Callable[..., AECEnv]:
+    """The factory a game reference names; ``ValueError`` where it cannot be loaded or is not callable."""
+    factory = load_reference(name)
+    if not callable(factory):
+        raise ValueError(f"{name} is a {type(factory).__name__}, not a factory of an AEC env (a class or function)")
+    return factory
+
+
 def is_openspiel_name(name: str) -> bool:
     """Whether ``name`` names an OpenSpiel game (``openspiel:<game string>``)."""
     return name.startswith(OPENSPIEL_PREFIX)
@@ -107,6 +123,9 @@ def check_game_name(name: str) -> None:
         if not openspiel_string(name):
             raise ValueError("an OpenSpiel game needs its game string after 'openspiel:', e.g. openspiel:kuhn_poker")
         return
+    if is_game_reference(name):
+        load_game_reference(name)
+        return
     if name in UNPLAYABLE:
         why, instead = UNPLAYABLE[name]
         raise ValueError(f"{name} cannot be played: it {why}; play {instead}")
@@ -115,9 +134,10 @@ def check_game_name(name: str) -> None:
         close = difflib.get_close_matches(name, playable, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"unknown game {name!r}{hint}; a game is a PettingZoo classic env, one of {list(playable)}, or "
+            f"unknown game {name!r}{hint}; a game is a PettingZoo classic env, one of {list(playable)}, "
             "openspiel:<game string> (e.g. openspiel:kuhn_poker, "
-            "openspiel:repeated_game(stage_game=matrix_pd(),num_repetitions=5))"
+            "openspiel:repeated_game(stage_game=matrix_pd(),num_repetitions=5)), or a game of one's own by reference "
+            "(my_game.py:env)"
         )
 
 
@@ -144,9 +164,10 @@ def game_factory(name: str, options: Mapping[str, Any] | None = None) -> Callabl
     """A zero-argument factory of the game ``name`` (see the module docstring).
 
     Args:
-        name: a PettingZoo classic env name, or ``openspiel:<game string>``.
-        options: keyword arguments of the PettingZoo env function (``{"max_cycles": 1}`` for ``rps_v2``); an
-            OpenSpiel game takes its parameters in its game string instead.
+        name: a PettingZoo classic env name, ``openspiel:<game string>``, or a game of one's own by reference
+            (:func:`is_game_reference`).
+        options: keyword arguments of the PettingZoo env function (``{"max_cycles": 1}`` for ``rps_v2``) or of a
+            referenced factory; an OpenSpiel game takes its parameters in its game string instead.
 
     Raises:
         ValueError: an unknown name, options given to an OpenSpiel game, or a game string OpenSpiel cannot load.
@@ -161,6 +182,8 @@ def game_factory(name: str, options: Mapping[str, Any] | None = None) -> Callabl
                 f"as options; got options {sorted(options)}"
             )
         return openspiel_factory(load_openspiel_game(name))
+    if is_game_reference(name):
+        return functools.partial(load_game_reference(name), **options)
     with warnings.catch_warnings():  # PettingZoo warns that its versioned modules will give way to a registry
         warnings.simplefilter("ignore", DeprecationWarning)
         module = importlib.import_module(f"pettingzoo.classic.{name}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -74,3 +74,20 @@ def count_cooperation(
         legal += len(chosen)
         cooperative += sum(action == target for action in chosen)
     return (cooperative, legal) if named else None
+
+
+def view_metrics(view: GameView, games: Sequence[AECEnv], seat: str, taken: Collection[str]) -> dict[str, float]:
+    """The seat's measures of the view's own (:meth:`~marllm.envs.games.GameView.metrics`), each averaged over the
+    games that report it.
+
+    Raises:
+        ValueError: the view reports a key among ``taken`` (the env's own metrics).
+    """
+    values: dict[str, list[float]] = {}
+    for game in games:
+        for key, value in view.metrics(game, seat).items():
+            values.setdefault(key, []).append(float(value))
+    clash = sorted(set(values) & set(taken))
+    if clash:
+        raise ValueError(f"the game view's metrics {clash} are the env's own; name them otherwise")
+    return {key: float(np.mean(each)) for key, each in values.items()}

@@ -24,6 +24,10 @@ class Move(NamedTuple):
     name: str
 
 
+FREE_TEXT = -1
+"""The action id a free-text move is recorded with (:meth:`GameView.free_text`); its name is the answer itself."""
+
+
 class GameView:
     """The generic view of a PettingZoo AEC game; subclasses override what their game shows better.
 
@@ -76,8 +80,23 @@ class GameView:
         return str(action)
 
     def legal_moves(self, game: AECEnv, seat: str) -> list[tuple[int, str]]:
-        """(action id, name) of each legal move of the seat, in the order the prompt lists them."""
+        """(action id, name) of each legal move of the seat, in the order the prompt lists them; none on a free-text
+        turn (:meth:`free_text`)."""
+        if self.free_text(game, seat):
+            return []
         return [(a, self.move_name(game, seat, a)) for a in self.legal_actions(game, seat)]
+
+    def free_text(self, game: AECEnv, seat: str) -> bool:
+        """Whether the seat's move now is free text (a message the other seats read) rather than one of named legal
+        moves: the prompt then lists no move, no parser reads the answer, and the game's ``step`` is given the answer
+        itself (a ``str``), never an illegal one. False here: a view says."""
+        return False
+
+    def metrics(self, game: AECEnv, seat: str) -> Mapping[str, float]:
+        """The seat's own measures of one finished game (an agreement, a message's length), beside the env's: each
+        key is averaged over the batch's games that report it and logged as ``<learner>/game/<seat>/<key>``. None
+        here: a view says."""
+        return {}
 
     def history(self, game: AECEnv, moves: Sequence[Move]) -> tuple[int, ...]:
         """The game so far as action ids, for scripted players (here: the moves applied)."""
