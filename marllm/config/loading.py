@@ -11,6 +11,7 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
@@ -138,13 +139,28 @@ def _quoted_override(key: str, raw: str) -> str:
     return f'{key}="{yaml_text}"'
 
 
+_ROOT: ContextVar[type | None] = ContextVar("config_root", default=None)
+"""The dataclass a top-level :func:`build` builds, whose tree an unknown key is looked up in."""
+
+
 def build(cls: type[T], data: Any, path: str = "") -> T:
     """Construct dataclass ``cls`` from a mapping, recursively and strictly.
 
     A dataclass may name its keys that moved (``MOVED_KEYS``: old key -> new dotted key under it) and the field a
     scalar given for the whole section was meant for (``SCALAR_FIELD``): either is refused with its new place, and a
-    near miss of a moved key is answered with the new place too.
+    near miss of a moved key is answered with the new place too. An unknown key that is a key of another section
+    (``game.opponents.exploitability_every``, ``game.mode``) is answered with its places.
     """
+    if path:
+        return _build(cls, data, path)
+    root = _ROOT.set(cls)
+    try:
+        return _build(cls, data, path)
+    finally:
+        _ROOT.reset(root)
+
+
+def _build(cls: type[T], data: Any, path: str) -> T:
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
@@ -164,6 +180,9 @@ def build(cls: type[T], data: Any, path: str = "") -> T:
             raise ConfigError(f"config key {_join(path, key)!r} is now {_join(path, moved[key])!r}; write it there")
         close = difflib.get_close_matches(str(key), [*fields, *moved], n=1)  # a moved key's near miss: its new place
         hint = f" (did you mean {_join(path, moved.get(close[0], close[0]))!r}?)" if close else ""
+        elsewhere = _places(_ROOT.get() or cls, str(key))
+        if elsewhere:
+            hint = f" ({key!r} is {' or '.join(repr(place) for place in elsewhere)}: write it there)"
         raise ConfigError(f"unknown config key {_join(path, key)!r}{hint}; valid keys here: {sorted(fields)}")
     hints = typing.get_type_hints(cls)
     values = {}
@@ -196,8 +215,8 @@ def convert(annotation: Any, value: Any, path: str) -> Any:
         if value not in args:
             raise ConfigError(f"{path} must be one of {list(args)}, got {value!r}")
         return value
-    if dataclasses.is_dataclass(annotation):
-        return build(annotation, value, path)
+    if dataclasses.is_dataclass(annotation):  # an empty section (``actions:``, or null) is its defaults
+        return build(annotation, {} if value is None else value, path)
     if origin in (list, Sequence, tuple):
         if isinstance(value, str) or not isinstance(value, Sequence):
             raise ConfigError(f"{path} must be a list, got {type(value).__name__} {value!r}")
@@ -209,6 +228,24 @@ def convert(annotation: Any, value: Any, path: str) -> Any:
         key_type, value_type = args if args else (Any, Any)
         return {convert(key_type, k, f"{path}.{k}"): convert(value_type, v, f"{path}.{k}") for k, v in value.items()}
     return _convert_scalar(annotation, value, path)
+
+
+def _places(root: type, key: str, prefix: str = "") -> list[str]:
+    """The dotted places of the config keys named ``key`` in the dataclass tree under ``root``."""
+    places = []
+    hints = typing.get_type_hints(root)
+    for field in dataclasses.fields(root):
+        if not field.init:
+            continue
+        dotted = _join(prefix, field.name)
+        if field.name == key:
+            places.append(dotted)
+        annotation = hints[field.name]
+        members = typing.get_args(annotation) if typing.get_origin(annotation) in (Union, types.UnionType) else ()
+        for section in [annotation, *members]:
+            if dataclasses.is_dataclass(section) and isinstance(section, type):
+                places += _places(section, key, dotted)
+    return places
 
 
 def _convert_union(annotation: Any, args: tuple[Any, ...], value: Any, path: str) -> Any:
