@@ -148,14 +148,15 @@ def test_an_action_mode_given_as_the_whole_actions_section_is_refused_naming_its
 
 
 def test_a_checkpoint_recorded_with_the_flat_game_layout_resumes_under_the_sections():
-    config = config_from_dict(game_config({"actions": {"mode": "constrained"}, "opponents": {"pool_size": 3}}))
+    game = {"seats": ["llm", "mcts"], "actions": {"mode": "constrained"}, "opponents": {"mcts_simulations": 3}}
+    config = config_from_dict(game_config(game))
     saved = config.to_dict()
     game = saved["game"]
     flat = {key: value for key, value in game.items() if key not in ("actions", "opponents", "measurement")}
     flat.update(game["opponents"], **game["measurement"], actions="constrained", action_normalization="token")
     assert resume_differences({**saved, "game": flat}, config) == []
-    flat["pool_size"] = 5
-    assert resume_differences({**saved, "game": flat}, config) == ["game.opponents.pool_size: 5 -> 3"]
+    flat["mcts_simulations"] = 5
+    assert resume_differences({**saved, "game": flat}, config) == ["game.opponents.mcts_simulations: 5 -> 3"]
 
 
 def test_a_game_section_needs_its_name_and_seats():
