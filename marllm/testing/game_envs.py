@@ -2,11 +2,11 @@
 
 Any AEC env gets PettingZoo's own tests (``api_test`` and ``seed_test``). A batched game env
 (:class:`~marllm.envs.games.BatchedGameEnv`, wrapped or not) also keeps its own rules, played here over whole episodes
-with a random legal answer in every row:
+with a random legal answer in every row (a random message on a free-text turn):
 
 - **rows match the mask**: the observation holds one row per game its seat moves in (``games``, the games its
   ``action_mask`` marks, each key as many rows), every row's legal moves named once each with their action ids, and
-  those the game itself allows (its own ``action_mask``, where it has one);
+  those the game itself allows (its own ``action_mask``, where it has one), except on a free-text turn (none);
 - **finished games are masked**: a game that is over is in no seat's observation or mask, a game is in one seat's
   mask at a time, and at the end every game is over and every mask empty;
 - **same seed, same deals**: two envs reset with the same seed deal the same games: the same prompts, legal moves and
@@ -106,7 +106,7 @@ def _play_checked(env: AECEnv, seed: int, max_steps: int) -> list[Any]:
             continue
         _check_rows(env, seat, observation, info)
         transcript.append((seat, *(tuple(observation[key]) for key in ROWS)))
-        env.step(tuple(names[int(rng.integers(len(names)))] for names in observation[keys.LEGAL_MOVES]))
+        env.step(tuple(_random_answer(names, rng) for names in observation[keys.LEGAL_MOVES]))
     transcript.append(
         tuple(tuple(record.payoffs.get(seat) for seat in inner.possible_agents) for record in inner.records)
     )
@@ -132,11 +132,20 @@ def _check_rows(env: AECEnv, seat: str, observation: Mapping[str, Sequence[Any]]
     for b, names, actions in rows:
         if inner.records[b].over:
             raise AssertionError(f"{where} is asked to move in game {b}, which is over: a finished game is masked")
+        if inner.view.free_text(inner.games[b], seat):  # a message: no move named, the answer is the move
+            continue
         if not names or len(names) != len(actions) or len(set(names)) != len(names):
             raise AssertionError(f"{where}, game {b}: legal moves {list(names)} do not name the actions {actions}")
         own = _own_legal_actions(inner.games[b], seat)
         if own is not None and sorted(own) != sorted(int(a) for a in actions):
             raise AssertionError(f"{where}, game {b}: the row's legal actions {list(actions)} are not the game's {own}")
+
+
+def _random_answer(names: Sequence[str], rng: np.random.Generator) -> str:
+    """A random legal move's name, or on a free-text turn (no move named) a random message."""
+    if not names:
+        return " ".join(str(word) for word in rng.integers(100, size=int(rng.integers(1, 6))))
+    return names[int(rng.integers(len(names)))]
 
 
 def _own_legal_actions(game: AECEnv, seat: str) -> list[int] | None:
