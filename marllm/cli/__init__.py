@@ -1,4 +1,4 @@
-"""``marllm`` command line: train, plan, report, prepare, eval, main (the offline CORY-vs-PPO job), study."""
+"""``marllm`` command line: train, plan, report, prepare, eval, main (the offline CORY-vs-PPO job), study, upgrade."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from marllm.cli.arguments import positive_int as _positive_int
 from marllm.cli.evaluate import add_eval as _add_eval
 from marllm.cli.plan import add_plan as _add_plan
 from marllm.cli.train import train_command
+from marllm.cli.upgrade import add_upgrade as _add_upgrade
 from marllm.config.loading import ConfigError
 from marllm.run.interrupts import TrainingInterrupted
 from marllm.run.run_dir import DirectoryInUseError, WrongDirectoryError
@@ -129,7 +130,7 @@ def parser() -> argparse.ArgumentParser:
     """The ``marllm`` argument parser: one sub-command per ``_add_*`` function below."""
     root = argparse.ArgumentParser(prog="marllm", description="Multi-agent RL fine-tuning of LLMs (CORY and beyond).")
     commands = root.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_plan, _add_report, _add_prepare, _add_eval, _add_main, _add_study):
+    for add in (_add_train, _add_plan, _add_report, _add_prepare, _add_eval, _add_main, _add_study, _add_upgrade):
         add(commands)
     return root
 
@@ -314,4 +315,3 @@ def _one_line(error: BaseException) -> str:
         if error.__cause__ is not None:
             message += f" (caused by {type(error.__cause__).__name__}: {error.__cause__})"
     return " ".join(line.strip() for line in message.splitlines() if line.strip()) or type(error).__name__
-

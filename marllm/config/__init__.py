@@ -7,13 +7,13 @@ plain data or a YAML file, and says which keys a resumed run may change.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from marllm.algorithms.ppo_config import sectioned_ppo
+from marllm.config import layouts
 from marllm.config.custom_tasks import task_class
-from marllm.config.game import sectioned
 from marllm.config.ignored import check_read_settings
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml  # noqa: F401 - ConfigError re-exported
 from marllm.config.paths import absolute_config_paths
@@ -46,8 +46,22 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML config and apply ``section.key=value`` overrides; its paths are made absolute, relative to the
-    config file's folder (an override's, to the working directory): see :mod:`marllm.config.paths`."""
-    data = apply_overrides(read_yaml(path), overrides)
+    config file's folder (an override's, to the working directory): see :mod:`marllm.config.paths`.
+
+    A run directory's own ``config.yaml`` in an earlier layout of marllm's is read in today's, with a warning naming
+    each moved key (:mod:`marllm.config.layouts`); any other config in one is refused with every move at once.
+    """
+    data = read_yaml(path)
+    moved = layouts.moves(data)
+    if moved and not layouts.is_run_record(path):
+        raise ConfigError(
+            f"{path} is written in an earlier layout of marllm's config: {'; '.join(moved)}. `marllm upgrade {path}` "
+            "writes it in today's layout"
+        )
+    if moved:
+        warnings.warn(f"{path} was written in an earlier layout, read in today's: {'; '.join(moved)}", stacklevel=2)
+        data = layouts.todays_layout(data)
+    data = apply_overrides(data, overrides)
     return config_from_dict(absolute_config_paths(data, Path(path).resolve().parent, overrides))
 
 
@@ -85,14 +99,12 @@ def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[st
     ``saved`` is first read back with this version's defaults, so that a key added since it was written compares as
     its default, and a game or ppo key that has moved into a section since compares at its new place.
     """
-    if isinstance(saved.get("game"), Mapping):
-        saved = {**saved, "game": sectioned(saved["game"])}
-    if isinstance(saved.get("ppo"), Mapping):
-        saved = {**saved, "ppo": sectioned_ppo(saved["ppo"])}
+    saved = layouts.todays_layout(saved)
     # not readable by this version (a key since removed, a device this machine lacks): compare what it holds
     with contextlib.suppress(ValueError):
         saved = config_from_dict(dict(saved)).to_dict()
-    before, now = flatten(saved), flatten(config.to_dict())
+    now_sections = config.to_dict()
+    before, now = flatten(saved), flatten(now_sections)
     missing = object()
     changed = []
     for key in sorted(before.keys() | now.keys()):
@@ -101,7 +113,7 @@ def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[st
         old, new = before.get(key, missing), now.get(key, missing)
         if old != new:
             show = [("(absent)" if value is missing else repr(value)) for value in (old, new)]
-            changed.append(f"{key}: {show[0]} -> {show[1]}")
+            changed.append(f"{key}: {show[0]} -> {show[1]}{layouts.default_change_note(key, old, new, now_sections)}")
     return changed
 
 
