@@ -20,9 +20,11 @@ from marllm.envs.games import BatchedGameEnv, GameView
 from marllm.envs.games.catalog import game_factory
 from marllm.envs.games.records import view_metrics
 from marllm.studies.spec import load_study
-from marllm.testing import check_game_env
+from marllm.testing import check_collector, check_game_env
 from marllm.utils.imports import load_reference
 from tests.conftest import make_tiny_gpt2
+from tests.test_collector_check import OBSERVATION
+from tests.test_learner_conformance import tiny_learner
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "deal_or_no_deal"
@@ -155,6 +157,16 @@ def test_a_view_metric_named_as_one_of_the_envs_is_refused():
     with pytest.raises(ValueError, match=r"\['payoff'\] are the env's own"):
         view_metrics(Clashing(), [object()], "alice", {"payoff": 0.0})
     assert view_metrics(GameView(), [object()], "alice", {}) == {}
+
+
+def test_the_action_mode_writes_messages_and_proposes_legal_moves():
+    mode = f"{EXAMPLE / 'talk.py'}:TalkOrPropose"
+    check_collector(lambda: tiny_learner(None, "ppo", mode).collector, OBSERVATION, samples=100)  # proposals
+    collector = tiny_learner(None, "ppo", mode).collector
+    rollout = collector.collect({"prompt": ["Your message:"] * 2, "legal_moves": [(), ()]})
+    assert len(rollout.responses) == 2 and bool((rollout.tensors.allowed == -1).all())  # nothing restricted
+    with pytest.raises(ValueError, match="mixes message turns and move turns"):
+        collector.play({"prompt": ["Your message:", "Your proposal:"], "legal_moves": [(), ("I take 1 book",)]})
 
 
 def test_two_learners_train_an_iteration_of_the_example(tmp_path, tokenizer):
