@@ -53,7 +53,7 @@ def test_the_family_adds_downwards_and_the_learner_inherits_no_part(tokenizer):
     collector = learner.collector
     assert type(collector) is TokenCollector
     assert collector.model is learner.model and collector.value_head is learner.value_head
-    assert collector.rng is learner._rng and collector.config is learner.config
+    assert collector.rng is learner._rng and collector.compute is learner.config.compute
     steps = learner._optimisation()
     assert isinstance(steps, PPOSteps) and steps.rng is learner._rng and steps.optimizer is learner.optimizer
     assert steps.parameters == learner._trained_parameters()
@@ -75,5 +75,5 @@ def test_the_normalization_is_scores_and_refused_with_another_mode(tokenizer):
     assert learner.collector.normalization == "word"
     with pytest.raises(ValueError, match=r"normalization applies to actions \['score'\] only, not 'constrained'"):
         make_learner(tokenizer, learner_kwargs={"actions": "constrained", "normalization": "word"})
-    with pytest.raises(ValueError, match="action_normalization must be one of"):
+    with pytest.raises(ValueError, match="game.actions.normalization must be one of"):
         make_learner(tokenizer, learner_kwargs={"actions": "score", "normalization": "chars"})

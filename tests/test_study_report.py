@@ -254,7 +254,7 @@ def test_study_report_grid_axis_figure_and_one_seed_cells(tmp_path):
     (tmp_path / "study.json").write_text(json.dumps({"name": "grid", "runs": runs}))
     path = build_study_report(tmp_path)
     summary = json.loads((path.parent / "summary.json").read_text())
-    assert (path.parent / "axis_ppo_init_kl_coef.png").is_file()
+    assert (path.parent / "axis_ppo_kl_init_kl_coef.png").is_file()
     one_seed = summary["cells"][1]["final"]["kl"]["mean"]
     assert (one_seed["n"], one_seed["std"], one_seed["ci_low"]) == (1, None, None)
     assert "undefined (n = 1)" in path.read_text()
