@@ -60,7 +60,7 @@ def test_a_key_of_the_flat_ppo_layout_is_refused_with_its_place_in_a_section(tmp
         load_config(CORY, [f"ppo.{old}=1"])
     path = tmp_path / "flat.yaml"
     path.write_text(f"ppo:\n  gamma: 1.0\n  {old}: 1\n")
-    with pytest.raises(ConfigError, match=refusal):
+    with pytest.raises(ConfigError, match=rf"earlier layout of marllm's config: ppo.{old} -> ppo.{new}. `marllm up"):
         load_config(path)
     with pytest.raises(ConfigError, match=refusal):
         config_from_dict({"ppo": {old: 1}})

@@ -1,6 +1,7 @@
-"""A setting the run would not read is refused, naming what reads it: an opponent's setting with no seat of that
-opponent, a measurement setting with nothing measured, a sampling setting under ``score`` (no token is sampled).
-Defaults pass, and so do the answer budgets and ``exploitability_samples`` under modes that do not read them (one
+"""A setting neither training nor evaluation would read is refused, naming what reads it: a setting of an opponent
+that watches a learner with no seat of that opponent, the average policy's weights with nothing measured, a sampling
+setting under ``score`` (no token is sampled). What ``marllm eval`` reads (its fixed opponents' settings,
+``exploitability_samples``) passes, as do defaults and the answer budgets under modes that do not read them (one
 config switches mode by one override)."""
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ KUHN = str(Path(__file__).resolve().parents[1] / "examples" / "games" / "kuhn_po
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["game.opponents.cfr_iterations=5"], "cfr_iterations: 5 is a setting of a cfr seat, and game.seats"),
-        (["game.opponents.pool_size=2"], "pool_size: 2 is a setting of a snapshot_pool seat"),
+        (["game.opponents.pool_size=2"], "pool_size: 2 is a setting of a snapshot_pool seat, and game.seats"),
         (["game.opponents.pool_every=2"], "pool_every: 2 is a setting of a snapshot_pool seat"),
-        (["game.opponents.mcts_simulations=8"], "mcts_simulations: 8 is a setting of a mcts seat"),
-        (["game.measurement.policy_average=linear"], "policy_average: linear applies to the policies measured"),
-        (["game.measurement.exploitability_samples=8"], "exploitability_every is null: it would be ignored"),
+        (["game.opponents.best_response_every=2"], "best_response_every: 2 is a setting of a best_response seat"),
+        (["game.measurement.policy_average=linear"], "policy_average: linear weighs the policies measured every"),
         (["game.actions.mode=score", "generation.temperature=0.5"], "generation.temperature: 0.5 would be ignored"),
         (["game.actions.mode=score", "generation.top_k=5"], "generation.top_k: 5 would be ignored"),
         (["game.actions.mode=score", "generation.logprobs_from=sampling"], "logprobs_from: sampling would be ignored"),
@@ -37,8 +36,9 @@ def test_a_setting_nothing_reads_is_refused_naming_what_reads_it(overrides, mess
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["game.seats=[llm,cfr]", "game.opponents.cfr_iterations=5"],
-        ["game.seats=[llm,best_response]", "game.measurement.exploitability_samples=8"],  # it tabulates the learner
+        ["game.seats=[llm,snapshot_pool:llm]", "game.opponents.pool_size=2"],
+        ["game.opponents.cfr_iterations=5"],  # marllm eval plays a cfr opponent, whatever the seats
+        ["game.measurement.exploitability_samples=8"],  # marllm eval --exploitability tabulates with it
         ["game.measurement.exploitability_every=2", "game.measurement.policy_average=linear"],
         [
             "game.actions.mode=score",

@@ -133,8 +133,9 @@ class MeasurementConfig:
             ``nash_conv``) of each learner's tabulated policy (:mod:`marllm.games.exploitability`); null: never.
             Small OpenSpiel games only (Kuhn, Leduc poker, matrix games, small repeated games).
         exploitability_samples: answers per information state that tabulate a ``generate`` or ``think`` learner's
-            policy (``constrained`` and ``score`` learners are tabulated exactly and do not read it, so that one config
-            switches mode by one override); refused without anything measured or tabulated.
+            policy, in training and by ``marllm eval --exploitability`` (``constrained`` and ``score`` learners are
+            tabulated exactly and do not read it; it passes under them, so that one config switches mode by one
+            override).
         policy_average: the weights of the measured policies in the average policy whose exploitability is logged
             beside the last one's (``<learner>/game/exploitability_average``): ``uniform`` (each the same, as
             fictitious play and CFR average) or ``linear`` (the k-th measured weighs k, as CFR+ averages: the early

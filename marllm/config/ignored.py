@@ -1,11 +1,13 @@
-"""Settings a run would not read: a value other than its default, given to a setting that nothing of the run reads,
-is refused, naming what reads it (the config already refuses ``normalization: word`` under ``generate`` and
-``rollout_from_generate`` under ``score`` for the same reason).
+"""Settings neither training nor evaluation would read: a value other than its default, given to a setting that
+nothing reads, is refused, naming what reads it (the config already refuses ``normalization: word`` under
+``generate`` and ``rollout_from_generate`` under ``score`` for the same reason).
 
-A value equal to its default passes: a dataclass cannot tell it from a value left out, and a run directory's
-``config.yaml`` records every key. The answer budgets (``generation.min_new_tokens``, ``max_new_tokens``) and
-``game.measurement.exploitability_samples`` pass under the modes that do not read them, so that one config switches
-``game.actions.mode`` by one override: their docs say which modes read them.
+A config serves ``marllm train`` and ``marllm eval`` alike: the settings of the opponents that watch no learner
+(``game.opponents.mcts_simulations``, ``cfr_iterations``) and ``game.measurement.exploitability_samples`` are read by
+``marllm eval`` (its opponents, ``--exploitability``) whatever the seats, and pass. A value equal to its default
+passes: a dataclass cannot tell it from a value left out, and a run directory's ``config.yaml`` records every key.
+The answer budgets (``generation.min_new_tokens``, ``max_new_tokens``) pass under the modes that do not read them,
+so that one config switches ``game.actions.mode`` by one override: their docs say which modes read them.
 """
 
 from __future__ import annotations
@@ -47,10 +49,13 @@ def check_read_settings(config: TrainConfig, game_repetition_penalty: float) -> 
 
 
 def _opponent_settings(game: Any) -> None:
+    """The settings of opponents that watch a learner (a snapshot pool, a best response), which only a training run
+    with such a seat reads; an evaluation has no learner to watch."""
     seated = [seat for seat in game.parsed_seats() if not seat.is_learner]
     read = {setting for seat in seated for setting in seat.opponent.settings}
+    watching = {setting: kind for kind, entry in OPPONENTS.items() if entry.learner for setting in entry.settings}
     for name in _changed(game.opponents, OpponentsConfig):
-        if name not in read:
+        if name in watching and name not in read:
             owners = [kind for kind, entry in OPPONENTS.items() if name in entry.settings]
             raise ValueError(
                 f"game.opponents.{name}: {getattr(game.opponents, name)} is a setting of a {' or '.join(owners)} "
@@ -59,16 +64,16 @@ def _opponent_settings(game: Any) -> None:
 
 
 def _measurement_settings(game: Any) -> None:
-    measured = game.measurement.exploitability_every is not None
-    tabulated = any(seat.opponent.tabulates for seat in game.parsed_seats() if not seat.is_learner)
-    for name in _changed(game.measurement, MeasurementConfig):
-        if name == "exploitability_every" or measured or (name == "exploitability_samples" and tabulated):
-            continue
-        also = " (or tabulated for a best_response seat)" if name == "exploitability_samples" else ""
+    """``policy_average``, which weighs the policies a training run measures (``exploitability_samples`` is read by
+    ``marllm eval --exploitability`` too)."""
+    if game.measurement.exploitability_every is not None:
+        return
+    if "policy_average" in _changed(game.measurement, MeasurementConfig):
         raise ValueError(
-            f"game.measurement.{name}: {getattr(game.measurement, name)} applies to the policies measured every "
-            f"game.measurement.exploitability_every iterations{also}, and game.measurement.exploitability_every is "
-            "null: it would be ignored; leave it out, or set game.measurement.exploitability_every"
+            f"game.measurement.policy_average: {game.measurement.policy_average} weighs the policies measured every "
+            "game.measurement.exploitability_every iterations in their average, and game.measurement."
+            "exploitability_every is null: it would be ignored; leave it out, or set "
+            "game.measurement.exploitability_every"
         )
 
 
