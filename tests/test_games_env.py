@@ -530,3 +530,17 @@ def test_a_seat_with_no_legal_answer_logs_no_cooperation_rate_rather_than_nan():
     assert "llm/game/cooperation_rate" not in alone and "llm/game/player_0/cooperation_rate" not in alone
     both = game_metrics(environment, slots, {"player_0": "llm", "player_1": "llm"}, {})
     assert both["llm/game/cooperation_rate"] == 0.5
+
+
+def test_a_views_own_measures_reach_the_learner_averaged_over_its_seats():
+    """A learner holding two seats logs a view's measure as the mean over the seats that report it, beside the env's
+    own totals, which keep their weighting."""
+    from marllm.envs.games.credit import seat_metrics
+    from marllm.run.games import learner_totals
+
+    ones = np.ones(4)
+    first = seat_metrics(ones, ones, ones * 2, ones * 0, ones * 2, ones.astype(bool) & False) | {"agreement_rate": 1.0}
+    second = seat_metrics(-ones, -ones, ones * 2, ones, ones * 2, ones.astype(bool) & False) | {"agreement_rate": 0.0}
+    totals = learner_totals([first, second])
+    assert totals["agreement_rate"] == 0.5 and totals["payoff"] == 0.0 and totals["illegal_move_rate"] == 0.25
+    assert learner_totals([first, {**second, "words": 3.0}])["words"] == 3.0  # one seat reports it: its value

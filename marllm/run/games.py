@@ -50,8 +50,12 @@ AGGREGATED = (
     "payoff", "win_rate", "draw_rate", "loss_rate", "forfeit_rate", "capped_rate", "moves_per_game", "game_length"
 )
 """The metrics ``<learner>/game/<metric>`` averages over the seats the learner played this iteration (each seat's
-games counting once); its ``illegal_move_rate`` is over all its answers, and in a social dilemma its
+games counting once), as it does a game view's own measures (:meth:`~marllm.envs.games.GameView.metrics`, over the
+seats that report them); its ``illegal_move_rate`` is over all its answers, and in a social dilemma its
 ``cooperation_rate`` over all its legal answers (not logged in an iteration where it gave none)."""
+
+_COUNTED = ("illegal_move_rate", "cooperation_rate", "legal_answers")
+"""The env's own seat metrics that a learner's totals weigh by its answers rather than average over its seats."""
 
 
 def game_metrics(
@@ -83,17 +87,26 @@ def game_metrics(
         for key, value in seat_metrics.items():
             merged[f"{learner_id}/game/{seat}/{key}"] = float(value)
     for learner_id, seats in by_learner.items():
-        for key in AGGREGATED:
-            merged[f"{learner_id}/game/{key}"] = float(sum(m[key] for m in seats) / len(seats))
-        answers = [m["moves_per_game"] for m in seats]  # per game; every seat plays the batch's games
-        illegal = sum(m["illegal_move_rate"] * n for m, n in zip(seats, answers, strict=True) if n > 0)
-        merged[f"{learner_id}/game/illegal_move_rate"] = float(illegal / sum(answers)) if sum(answers) else math.nan
-        dilemmas = [m for m in seats if "legal_answers" in m]  # over all its legal answers, in every seat
-        legal = sum(m["legal_answers"] for m in dilemmas)
-        if legal:  # none (every answer illegal): no rate is logged
-            cooperative = sum(m["cooperation_rate"] * m["legal_answers"] for m in dilemmas if m["legal_answers"] > 0)
-            merged[f"{learner_id}/game/cooperation_rate"] = float(cooperative / legal)
+        merged.update({f"{learner_id}/game/{key}": value for key, value in learner_totals(seats).items()})
     return merged
+
+
+def learner_totals(seats: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """A learner's game metrics from those of the seats it played (see :data:`AGGREGATED`)."""
+    totals = {key: float(sum(m[key] for m in seats) / len(seats)) for key in AGGREGATED}
+    answers = [m["moves_per_game"] for m in seats]  # per game; every seat plays the batch's games
+    illegal = sum(m["illegal_move_rate"] * n for m, n in zip(seats, answers, strict=True) if n > 0)
+    totals["illegal_move_rate"] = float(illegal / sum(answers)) if sum(answers) else math.nan
+    dilemmas = [m for m in seats if "legal_answers" in m]  # over all its legal answers, in every seat
+    legal = sum(m["legal_answers"] for m in dilemmas)
+    if legal:  # none (every answer illegal): no rate is logged
+        cooperative = sum(m["cooperation_rate"] * m["legal_answers"] for m in dilemmas if m["legal_answers"] > 0)
+        totals["cooperation_rate"] = float(cooperative / legal)
+    own = {key for m in seats for key in m} - set(AGGREGATED) - set(_COUNTED)  # the game view's own measures
+    for key in sorted(own):
+        reported = [m[key] for m in seats if key in m]
+        totals[key] = float(sum(reported) / len(reported))
+    return totals
 
 
 def _wrappers(env: AECEnv) -> list[AECEnv]:
