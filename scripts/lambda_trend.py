@@ -1,11 +1,17 @@
-"""What λ did in a study of reward coefficients over a social dilemma: per λ, the learners' cooperation rate and
-payoff at the end of training (the mean over the last K iterations and over the learners of a run), with a 95%
-t interval over seeds; and the trend over λ, the least-squares slope of every run's value on its λ with its 95%
-interval (an interval that excludes 0 establishes a monotone effect at that confidence).
+"""What λ did in a study of reward coefficients over a game: per λ, the learners' game metrics at the end of
+training (by default the cooperation rate and payoff of a social dilemma; the mean over the last K iterations and over
+the learners of a run), with a 95% t interval over seeds; and the trend over λ, the least-squares slope of every run's
+value on its λ with its 95% interval (an interval that excludes 0 establishes a monotone effect at that confidence).
 
     .venv/bin/python scripts/lambda_trend.py runs/studies/lambda_ipd_offline [--last 5] [--json OUT]
+    .venv/bin/python scripts/lambda_trend.py runs/studies/lambda_deal_offline \
+        --metrics agreement_rate,pareto_efficiency,share_of_max,own_values_named_rate,message_words,kl \
+        --dialogues -1,0,1
 
-The study's runs are ``STUDY_DIR/runs/*``; each run's λ is its config's ``agents.reward_coefficients`` (a number).
+A metric is ``<learner>/game/<name>`` of each learner (``kl`` and names with a ``/``: ``<learner>/<name>``).
+``--dialogues`` prints, for each λ given, the last turn of the last logged iteration of the first seed's run as its
+samples recorded it: the prompt (the game so far) and the answer. The study's runs are ``STUDY_DIR/runs/*``; each
+run's λ is its config's ``agents.reward_coefficients`` (a number).
 """
 
 from __future__ import annotations
@@ -24,6 +30,13 @@ from marllm.utils.jsonl import read_jsonl
 from marllm.utils.statistics import estimate, linear_trend
 
 METRICS = ("cooperation_rate", "payoff")
+"""The metrics summarised by default: a social dilemma's."""
+
+
+def metric_key(learner: str, name: str) -> str:
+    """Where ``name`` is logged for ``learner``: ``<learner>/game/<name>``, or ``<learner>/<name>`` for ``kl`` and a
+    name with a ``/``."""
+    return f"{learner}/{name}" if name == "kl" or "/" in name else f"{learner}/game/{name}"
 
 
 class NotAStudyError(ValueError):
@@ -44,7 +57,7 @@ def at_least_one(text: str) -> int:
     return value
 
 
-def run_values(run_dir: Path, last: int) -> tuple[float, dict[str, float], int]:
+def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> tuple[float, dict[str, float], int]:
     """A run's λ, per metric the mean over its learners of ``<learner>/game/<metric>`` over its last ``last``
     iterations, and how many iterations that mean took (fewer than ``last`` when the run is shorter).
 
@@ -63,13 +76,13 @@ def run_values(run_dir: Path, last: int) -> tuple[float, dict[str, float], int]:
     rows = [row for _, row in read_jsonl(run_dir / "metrics.jsonl")][-last:]
     learners = (config.get("game") or {}).get("seats") or []
     values = {}
-    for metric in METRICS:
-        keys = [f"{learner}/game/{metric}" for learner in dict.fromkeys(learners)]
+    for metric in metrics:
+        keys = [metric_key(learner, metric) for learner in dict.fromkeys(learners)]
         absent = [key for key in keys if not any(key in row for row in rows)]
         if absent:
             raise NotAStudyError(
                 f"{run_dir}/metrics.jsonl has no {absent[0]!r}: this script reads the game metrics "
-                f"{list(METRICS)} of a social dilemma's learners (game.seats)"
+                f"{list(metrics)} of the game's learners (game.seats)"
             )
         # an iteration without a learner's rate (no legal answer of its own) counts as missing, not as a value
         per_learner = [[row.get(key, np.nan) for row in rows] for key in keys]
@@ -102,7 +115,7 @@ def find_runs(study_dir: Path) -> list[Path]:
     return runs
 
 
-def summarise(study_dir: Path, last: int) -> dict[str, Any]:
+def summarise(study_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> dict[str, Any]:
     """Per metric: per λ the estimate over seeds, and the trend over λ of every run's value.
 
     Raises:
@@ -111,7 +124,7 @@ def summarise(study_dir: Path, last: int) -> dict[str, Any]:
     """
     if last < 1:
         raise ValueError(f"last must be an integer >= 1 (the iterations averaged at the end of each run), got {last}")
-    results = [run_values(run, last) for run in find_runs(study_dir)]
+    results = [run_values(run, last, metrics) for run in find_runs(study_dir)]
     points = [(weight, values) for weight, values, _ in results]
     averaged = [n for _, _, n in results]
     summary: dict[str, Any] = {
@@ -121,7 +134,7 @@ def summarise(study_dir: Path, last: int) -> dict[str, Any]:
         "averaged_iterations": {"min": min(averaged), "max": max(averaged)},
         "averaged_label": last_iterations_label(last, averaged),
     }
-    for metric in METRICS:
+    for metric in metrics:
         by_weight: dict[float, list[float]] = defaultdict(list)
         for weight, values in points:
             by_weight[weight].append(values[metric])
@@ -145,12 +158,19 @@ def main(argv: list[str] | None = None) -> None:
         "--last", type=at_least_one, default=5, help="iterations averaged at the end of each run (>= 1)"
     )
     parser.add_argument("--json", type=Path, help="also write the summary here")
+    parser.add_argument(
+        "--metrics", default=",".join(METRICS), help="comma-separated metric names (default: %(default)s)"
+    )
+    parser.add_argument("--dialogues", default="", help="comma-separated λ values whose last turn to print")
     args = parser.parse_args(argv)
+    metrics = tuple(name.strip() for name in args.metrics.split(",") if name.strip())
     try:
-        summary = summarise(args.study_dir, args.last)
-    except NotAStudyError as error:
+        summary = summarise(args.study_dir, args.last, metrics)
+        shown = [float(value) for value in args.dialogues.split(",") if value.strip()]
+        transcripts = dialogues(args.study_dir, shown)
+    except ValueError as error:  # not such a study, or a λ that is not a number
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    for metric in METRICS:
+    for metric in metrics:
         print(f"\n{metric} ({summary['averaged_label']}, mean of the learners; 95% t intervals over seeds)")
         print("| λ | mean | 95% interval | seeds |\n|---|---|---|---|")
         for weight, e in summary[metric]["per_lambda"].items():
@@ -158,8 +178,41 @@ def main(argv: list[str] | None = None) -> None:
         t = summary[metric]["trend"]
         print(f"slope over λ: {_format(t['slope'])}, 95% [{_format(t['ci_low'])}, {_format(t['ci_high'])}], "
               f"{t['n']} runs")  # fmt: skip
+    for weight, (run, sample) in transcripts.items():
+        print(f"\nλ = {weight}: {run.name}, iteration {sample['iteration']}, {sample['learner']} ({sample['role']})")
+        print(f"{sample['prompt']}{sample['response']}")
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        args.json.write_text(json.dumps(summary | {"dialogues": _as_json(transcripts)}, indent=2) + "\n")
+
+
+def dialogues(study_dir: Path, weights: list[float]) -> dict[float, tuple[Path, dict[str, Any]]]:
+    """Per λ of ``weights``: the first run of that λ (by name) and the last turn of its last logged iteration in
+    its ``samples.jsonl`` (whose prompt shows the game so far).
+
+    Raises:
+        NotAStudyError: no run of a λ asked for, or its run logged no sample.
+    """
+    runs: dict[float, Path] = {}
+    for run in find_runs(study_dir):
+        runs.setdefault(run_values(run, 1, ())[0], run)
+    found = {}
+    for weight in weights:
+        if weight not in runs:
+            raise NotAStudyError(f"{study_dir}: no run has λ = {weight}; its runs have λ in {sorted(runs)}")
+        samples = (
+            [row for _, row in read_jsonl(runs[weight] / "samples.jsonl")]
+            if (runs[weight] / "samples.jsonl").is_file()
+            else []
+        )
+        if not samples:
+            raise NotAStudyError(f"{runs[weight]} logged no samples (logging.samples_per_iteration)")
+        last = max(row["iteration"] for row in samples)
+        found[weight] = (runs[weight], max((r for r in samples if r["iteration"] == last), key=lambda r: r["turn"]))
+    return found
+
+
+def _as_json(transcripts: dict[float, tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    return {str(weight): {"run": run.name, **sample} for weight, (run, sample) in transcripts.items()}
 
 
 if __name__ == "__main__":

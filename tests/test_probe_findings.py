@@ -75,6 +75,33 @@ def test_lambda_trend_says_how_many_iterations_it_averaged(tmp_path, capsys, mon
     assert trend.summarise(study, 2)["cooperation_rate"]["per_lambda"]["1.0"]["mean"] == pytest.approx(1.15)
 
 
+def test_lambda_trend_reads_any_game_metric_and_shows_a_dialogue_per_lambda(tmp_path, capsys, monkeypatch):
+    """A talking game's study: its own measures (``<learner>/game/<name>``) and the KL (``<learner>/kl``), an
+    iteration without a measure read as missing, and the last turn of a run's last iteration for each λ asked."""
+    trend = _lambda_trend()
+    study = _dilemma_study(tmp_path, iterations=2)
+    for weight in (0.0, 1.0):
+        run = study / "runs" / f"lambda_{weight}"
+        rows = [{"iteration": 0, "llm/game/agreement_rate": weight, "llm/kl": 2.0}, {"iteration": 1, "llm/kl": 4.0}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        samples = [
+            {"iteration": 1, "learner": "llm", "role": "bob", "turn": turn, "prompt": f"P{turn}:", "response": " R"}
+            for turn in (1, 2)
+        ]
+        (run / "samples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in samples))
+    summary = trend.summarise(study, 2, ("agreement_rate", "kl"))
+    assert (
+        summary["agreement_rate"]["per_lambda"]["1.0"]["mean"] == 1.0
+        and summary["kl"]["per_lambda"]["0.0"]["mean"] == 3.0
+    )
+    _run_lambda_trend(monkeypatch, str(study), "--metrics", "agreement_rate,kl", "--dialogues", "0,1")
+    out = capsys.readouterr().out
+    assert "λ = 1.0: lambda_1.0, iteration 1, llm (bob)\nP2: R" in out
+    with pytest.raises(SystemExit):
+        _run_lambda_trend(monkeypatch, str(study), "--metrics", "kl", "--dialogues", "0.5")
+    assert "no run has λ = 0.5" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
 def test_lambda_trend_refuses_last_below_one(tmp_path, capsys, monkeypatch, value):
     trend = _lambda_trend()
