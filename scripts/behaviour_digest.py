@@ -10,8 +10,9 @@ of ``eval_samples.jsonl``. Run it before and after a change and compare the two 
     .venv/bin/python scripts/behaviour_digest.py /tmp/after
     diff /tmp/before/digest.json /tmp/after/digest.json && echo identical
 
-Dotted overrides after OUT go to every run (``ppo.compute.micro_batch_size=null ppo.compute.fused_kernels=false``: the
-digest of a path asked for by hand).
+Every run computes on one thread (``OMP_NUM_THREADS=1``): the float sums of a matrix product depend on how many
+threads split them, so digests are comparable only at one thread count. Dotted overrides after OUT go to every run
+(``ppo.compute.micro_batch_size=null ppo.compute.fused_kernels=false``: the digest of a path asked for by hand).
 
 Where digests differ, ``--compare BEFORE AFTER`` says how: per run, the metric values that changed, metric keys
 added or gone, and whether samples and eval samples are identical.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +45,9 @@ _KUHN = [
 CONFIGS.update({f"kuhn_{actions}_offline": [*_KUHN, f"game.actions.mode={actions}"]
                 for actions in ("generate", "constrained", "think", "score")})
 ITERATIONS = 3
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+"""The runs' environment: one thread, as a matrix product's float sums depend on how many threads split them (a digest
+taken at another thread count differs in the metrics' last bits, not in behaviour)."""
 MARLLM = str(Path(sys.executable).with_name("marllm"))
 
 
@@ -63,7 +68,7 @@ def main(out: Path, overrides: list[str] | None = None) -> None:
         command = [MARLLM, "train", arguments[0], f"iterations={ITERATIONS}", "--run-dir", str(run_dir),
                    "--overwrite", *arguments[1:], *(overrides or [])]
         print("$", " ".join(command), flush=True)
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=ONE_THREAD)
         digest[name] = {
             "metrics": _digest(run_dir / "metrics.jsonl", drop_timings=True),
             "samples": _digest(run_dir / "samples.jsonl"),
