@@ -45,15 +45,22 @@ def test_a_learner_without_a_collector_is_not_passed_but_told_what_each_check_ne
     assert report["resume_equals_uninterrupted"].startswith("not run:")
 
 
-def rescaling(algorithm: str, actions: str):
-    """A learner of ``algorithm`` whose objective is handed its log-probs times 1.1."""
+ALTERED = {
+    "rescaled": lambda logprobs: logprobs * 1.1,
+    "offset": lambda logprobs: logprobs + 0.5,  # every ratio e^0.5 at the first step
+    "detached": lambda logprobs: logprobs.detach() + 0.0 * logprobs,  # a loss that cannot move the policy
+}
+
+
+def rescaling(algorithm: str, actions: str, altered: str = "rescaled"):
+    """A learner of ``algorithm`` whose objective is handed its log-probs altered as :data:`ALTERED` says."""
 
     def make():
         learner = tiny_learner(None, algorithm, actions)
         objective = learner._objective
 
         def scaled(mb, logprobs, *rest):
-            return objective(mb, logprobs * 1.1, *rest)
+            return objective(mb, ALTERED[altered](logprobs), *rest)
 
         learner._objective = scaled
         return learner
@@ -68,8 +75,19 @@ def rescaling(algorithm: str, actions: str):
 def test_an_objective_that_rescales_the_log_probs_it_is_given_fails_the_on_policy_check(algorithm, actions):
     turns, rewards = observations(algorithm)
     assert check_first_update_is_on_policy(maker(algorithm, actions, None), turns, rewards) < 1e-5
-    with pytest.raises(AssertionError, match=r"does not read the log-probs against the rollout's"):
+    with pytest.raises(AssertionError, match=r"does not read the log-probs against|the ratio it optimises is not 1"):
         check_first_update_is_on_policy(rescaling(algorithm, actions), turns, rewards)
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+@pytest.mark.parametrize(
+    ("altered", "message"),
+    [("offset", "the ratio it optimises is not 1"), ("detached", "gradient .* is 0 on rewards that differ")],
+)
+def test_an_objective_off_policy_or_without_gradient_fails_the_on_policy_check(algorithm, altered, message):
+    turns, rewards = observations(algorithm)
+    with pytest.raises(AssertionError, match=message):
+        check_first_update_is_on_policy(rescaling(algorithm, "generate", altered), turns, rewards)
 
 
 @pytest.mark.parametrize("dropped", ["every optimiser entry", "one parameter's moments"])

@@ -65,6 +65,13 @@ def tabulates_one_move(collector, move_probabilities):
     return lambda prompts, moves: [[1.0] + [0.0] * (len(row) - 1) for row in moves]
 
 
+def fails_to_tabulate(collector, move_probabilities):
+    def failing(prompts, moves):
+        raise ValueError("no probabilities here")
+
+    return failing
+
+
 def plays_the_first_move(collector, play):
     return lambda observation: tuple(moves[0] for moves in observation["legal_moves"])
 
@@ -89,11 +96,13 @@ def plays_colder(collector, play):
         ("score", "collect", records_off_by_a_tenth, r"differ from the recorded ones by up to 0\.1"),
         ("generate", "collect", records_off_by_a_tenth, r"an update's first ratio would not be 1"),
         ("constrained", "move_probabilities", tabulates_one_move, r"is collected .* not those of the policy"),
+        ("score", "move_probabilities", fails_to_tabulate, r"says it has exact move probabilities .* failed"),
         ("score", "play", plays_the_first_move, r"is played outside training .* not those of the policy that plays"),
         ("generate", "play", plays_colder, r"the two do not sample one distribution"),
         ("think", "play", plays_colder, r"the two do not sample one distribution"),
     ],
-    ids=["score ratio", "generate ratio", "constrained exact", "score play", "generate play", "think play"],
+    ids=["score ratio", "generate ratio", "constrained exact", "score no exact", "score play", "generate play",
+         "think play"],  # fmt: skip
 )
 def test_the_check_fails_on_a_collector_that_breaks_an_invariant(actions, part, replacement, complaint):
     with pytest.raises(AssertionError, match=complaint):

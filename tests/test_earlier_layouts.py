@@ -90,3 +90,32 @@ def test_a_resume_refused_for_a_changed_default_says_how_to_keep_the_run(tmp_pat
 def _written(path, data) -> str:
     path.write_text(yaml.safe_dump(data))
     return str(path)
+
+
+def test_a_run_recorded_with_a_setting_now_refused_still_loads_and_resumes(tmp_path):
+    """A setting refused today as one the run would not read (temperature under score) was accepted when the run was
+    recorded: its own config.yaml still loads (to resume, to evaluate), while the same file elsewhere is refused."""
+    data = yaml.safe_load(KUHN.read_text())
+    data["game"]["actions"] = {"mode": "score"}
+    data["generation"]["temperature"] = 0.7
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text("{}")
+    recorded = run_dir / "config.yaml"
+    recorded.write_text(yaml.safe_dump(data))
+    config = load_config(recorded)
+    assert config.generation.temperature == 0.7
+    assert resume_differences(config.to_dict(), config) == []
+    with pytest.raises(ConfigError, match="generation.temperature: 0.7 would be ignored"):
+        load_config(_written(tmp_path / "mine.yaml", data))
+
+
+def test_upgrade_in_place_leaves_a_config_it_cannot_check_as_it_was(tmp_path, capsys):
+    data = flat_layout(yaml.safe_load(KUHN.read_text()))
+    data["game"]["policy_average"] = "linear"  # refused today: nothing is measured
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(data))
+    before = path.read_text()
+    assert main(["upgrade", str(path), "--in-place"]) == 2
+    assert "policy_average: linear weighs the policies measured" in capsys.readouterr().err
+    assert path.read_text() == before

@@ -120,3 +120,12 @@ def test_a_player_without_the_learner_protocol_is_told_what_it_lacks():
 
     with pytest.raises(CheckNotApplicable, match=r"OnlyActs lacks \['finish', 'update', 'activate'"):
         check_player(OnlyActs, game("tictactoe_v3"))
+
+
+def test_a_fixed_player_asked_for_free_text_says_what_to_seat_there():
+    """A game's free-text turn (no legal move listed) cannot be played by a player that chooses among moves."""
+    from marllm.players import RandomMover
+
+    observation = {"legal_moves": [[], ["a"]], "legal_actions": [[], [0]], "history": [(), ()]}
+    with pytest.raises(ValueError, match="asks it for free text .* seat a learner there"):
+        RandomMover("random").answer(observation)

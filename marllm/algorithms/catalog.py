@@ -131,11 +131,15 @@ def build_learner(algorithm: str, learner_id: str, options: AlgorithmOptions, **
 
 
 def _raised_by_the_call(error: TypeError) -> bool:
-    """Whether ``error`` came from calling a builder (or the constructor its ``from_options`` calls) with arguments
-    its signature does not take, rather than from inside it: Python's message for a call that does not bind, raised
-    in the caller's frame (here, or a ``from_options``) before the callee's own frame started."""
+    """Whether ``error`` came from calling a builder (or the constructor marllm's ``from_options`` calls) with
+    arguments its signature does not take, rather than from inside it: Python's message for a call that does not
+    bind, raised in the caller's frame (here, or a ``from_options`` of marllm's) before the callee's started."""
     frame = traceback.extract_tb(error.__traceback__)[-1]
-    return frame.name in ("build_learner", "from_options") and _UNBOUND_CALL.search(str(error)) is not None
+    ours = Path(frame.filename).resolve().is_relative_to(_PACKAGE)  # a from_options of one's own raises its own
+    return ours and frame.name in ("build_learner", "from_options") and _UNBOUND_CALL.search(str(error)) is not None
+
+
+_PACKAGE = Path(__file__).resolve().parent
 
 
 _UNBOUND_CALL = re.compile(

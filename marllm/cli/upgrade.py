@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from marllm.config import load_config
+from marllm.config import config_from_dict
 from marllm.config.layouts import moves, todays_layout
 from marllm.config.loading import read_yaml
+from marllm.config.paths import absolute_config_paths
 
 
 def add_upgrade(commands: Any) -> None:
@@ -39,9 +41,9 @@ def upgrade_command(args: argparse.Namespace) -> int:
     if not moved:
         print(f"marllm: {args.config} is in today's layout already", file=sys.stderr)
     if args.in_place and moved:
-        with open(args.config, "w", encoding="utf-8") as file:
-            file.write(upgraded)
-        load_config(args.config)  # today's checks, on the file as written
+        folder = Path(args.config).resolve().parent
+        config_from_dict(absolute_config_paths(yaml.safe_load(upgraded), folder, []))  # today's checks, before writing
+        Path(args.config).write_text(upgraded, encoding="utf-8")
         print(f"marllm: {args.config} rewritten in today's layout", file=sys.stderr)
     elif not args.in_place:
         print(upgraded, end="")

@@ -25,9 +25,11 @@ game's prompt names its legal moves, so any penalty > 1 would fall on exactly th
 ``score`` no processor applies, whatever the setting)."""
 
 
-def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+def config_from_dict(data: dict[str, Any], recorded: bool = False) -> TrainConfig:
     """Build and check a :class:`TrainConfig` from plain data; errors name the offending key. A game's generation
-    defaults differ from a text task's in one setting: :data:`GAME_REPETITION_PENALTY`."""
+    defaults differ from a text task's in one setting: :data:`GAME_REPETITION_PENALTY`. A config a run ``recorded``
+    (what it trained with) is not refused for settings it would not read
+    (:func:`~marllm.config.ignored.check_read_settings`): runs recorded before that check resume and evaluate."""
     data = dict(data)
     generation = data.get("generation")
     if data.get("game") is not None and (generation is None or isinstance(generation, Mapping)):
@@ -37,6 +39,8 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         kind = task.get("name", "sentiment")
         data["task"] = build(task_class(kind), {**task, "name": kind}, "task")
     config = build(TrainConfig, data)
+    if recorded:
+        return config
     try:
         check_read_settings(config, GAME_REPETITION_PENALTY)
     except ValueError as error:
@@ -62,7 +66,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
         warnings.warn(f"{path} was written in an earlier layout, read in today's: {'; '.join(moved)}", stacklevel=2)
         data = layouts.todays_layout(data)
     data = apply_overrides(data, overrides)
-    return config_from_dict(absolute_config_paths(data, Path(path).resolve().parent, overrides))
+    recorded = layouts.is_run_record(path)
+    return config_from_dict(absolute_config_paths(data, Path(path).resolve().parent, overrides), recorded=recorded)
 
 
 # What a resumed run may change: where it is written, what it logs and evaluates, whether remote code may load,
@@ -102,7 +107,7 @@ def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[st
     saved = layouts.todays_layout(saved)
     # not readable by this version (a key since removed, a device this machine lacks): compare what it holds
     with contextlib.suppress(ValueError):
-        saved = config_from_dict(dict(saved)).to_dict()
+        saved = config_from_dict(dict(saved), recorded=True).to_dict()
     now_sections = config.to_dict()
     before, now = flatten(saved), flatten(now_sections)
     missing = object()

@@ -57,7 +57,11 @@ def move_continuations(
     result = []
     for row, (prompt, names) in enumerate(zip(rendered, legal_moves, strict=True)):
         if not names:
-            raise ValueError(f"row {row}: no legal move to restrict the answer to")
+            raise ValueError(
+                f"row {row}: no legal move to restrict the answer to (a game's free-text turn, GameView.free_text, "
+                "needs a mode that writes free text there: generate, or a collector of one's own such as Deal or no "
+                "deal's TalkOrPropose)"
+            )
         texts = [move_separator(prompt) + name for name in names]
         prompt_ids = tokenizer(prompt, add_special_tokens=special)["input_ids"]
         joint = tokenizer([prompt + text for text in texts], add_special_tokens=special)["input_ids"]

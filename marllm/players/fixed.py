@@ -64,6 +64,11 @@ class FixedPlayer:
                 f"player {self.name!r} chooses among legal moves: it needs an observation with {LEGAL_MOVES!r} (a "
                 f"BatchedGameEnv's), got keys {sorted(observation)}"
             )
+        if not all(observation[LEGAL_MOVES]):
+            raise ValueError(
+                f"player {self.name!r} chooses among legal moves, and the game asks it for free text (a turn whose "
+                "view lists no legal move, GameView.free_text): seat a learner there, or a player that writes"
+            )
         rows = zip(observation[LEGAL_MOVES], observation[LEGAL_ACTIONS], observation[HISTORY], strict=True)
         return tuple(self.choose(names, actions, history) for names, actions, history in rows)
 

@@ -134,12 +134,18 @@ def _check_ratio_one(
 
 
 def _exact(collector: Collector, prompt: str, moves: list[str] | None) -> list[float] | None:
-    """The mode's exact probabilities of ``moves`` after ``prompt``; None where it has none."""
+    """The mode's exact probabilities of ``moves`` after ``prompt``; None where it has none (a mode whose facts say
+    it has them, ``exact_policy``, must give them: a run tabulates its policy with them)."""
     if moves is None:
         return None
     try:
         (exact,) = collector.move_probabilities([prompt], [moves])
-    except (ValueError, NotImplementedError):
+    except (ValueError, NotImplementedError) as error:
+        if getattr(collector, "exact_policy", None) is not None:
+            raise AssertionError(
+                f"{type(collector).__name__} says it has exact move probabilities ({collector.exact_policy}), and "
+                f"move_probabilities failed: {error}"
+            ) from error
         return None
     if abs(sum(exact) - 1.0) > 1e-5:
         raise AssertionError(f"the move probabilities {list(exact)} sum to {sum(exact)}, not 1")

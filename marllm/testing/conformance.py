@@ -81,7 +81,10 @@ def check_first_update_is_on_policy(
       re-scored ones and the rollout's ``logprobs`` and ``ref_logprobs``) moves by ``shift``, within
       ``gradient_tolerance`` of its largest entry: the loss reads the policy's log-probs against the rollout's (a
       ratio of 1 at the first step), not rescaled or otherwise altered on the way. A second learner from
-      ``make_learner`` plays the same iteration to see it.
+      ``make_learner`` plays the same iteration to see it;
+    - where the learner reports its first loss's monitors of the ratio (a policy-gradient learner's ``clipfrac`` and
+      ``approx_kl``), no token is clipped and ½·E[(log ρ)²] ≈ 0; and on rewards that differ, the first loss gives
+      the log-probs a gradient that is not 0.
 
     Returns the largest log-prob difference of the first loss.
 
@@ -92,6 +95,7 @@ def check_first_update_is_on_policy(
     torch.manual_seed(seed)
     learner = make_learner()
     watch = _watch_rescoring(learner, 0.0, stop=False)
+    first_parts = _record_first_parts(learner)
     torch.manual_seed(seed + 1)
     _play(learner, observations, rewards)
     metrics = learner.update()
@@ -106,6 +110,7 @@ def check_first_update_is_on_policy(
     ratio = metrics.get("ratio")
     if ratio is not None and math.isfinite(ratio) and abs(ratio - 1.0) > 10 * tolerance and len(watch.differences) <= 1:
         raise AssertionError(f"{learner.name}: the first update's ratio metric is {ratio}, not 1")
+    _check_first_parts(learner.name, first_parts, tolerance)
     torch.manual_seed(seed)
     shifted = make_learner()
     moved = _watch_rescoring(shifted, shift, stop=True)
@@ -115,7 +120,41 @@ def check_first_update_is_on_policy(
         shifted.update()
     plain, moved_gradient = watch.gradients.get(0), moved.gradients.get(0)
     _compare_first_gradients(learner.name, plain, moved_gradient, shift, gradient_tolerance)
+    varied = len({float(value) for batch in rewards for value in batch}) > 1
+    if varied and plain is not None and float(plain.abs().max()) == 0.0:
+        raise AssertionError(
+            f"{learner.name}: the first loss's gradient with respect to the policy's log-probs is 0 on rewards that "
+            "differ: what it optimises does not move the policy"
+        )
     return first
+
+
+def _record_first_parts(learner: Learner) -> list[dict[str, float]]:
+    """The loss parts of the learner's first objective (a policy-gradient learner's ``_objective``), once known."""
+    parts: list[dict[str, float]] = []
+    objective = getattr(learner, "_objective", None)
+    if callable(objective):
+
+        def recording(*args: Any, **kwargs: Any) -> Any:
+            loss, reported = objective(*args, **kwargs)
+            if not parts:
+                parts.append(dict(reported))
+            return loss, reported
+
+        learner._objective = recording  # type: ignore[attr-defined]
+    return parts
+
+
+def _check_first_parts(name: str, parts: list[dict[str, float]], tolerance: float) -> None:
+    """The first loss's own monitors of its ratio, where it reports them: no clipped token, ½·E[(log ρ)²] ≈ 0."""
+    if not parts:
+        return
+    clipfrac, approx_kl = parts[0].get("clipfrac", 0.0), parts[0].get("approx_kl", 0.0)
+    if clipfrac > 0.0 or approx_kl > tolerance:
+        raise AssertionError(
+            f"{name}: the first loss reports clipfrac {clipfrac:.3g} and approx_kl {approx_kl:.3g}: the ratio it "
+            "optimises is not 1 at the first step"
+        )
 
 
 class _FirstGradient(Exception):
