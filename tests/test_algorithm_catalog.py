@@ -183,3 +183,14 @@ def test_each_learners_reference_is_relative_to_where_it_was_set(project, tiny_l
         "llm1": f"{project / 'learner.py'}:SignPPO",
         "llm2": f"{elsewhere / 'other.py'}:SignPPO",
     }
+
+
+def test_a_learner_class_from_a_file_passes_the_public_check(project):
+    """The one-file learner of the catalog's example passes marllm.testing.check_learner, as a built-in does."""
+    from marllm.testing import check_learner
+    from tests.test_learner_conformance import observations, tiny_learner
+
+    reference = f"{project / 'learner.py'}:SignPPO"
+    report = check_learner(lambda: tiny_learner(None, reference), *observations("ppo"))
+    assert report["first_update_on_policy"].startswith("largest log-prob difference")
+    assert report["resume_equals_uninterrupted"].startswith("largest weight difference")
