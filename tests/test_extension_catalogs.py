@@ -181,3 +181,20 @@ def test_each_modes_kl_says_which_tokens_are_restricted():
         assert "restricted to the legal moves" not in text and "restricted to the legal moves" in move
         assert "thought's tokens" in thought
         assert "restricted to the legal moves' continuations over the move's" in thought
+
+
+def test_two_opponent_classes_of_one_name_are_told_apart_before_they_share_a_player(tmp_path):
+    """Two files' classes of the same name would be seated and logged as one player: refused, naming both."""
+    pytest.importorskip("pyspiel")
+    for folder in ("one", "two"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "my_opponent.py").write_text(OPPONENT.replace('needs = ("tic_tac_toe",)', "needs = ()"))
+    data = yaml.safe_load((GAMES / "kuhn_poker_offline.yaml").read_text())
+    data["game"].update(
+        name="openspiel:kuhn_poker(players=3)",
+        seats=["llm", "one/my_opponent.py:FirstMover", "two/my_opponent.py:FirstMover"],
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"different opponents whose players would share the id"):
+        load_config(path)

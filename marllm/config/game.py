@@ -327,6 +327,16 @@ class GameConfig:
         clash = sorted(set(learners) & (set(seats) | {s.player_id for s in parsed if not s.is_learner}))
         if clash:
             raise ValueError(f"game.seats: learner id(s) {clash} are also names of the game's seats or opponents")
+        specs: dict[str, set[str]] = {}
+        for seat in parsed:
+            if not seat.is_learner:
+                specs.setdefault(seat.player_id, set()).add(seat.spec)
+        shared = {player: sorted(named) for player, named in specs.items() if len(named) > 1}
+        if shared:
+            raise ValueError(
+                f"game.seats: {shared} are different opponents whose players would share the id they are logged and "
+                "seated by; give their classes different names"
+            )
         for i, seat in enumerate(parsed):
             self._check_opponent(seat, f"game.seats[{i}]", learners)
 
