@@ -14,21 +14,17 @@ from typing import Any
 
 from marllm.config import layouts
 from marllm.config.custom_tasks import task_class
+from marllm.config.game import GAME_REPETITION_PENALTY
 from marllm.config.ignored import check_read_settings
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml  # noqa: F401 - ConfigError re-exported
 from marllm.config.paths import absolute_config_paths
 from marllm.config.train_config import TrainConfig, per_learner  # noqa: F401 - per_learner re-exported
 
-GAME_REPETITION_PENALTY = 1.0
-"""``generation.repetition_penalty`` of a config with a ``game`` section that does not set it, in every action mode: a
-game's prompt names its legal moves, so any penalty > 1 would fall on exactly the tokens a move is made of (under
-``score`` no processor applies, whatever the setting)."""
-
 
 def config_from_dict(data: dict[str, Any], recorded: bool = False) -> TrainConfig:
     """Build and check a :class:`TrainConfig` from plain data; errors name the offending key. A game's generation
-    defaults differ from a text task's in one setting: :data:`GAME_REPETITION_PENALTY`. A config a run ``recorded``
-    (what it trained with) is not refused for settings it would not read
+    defaults differ from a text task's in one setting: :data:`~marllm.config.game.GAME_REPETITION_PENALTY`. A config
+    a run ``recorded`` (what it trained with) is not refused for settings it would not read
     (:func:`~marllm.config.ignored.check_read_settings`): runs recorded before that check resume and evaluate."""
     data = dict(data)
     generation = data.get("generation")
@@ -42,7 +38,7 @@ def config_from_dict(data: dict[str, Any], recorded: bool = False) -> TrainConfi
     if recorded:
         return config
     try:
-        check_read_settings(config, GAME_REPETITION_PENALTY)
+        check_read_settings(config)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     return config

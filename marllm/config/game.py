@@ -31,6 +31,11 @@ from marllm.utils.checks import choice
 
 __all__ = ["ActionsConfig", "GameConfig", "MeasurementConfig", "OpponentsConfig", "Seat", "parse_seat", "sectioned"]
 
+GAME_REPETITION_PENALTY = 1.0
+"""``generation.repetition_penalty`` of a config with a ``game`` section that does not set it, in every action mode: a
+game's prompt names its legal moves, so any penalty > 1 would fall on exactly the tokens a move is made of (under
+``score`` no processor applies, whatever the setting)."""
+
 POLICY_AVERAGES = ("uniform", "linear")
 """How the measured policies weigh in a run's average policy (``game.measurement.policy_average``)."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from marllm.config.game import MeasurementConfig, OpponentsConfig
+from marllm.config.game import GAME_REPETITION_PENALTY, MeasurementConfig, OpponentsConfig
 from marllm.config.opponents import CATALOG as OPPONENTS
 from marllm.models.generation_config import GenerationConfig
 
@@ -23,10 +23,10 @@ if TYPE_CHECKING:
     from marllm.config.train_config import TrainConfig
 
 
-def check_read_settings(config: TrainConfig, game_repetition_penalty: float) -> None:
+def check_read_settings(config: TrainConfig) -> None:
     """Refuse a game setting the run would ignore: an opponent's setting with no seat of that opponent, a measurement
-    setting with nothing measured, a sampling setting under an action mode that samples no token. A game's
-    ``generation.repetition_penalty`` default is ``game_repetition_penalty``.
+    setting with nothing measured, a sampling setting under an action mode that samples no token (against a game's
+    defaults: ``generation.repetition_penalty`` is :data:`~marllm.config.game.GAME_REPETITION_PENALTY`).
 
     Raises:
         ValueError: naming the setting, its value and what would read it.
@@ -36,10 +36,9 @@ def check_read_settings(config: TrainConfig, game_repetition_penalty: float) -> 
         return
     _opponent_settings(game)
     _measurement_settings(game)
-    defaults = {"repetition_penalty": game_repetition_penalty}
-    ignored = getattr(game.actions.facts, "ignores_sampling", ())
-    for name in ignored:
-        value, default = getattr(config.generation, name), defaults.get(name, _default(GenerationConfig, name))
+    defaults = _defaults(GenerationConfig) | {"repetition_penalty": GAME_REPETITION_PENALTY}
+    for name in getattr(game.actions.facts, "ignores_sampling", ()):
+        value, default = getattr(config.generation, name), defaults[name]
         if value != default:
             raise ValueError(
                 f"generation.{name}: {value} would be ignored: under game.actions.mode: {game.actions.mode} (its "
@@ -53,7 +52,7 @@ def _opponent_settings(game: Any) -> None:
     with such a seat reads; an evaluation has no learner to watch."""
     seated = [seat for seat in game.parsed_seats() if not seat.is_learner]
     read = {setting for seat in seated for setting in seat.opponent.settings}
-    watching = {setting: kind for kind, entry in OPPONENTS.items() if entry.learner for setting in entry.settings}
+    watching = {setting for entry in OPPONENTS.values() if entry.learner for setting in entry.settings}
     for name in _changed(game.opponents, OpponentsConfig):
         if name in watching and name not in read:
             owners = [kind for kind, entry in OPPONENTS.items() if name in entry.settings]
@@ -79,8 +78,9 @@ def _measurement_settings(game: Any) -> None:
 
 def _changed(section: Any, cls: type) -> list[str]:
     """The fields of ``section`` whose value differs from ``cls``'s default."""
-    return [f.name for f in fields(cls) if f.init and getattr(section, f.name) != _default(cls, f.name)]
+    return [name for name, default in _defaults(cls).items() if getattr(section, name) != default]
 
 
-def _default(cls: type, name: str) -> Any:
-    return next(f.default for f in fields(cls) if f.name == name)
+def _defaults(cls: type) -> dict[str, Any]:
+    """Each init field of dataclass ``cls`` -> its default."""
+    return {f.name: f.default for f in fields(cls) if f.init}

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from marllm.algorithms.ppo_config import MOVED_PPO_KEYS, sectioned_ppo
-from marllm.config.game import ActionsConfig, GameConfig, sectioned
+from marllm.config.game import GAME_REPETITION_PENALTY, ActionsConfig, GameConfig, sectioned
 
 RUN_RECORD = "run.json"
 """The file beside a run directory's ``config.yaml`` that says marllm wrote both."""
 
 DEFAULT_CHANGES = {
-    "generation.repetition_penalty": (1.1, 1.0, "game"),
+    "generation.repetition_penalty": (1.1, GAME_REPETITION_PENALTY, "game"),
 }
 """Dotted key -> (its default when earlier runs were recorded, today's, the section of the configs whose default it
 is): a resumed run of such a config whose recorded value is the old default and whose config now has the new one is
