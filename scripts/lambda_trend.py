@@ -57,12 +57,11 @@ def at_least_one(text: str) -> int:
     return value
 
 
-def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> tuple[float, dict[str, float], int]:
-    """A run's λ, per metric the mean over its learners of ``<learner>/game/<metric>`` over its last ``last``
-    iterations, and how many iterations that mean took (fewer than ``last`` when the run is shorter).
+def run_config(run_dir: Path) -> tuple[dict[str, Any], float]:
+    """A run's recorded config and its λ.
 
     Raises:
-        NotAStudyError: the run has no ``config.yaml``, its λ is not one number, or it logs no such metric.
+        NotAStudyError: the run has no ``config.yaml``, or its λ is not one number.
     """
     if not (run_dir / "config.yaml").is_file():
         raise NotAStudyError(f"{run_dir} has metrics.jsonl but no config.yaml (marllm train writes both)")
@@ -73,6 +72,17 @@ def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> 
             f"{run_dir}: agents.reward_coefficients is {weight!r}, not one λ (this script reads a study of one "
             "reward coefficient over a two-seat game)"
         )
+    return config, float(weight)
+
+
+def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> tuple[float, dict[str, float], int]:
+    """A run's λ, per metric the mean over its learners of ``<learner>/game/<metric>`` over its last ``last``
+    iterations, and how many iterations that mean took (fewer than ``last`` when the run is shorter).
+
+    Raises:
+        NotAStudyError: the run has no ``config.yaml``, its λ is not one number, or it logs no such metric.
+    """
+    config, weight = run_config(run_dir)
     rows = [row for _, row in read_jsonl(run_dir / "metrics.jsonl")][-last:]
     learners = (config.get("game") or {}).get("seats") or []
     values = {}
@@ -194,7 +204,7 @@ def dialogues(study_dir: Path, weights: list[float]) -> dict[float, tuple[Path, 
     """
     runs: dict[float, Path] = {}
     for run in find_runs(study_dir):
-        runs.setdefault(run_values(run, 1, ())[0], run)
+        runs.setdefault(run_config(run)[1], run)
     found = {}
     for weight in weights:
         if weight not in runs:
