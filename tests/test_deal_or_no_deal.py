@@ -114,6 +114,20 @@ def test_a_later_proposal_accepts_the_others_earlier_one():
     assert env.final_metrics["alice"]["pareto_efficiency"] == 8 / 16
 
 
+def test_accepting_settles_the_others_latest_proposal_and_is_legal_only_after_one():
+    env = batched()
+    play(env, {"alice": ["hi", game.division_name(ALICE_BEST)], "bob": ["hey", game.ACCEPT_NAME]})
+    assert env.records[0].payoffs == {"alice": 6.0, "bob": 10.0}
+    assert env.final_metrics["alice"]["proposal_accepted_rate"] == 1.0
+    assert env.final_metrics["bob"]["pareto_efficiency"] == 1.0 and env.final_metrics["bob"]["game_length"] == 4.0
+    raw = game.DealOrNoDeal(DEAL)
+    raw.reset(seed=0)
+    raw.step("hi"), raw.step("hey")
+    assert game.ACCEPT not in raw.legal_actions()  # alice moves first: nothing to accept yet
+    raw.step(game.DIVISIONS.index((2, 1, 0)))
+    assert game.ACCEPT in raw.legal_actions()
+
+
 def test_an_agent_sees_its_own_values_never_the_others():
     env = batched()
     prompts = play(env, {"alice": ["a", game.division_name((1, 1, 1)), "b", game.division_name((1, 1, 1))],

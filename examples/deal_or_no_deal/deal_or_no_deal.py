@@ -5,15 +5,15 @@ A pool holds 1 to 4 of each item type, 5 to 7 items in all. Each agent's values 
 make the whole pool worth :data:`TOTAL` to it; some type is worth 0 to one of them, each type is worth something to
 one of them, and the division that gives the pair the most is worth more to the pair than any even one. A game has
 :data:`ROUNDS` rounds; in each, first each agent writes a message the other reads (free text), then each proposes a
-division (what it takes; the other gets the rest). A proposal that gives each agent what the other agent's latest
-proposal gave it accepts it: the game ends in agreement and pays each agent its value of its share. No agreement
-after the last proposal pays both 0.
+division (what it takes; the other gets the rest) or, once the other has proposed, accepts the other's latest
+proposal (:data:`ACCEPT`; a proposal that gives each agent what the other's latest gave it accepts it too): the game
+ends in agreement and pays each agent its value of its share. No agreement after the last proposal pays both 0.
 
 The AEC env :class:`DealOrNoDeal` keeps the numbers (its observation: the pool, the agent's own values, the turn, and
 the legal actions' mask); :class:`DealView` turns them into a prompt that shows an agent the pool, its own values and
-the dialogue so far, names the proposals (``I take 2 books 0 hats 1 ball``), marks message turns as free text and
-reports the measures of a finished game (:data:`MEASURES`). ``game.name: deal_or_no_deal.py:env`` plays it in a
-config; importing this file registers the view.
+the dialogue so far, names the proposals (``I take 2 books 0 hats 1 ball``, ``I accept your proposal``), marks
+message turns as free text and reports the measures of a finished game (:data:`MEASURES`).
+``game.name: deal_or_no_deal.py:env`` plays it in a config; importing this file registers the view.
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ DIVISIONS = tuple(itertools.product(range(MOST + 1), repeat=len(ITEMS)))
 """Every division's action id is its index here: the items the proposer takes, of each type."""
 MESSAGE = len(DIVISIONS)
 """The action of a message turn (its text is given to :meth:`DealOrNoDeal.step` as a string)."""
+ACCEPT = MESSAGE + 1
+"""The action that accepts the other agent's latest proposal, legal on a proposal turn once the other has proposed:
+one move beside the divisions, so that agreeing is one choice rather than naming the exact complement."""
+ACCEPT_NAME = "I accept your proposal"
 PHASES = ("message", "message", "proposal", "proposal")
 """A round's turns: alice's and bob's message, then alice's and bob's proposal."""
 MEASURES = (
@@ -134,11 +138,11 @@ class DealOrNoDeal(AECEnv):
     def __init__(self, deal: Deal | None = None):
         super().__init__()
         self.fixed_deal = deal
-        self._action_space = Discrete(MESSAGE + 1)
+        self._action_space = Discrete(ACCEPT + 1)
         self._observation_space = DictSpace(
             {
                 "observation": Box(0, max(TOTAL, MOST, len(PHASES) * ROUNDS), shape=(8,), dtype=np.int64),
-                "action_mask": Box(0, 1, shape=(MESSAGE + 1,), dtype=np.int8),
+                "action_mask": Box(0, 1, shape=(ACCEPT + 1,), dtype=np.int8),
             }
         )
         self._rng = np.random.default_rng()
@@ -170,13 +174,16 @@ class DealOrNoDeal(AECEnv):
         return PHASES[len(self.turns) % len(PHASES)]
 
     def legal_actions(self) -> list[int]:
-        """The action ids legal now: the message action, or every division of the pool."""
+        """The action ids legal now: the message action, or every division of the pool and, once the other agent
+        has proposed, :data:`ACCEPT`."""
         if self.phase == "message":
             return [MESSAGE]
-        return [DIVISIONS.index(d) for d in self.deal.divisions()]
+        other = AGENTS[1 - AGENTS.index(self.agent_selection)]
+        accept = [ACCEPT] if self.latest_proposal(other) is not None else []
+        return [DIVISIONS.index(d) for d in self.deal.divisions()] + accept
 
     def observe(self, agent: str) -> dict[str, np.ndarray]:
-        mask = np.zeros(MESSAGE + 1, dtype=np.int8)
+        mask = np.zeros(ACCEPT + 1, dtype=np.int8)
         if agent == self.agent_selection and not self.terminations[agent]:
             mask[self.legal_actions()] = 1
         numbers = [*self.deal.counts, *self.deal.values[agent], len(self.turns), PHASES.index(self.phase)]
@@ -189,7 +196,7 @@ class DealOrNoDeal(AECEnv):
 
     def step(self, action: int | str | None) -> None:
         """A message turn takes the message's text (an int there is a message left blank); a proposal turn a
-        division's action id."""
+        division's action id or :data:`ACCEPT` (played as the division it accepts)."""
         agent = self.agent_selection
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
@@ -202,8 +209,8 @@ class DealOrNoDeal(AECEnv):
         else:
             if action not in self.legal_actions():
                 raise ValueError(f"{action!r} is not a division of the pool {self.deal.counts}")
-            takes = DIVISIONS[int(action)]
             offered = self.latest_proposal(other)
+            takes = self.deal.rest(offered) if action == ACCEPT else DIVISIONS[int(action)]
             self.turns.append(Turn(agent, "proposal", takes=takes))
             if offered is not None and self.deal.rest(offered) == takes:
                 self._settle(takes if agent == AGENTS[0] else offered)
@@ -273,8 +280,8 @@ class DealView(GameView):
         return (
             f"You and another player divide a pool of books, hats and balls. The whole pool is worth {TOTAL} to each "
             f"of you, but you value the items differently. In each of {ROUNDS} rounds you each write a message, then "
-            "you each propose what you take. Proposing exactly what the other player's last proposal offered you is "
-            "a deal: you each get the value of your items. No deal pays nothing."
+            "you each propose what you take. Accepting the other player's last proposal (or proposing exactly what it "
+            "offered you) is a deal: you each get the value of your items. No deal pays nothing."
         )
 
     def state(self, game: AECEnv, seat: str, moves: Sequence[Move]) -> str:
@@ -291,7 +298,7 @@ class DealView(GameView):
         return "\n".join(lines)
 
     def move_name(self, game: AECEnv, seat: str, action: int) -> str:
-        return division_name(DIVISIONS[action])
+        return ACCEPT_NAME if action == ACCEPT else division_name(DIVISIONS[action])
 
     def free_text(self, game: AECEnv, seat: str) -> bool:
         inner = game.unwrapped
