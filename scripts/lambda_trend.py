@@ -1,7 +1,8 @@
 """What λ did in a study of reward coefficients over a game: per λ, the learners' game metrics at the end of
 training (by default the cooperation rate and payoff of a social dilemma; the mean over the last K iterations and over
-the learners of a run), with a 95% t interval over seeds; and the trend over λ, the least-squares slope of every run's
-value on its λ with its 95% interval (an interval that excludes 0 establishes a monotone effect at that confidence).
+the learners of a run), with a 95% t interval over seeds, each seed's value and the seeds' mean at iteration 0; and the
+trend over λ, the least-squares slope of every run's value on its λ with its 95% interval (an interval that excludes
+0 establishes a monotone effect at that confidence).
 
     .venv/bin/python scripts/lambda_trend.py runs/studies/lambda_ipd_offline [--last 5] [--json OUT]
     .venv/bin/python scripts/lambda_trend.py runs/studies/lambda_deal_offline \
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import yaml
@@ -75,17 +77,34 @@ def run_config(run_dir: Path) -> tuple[dict[str, Any], float]:
     return config, float(weight)
 
 
-def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> tuple[float, dict[str, float], int]:
-    """A run's λ, per metric the mean over its learners of ``<learner>/game/<metric>`` over its last ``last``
-    iterations, and how many iterations that mean took (fewer than ``last`` when the run is shorter).
+class RunValues(NamedTuple):
+    """What :func:`run_values` reads of one run."""
+
+    weight: float
+    """The run's λ."""
+    seed: Any
+    """Its config's ``seed``."""
+    values: dict[str, float]
+    """Per metric, the mean over the learners and the last iterations."""
+    start: dict[str, float]
+    """Per metric, the mean over the learners at the first logged iteration (NaN where none logged it)."""
+    averaged: int
+    """How many iterations ``values`` averaged."""
+
+
+def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> RunValues:
+    """A run's λ and seed, per metric the mean over its learners of ``<learner>/game/<metric>`` over its last
+    ``last`` iterations and at its first, and how many iterations that mean took (fewer than ``last`` when the run
+    is shorter).
 
     Raises:
         NotAStudyError: the run has no ``config.yaml``, its λ is not one number, or it logs no such metric.
     """
     config, weight = run_config(run_dir)
-    rows = [row for _, row in read_jsonl(run_dir / "metrics.jsonl")][-last:]
+    every = [row for _, row in read_jsonl(run_dir / "metrics.jsonl")]
+    rows = every[-last:]
     learners = (config.get("game") or {}).get("seats") or []
-    values = {}
+    values, start = {}, {}
     for metric in metrics:
         keys = [metric_key(learner, metric) for learner in dict.fromkeys(learners)]
         absent = [key for key in keys if not any(key in row for row in rows)]
@@ -99,7 +118,9 @@ def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> 
         if not per_learner or not rows:
             raise NotAStudyError(f"{run_dir}: no game metrics (no iteration logged, or no game.seats in config.yaml)")
         values[metric] = float(np.nanmean(per_learner))
-    return float(weight), values, len(rows)
+        first = [every[0].get(key, np.nan) for key in keys]
+        start[metric] = float(np.nanmean(first)) if not np.isnan(first).all() else float("nan")
+    return RunValues(weight, config.get("seed"), values, start, len(rows))
 
 
 def find_runs(study_dir: Path) -> list[Path]:
@@ -126,7 +147,8 @@ def find_runs(study_dir: Path) -> list[Path]:
 
 
 def summarise(study_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> dict[str, Any]:
-    """Per metric: per λ the estimate over seeds, and the trend over λ of every run's value.
+    """Per metric: per λ the estimate over seeds, each seed's value and the mean at the first iteration; and the
+    trend over λ of every run's value.
 
     Raises:
         ValueError: ``last`` < 1.
@@ -135,24 +157,33 @@ def summarise(study_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) ->
     if last < 1:
         raise ValueError(f"last must be an integer >= 1 (the iterations averaged at the end of each run), got {last}")
     results = [run_values(run, last, metrics) for run in find_runs(study_dir)]
-    points = [(weight, values) for weight, values, _ in results]
-    averaged = [n for _, _, n in results]
+    averaged = [r.averaged for r in results]
     summary: dict[str, Any] = {
         "study": str(study_dir),
-        "runs": len(points),
+        "runs": len(results),
         "last_iterations": last,
         "averaged_iterations": {"min": min(averaged), "max": max(averaged)},
         "averaged_label": last_iterations_label(last, averaged),
     }
     for metric in metrics:
-        by_weight: dict[float, list[float]] = defaultdict(list)
-        for weight, values in points:
-            by_weight[weight].append(values[metric])
+        by_weight: dict[float, list[RunValues]] = defaultdict(list)
+        for result in results:
+            by_weight[result.weight].append(result)
         summary[metric] = {
-            "per_lambda": {str(w): estimate(v).as_dict() for w, v in sorted(by_weight.items())},
-            "trend": linear_trend([w for w, _ in points], [v[metric] for _, v in points]).as_dict(),
+            "per_lambda": {str(w): _per_lambda(runs, metric) for w, runs in sorted(by_weight.items())},
+            "trend": linear_trend([r.weight for r in results], [r.values[metric] for r in results]).as_dict(),
         }
     return summary
+
+
+def _per_lambda(runs: list[RunValues], metric: str) -> dict[str, Any]:
+    """One λ's estimate over its seeds, each seed's value (by seed) and the seeds' mean at the first iteration."""
+    starts = [r.start[metric] for r in runs if not np.isnan(r.start[metric])]
+    ordered = sorted(runs, key=lambda r: (r.seed is None, str(r.seed) if not isinstance(r.seed, int) else r.seed))
+    return estimate([r.values[metric] for r in runs]).as_dict() | {
+        "per_seed": {str(r.seed): r.values[metric] for r in ordered},
+        "start": float(np.mean(starts)) if starts else None,
+    }
 
 
 def _format(value: float | None) -> str:
@@ -172,19 +203,21 @@ def main(argv: list[str] | None = None) -> None:
         "--metrics", default=",".join(METRICS), help="comma-separated metric names (default: %(default)s)"
     )
     parser.add_argument("--dialogues", default="", help="comma-separated λ values whose last turn to print")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_joined_negative_values(sys.argv[1:] if argv is None else argv))
     metrics = tuple(name.strip() for name in args.metrics.split(",") if name.strip())
     try:
         summary = summarise(args.study_dir, args.last, metrics)
-        shown = [float(value) for value in args.dialogues.split(",") if value.strip()]
+        shown = [float(value) + 0.0 for value in args.dialogues.split(",") if value.strip()]  # -0 is 0
         transcripts = dialogues(args.study_dir, shown)
     except ValueError as error:  # not such a study, or a λ that is not a number
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     for metric in metrics:
         print(f"\n{metric} ({summary['averaged_label']}, mean of the learners; 95% t intervals over seeds)")
-        print("| λ | mean | 95% interval | seeds |\n|---|---|---|---|")
+        print("| λ | mean | 95% interval | per seed | seeds | at iteration 0 |\n|---|---|---|---|---|---|")
         for weight, e in summary[metric]["per_lambda"].items():
-            print(f"| {weight} | {_format(e['mean'])} | [{_format(e['ci_low'])}, {_format(e['ci_high'])}] | {e['n']} |")
+            seeds = ", ".join(_format(v) for v in e["per_seed"].values())
+            print(f"| {weight} | {_format(e['mean'])} | [{_format(e['ci_low'])}, {_format(e['ci_high'])}] | {seeds} "
+                  f"| {e['n']} | {_format(e['start'])} |")  # fmt: skip
         t = summary[metric]["trend"]
         print(f"slope over λ: {_format(t['slope'])}, 95% [{_format(t['ci_low'])}, {_format(t['ci_high'])}], "
               f"{t['n']} runs")  # fmt: skip
@@ -193,6 +226,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{sample['prompt']}{sample['response']}")
     if args.json:
         args.json.write_text(json.dumps(summary | {"dialogues": _as_json(transcripts)}, indent=2) + "\n")
+
+
+def _joined_negative_values(argv: list[str]) -> list[str]:
+    """``--dialogues -1,0,1`` as ``--dialogues=-1,0,1``: argparse would read ``-1,0,1`` as an option."""
+    joined: list[str] = []
+    for arg in argv:
+        if joined and joined[-1] == "--dialogues" and arg.startswith("-"):
+            joined[-1] = f"--dialogues={arg}"
+        else:
+            joined.append(arg)
+    return joined
 
 
 def dialogues(study_dir: Path, weights: list[float]) -> dict[float, tuple[Path, dict[str, Any]]]:

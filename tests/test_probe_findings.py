@@ -97,9 +97,28 @@ def test_lambda_trend_reads_any_game_metric_and_shows_a_dialogue_per_lambda(tmp_
     _run_lambda_trend(monkeypatch, str(study), "--metrics", "agreement_rate,kl", "--dialogues", "0,1")
     out = capsys.readouterr().out
     assert "λ = 1.0: lambda_1.0, iteration 1, llm (bob)\nP2: R" in out
+    _run_lambda_trend(monkeypatch, str(study), "--metrics", "kl", "--dialogues", "-0,1")  # a leading minus
+    assert "λ = 0.0: lambda_0.0" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         _run_lambda_trend(monkeypatch, str(study), "--metrics", "kl", "--dialogues", "0.5")
     assert "no run has λ = 0.5" in capsys.readouterr().err
+
+
+def test_lambda_trend_gives_each_seeds_value_and_the_start(tmp_path, capsys, monkeypatch):
+    """Per λ, every seed's value in seed order (10 after 2) and the seeds' mean at the first iteration."""
+    trend = _lambda_trend()
+    for seed in (10, 2):
+        run = tmp_path / "runs" / f"seed{seed}"
+        run.mkdir(parents=True)
+        config = {"seed": seed, "agents": {"reward_coefficients": 1.0}, "game": {"seats": ["a", "b"]}}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        rows = [{"iteration": i, "a/game/payoff": seed + i, "b/game/payoff": seed + i + 2.0} for i in range(3)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cell = trend.summarise(tmp_path, 1, ("payoff",))["payoff"]["per_lambda"]["1.0"]
+    assert cell["per_seed"] == {"2": 5.0, "10": 13.0}  # the last iteration, mean of the two learners
+    assert cell["start"] == pytest.approx((3.0 + 11.0) / 2) and cell["mean"] == 9.0
+    _run_lambda_trend(monkeypatch, str(tmp_path), "--last", "1", "--metrics", "payoff")
+    assert "| 1.0 | 9.000 | [" in (out := capsys.readouterr().out) and "| 5.000, 13.000 | 2 | 7.000 |" in out
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
