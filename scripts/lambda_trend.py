@@ -7,9 +7,10 @@ trend over λ, the least-squares slope of every run's value on its λ with its 9
     .venv/bin/python scripts/lambda_trend.py runs/studies/lambda_ipd_offline [--last 5] [--json OUT]
     .venv/bin/python scripts/lambda_trend.py runs/studies/lambda_deal_offline \
         --metrics agreement_rate,pareto_efficiency,share_of_max,own_values_named_rate,message_words,kl \
-        --dialogues -1,0,1
+        --dialogues -1,0,1 [--learner llm2]
 
-A metric is ``<learner>/game/<name>`` of each learner (``kl`` and names with a ``/``: ``<learner>/<name>``).
+A metric is ``<learner>/game/<name>`` of each learner (``kl`` and names with a ``/``: ``<learner>/<name>``);
+``--learner NAME`` reads one learner's instead of the learners' mean (in a game without role swaps, one seat's).
 ``--dialogues`` prints, for each λ given, the last turn of the last logged iteration of the first seed's run as its
 samples recorded it: the prompt (the game so far) and the answer. The study's runs are ``STUDY_DIR/runs/*``; each
 run's λ is its config's ``agents.reward_coefficients`` (a number).
@@ -92,18 +93,25 @@ class RunValues(NamedTuple):
     """How many iterations ``values`` averaged."""
 
 
-def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> RunValues:
+def run_values(
+    run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, learner: str | None = None
+) -> RunValues:
     """A run's λ and seed, per metric the mean over its learners of ``<learner>/game/<metric>`` over its last
     ``last`` iterations and at its first, and how many iterations that mean took (fewer than ``last`` when the run
-    is shorter).
+    is shorter). With ``learner``, that learner's values alone instead of the learners' mean.
 
     Raises:
-        NotAStudyError: the run has no ``config.yaml``, its λ is not one number, or it logs no such metric.
+        NotAStudyError: the run has no ``config.yaml``, its λ is not one number, ``learner`` is not one of its
+            ``game.seats``, or it logs no such metric.
     """
     config, weight = run_config(run_dir)
     every = [row for _, row in read_jsonl(run_dir / "metrics.jsonl")]
     rows = every[-last:]
     learners = (config.get("game") or {}).get("seats") or []
+    if learner is not None:
+        if learner not in learners:
+            raise NotAStudyError(f"{run_dir}: no learner {learner!r}; its game.seats are {learners}")
+        learners = [learner]
     values, start = {}, {}
     for metric in metrics:
         keys = [metric_key(learner, metric) for learner in dict.fromkeys(learners)]
@@ -146,7 +154,9 @@ def find_runs(study_dir: Path) -> list[Path]:
     return runs
 
 
-def summarise(study_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) -> dict[str, Any]:
+def summarise(
+    study_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, learner: str | None = None
+) -> dict[str, Any]:
     """Per metric: per λ the estimate over seeds, each seed's value and the mean at the first iteration; and the
     trend over λ of every run's value.
 
@@ -156,7 +166,7 @@ def summarise(study_dir: Path, last: int, metrics: tuple[str, ...] = METRICS) ->
     """
     if last < 1:
         raise ValueError(f"last must be an integer >= 1 (the iterations averaged at the end of each run), got {last}")
-    results = [run_values(run, last, metrics) for run in find_runs(study_dir)]
+    results = [run_values(run, last, metrics, learner) for run in find_runs(study_dir)]
     averaged = [r.averaged for r in results]
     summary: dict[str, Any] = {
         "study": str(study_dir),
@@ -203,16 +213,18 @@ def main(argv: list[str] | None = None) -> None:
         "--metrics", default=",".join(METRICS), help="comma-separated metric names (default: %(default)s)"
     )
     parser.add_argument("--dialogues", default="", help="comma-separated λ values whose last turn to print")
+    parser.add_argument("--learner", help="one learner's values (a name of game.seats) instead of the learners' mean")
     args = parser.parse_args(_joined_negative_values(sys.argv[1:] if argv is None else argv))
     metrics = tuple(name.strip() for name in args.metrics.split(",") if name.strip())
     try:
-        summary = summarise(args.study_dir, args.last, metrics)
+        summary = summarise(args.study_dir, args.last, metrics, args.learner)
         shown = [float(value) + 0.0 for value in args.dialogues.split(",") if value.strip()]  # -0 is 0
         transcripts = dialogues(args.study_dir, shown)
     except ValueError as error:  # not such a study, or a λ that is not a number
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     for metric in metrics:
-        print(f"\n{metric} ({summary['averaged_label']}, mean of the learners; 95% t intervals over seeds)")
+        whose = f"learner {args.learner}" if args.learner else "mean of the learners"
+        print(f"\n{metric} ({summary['averaged_label']}, {whose}; 95% t intervals over seeds)")
         print("| λ | mean | 95% interval | per seed | seeds | at iteration 0 |\n|---|---|---|---|---|---|")
         for weight, e in summary[metric]["per_lambda"].items():
             seeds = ", ".join(_format(v) for v in e["per_seed"].values())

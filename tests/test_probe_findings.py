@@ -119,6 +119,13 @@ def test_lambda_trend_gives_each_seeds_value_and_the_start(tmp_path, capsys, mon
     assert cell["start"] == pytest.approx((3.0 + 11.0) / 2) and cell["mean"] == 9.0
     _run_lambda_trend(monkeypatch, str(tmp_path), "--last", "1", "--metrics", "payoff")
     assert "| 1.0 | 9.000 | [" in (out := capsys.readouterr().out) and "| 5.000, 13.000 | 2 | 7.000 |" in out
+    assert trend.summarise(tmp_path, 1, ("payoff",), "b")["payoff"]["per_lambda"]["1.0"]["per_seed"] == {
+        "2": 6.0,
+        "10": 14.0,
+    }
+    with pytest.raises(SystemExit):
+        _run_lambda_trend(monkeypatch, str(tmp_path), "--metrics", "payoff", "--learner", "c")
+    assert "no learner 'c'; its game.seats are ['a', 'b']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
