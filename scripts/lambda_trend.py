@@ -93,9 +93,7 @@ class RunValues(NamedTuple):
     """How many iterations ``values`` averaged."""
 
 
-def run_values(
-    run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, learner: str | None = None
-) -> RunValues:
+def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, learner: str | None = None) -> RunValues:
     """A run's λ and seed, per metric the mean over its learners of ``<learner>/game/<metric>`` over its last
     ``last`` iterations and at its first, and how many iterations that mean took (fewer than ``last`` when the run
     is shorter). With ``learner``, that learner's values alone instead of the learners' mean.
@@ -200,10 +198,17 @@ def _format(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The command line (see the module docstring); a directory that is not such a study exits with status 2 and
-    one line saying what it expected."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def lambda_values(text: str) -> list[float]:
+    """``--dialogues``: comma-separated numbers (argparse's ``type``); ``-0`` is 0."""
+    try:
+        return [float(value) + 0.0 for value in text.split(",") if value.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated λ values (numbers), got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="lambda_trend.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("study_dir", type=Path)
     parser.add_argument(
         "--last", type=at_least_one, default=5, help="iterations averaged at the end of each run (>= 1)"
@@ -212,15 +217,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--metrics", default=",".join(METRICS), help="comma-separated metric names (default: %(default)s)"
     )
-    parser.add_argument("--dialogues", default="", help="comma-separated λ values whose last turn to print")
+    parser.add_argument(
+        "--dialogues", type=lambda_values, default=[], help="comma-separated λ values whose last turn to print"
+    )
     parser.add_argument("--learner", help="one learner's values (a name of game.seats) instead of the learners' mean")
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``argv`` read as the command line reads it (``--dialogues -1,0,1`` included); exits on a bad option."""
+    return build_parser().parse_args(_joined_negative_values(argv))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line (see the module docstring); a directory that is not such a study exits with status 2 and
+    one line saying what it expected."""
+    parser = build_parser()
     args = parser.parse_args(_joined_negative_values(sys.argv[1:] if argv is None else argv))
     metrics = tuple(name.strip() for name in args.metrics.split(",") if name.strip())
     try:
         summary = summarise(args.study_dir, args.last, metrics, args.learner)
-        shown = [float(value) + 0.0 for value in args.dialogues.split(",") if value.strip()]  # -0 is 0
-        transcripts = dialogues(args.study_dir, shown)
-    except ValueError as error:  # not such a study, or a λ that is not a number
+        transcripts = dialogues(args.study_dir, args.dialogues)
+    except ValueError as error:  # not such a study
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     for metric in metrics:
         whose = f"learner {args.learner}" if args.learner else "mean of the learners"

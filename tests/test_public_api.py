@@ -2,6 +2,7 @@
 
 import contextlib
 import importlib
+import importlib.util
 import io
 import re
 import shlex
@@ -132,16 +133,22 @@ def test_lazy_exports_and_all_agree():
     assert sorted(marllm._EXPORTS) == sorted(set(marllm.__all__) - {"__version__"})
 
 
-def cli_commands() -> list[tuple[Path, list[str]]]:
-    """Every ``.venv/bin/marllm ...`` line of the bash blocks of the README and the docs pages, with its page;
-    continuations joined, comments dropped."""
-    commands = []
+def bash_lines(*command: str) -> list[tuple[Path, list[str]]]:
+    """Every line of the bash blocks of the README and the docs pages that starts with the words ``command``, with
+    its page and the words after them; continuations joined, comments dropped."""
+    lines = []
     for page in documented_pages():
         for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.DOTALL):
             for line in block.replace("\\\n", " ").splitlines():
                 words = shlex.split(line, comments=True)
-                if words[:1] == [".venv/bin/marllm"]:
-                    commands.append((page, words[1:]))
+                if tuple(words[: len(command)]) == command:
+                    lines.append((page, words[len(command) :]))
+    return lines
+
+
+def cli_commands() -> list[tuple[Path, list[str]]]:
+    """Every ``.venv/bin/marllm ...`` line of the bash blocks of the README and the docs pages, with its page."""
+    commands = bash_lines(".venv/bin/marllm")
     assert any(page == README for page, _ in commands), "the README shows no marllm command"
     return commands
 
@@ -157,6 +164,23 @@ def test_documented_commands_parse_and_name_files_that_exist(page, argv):
     for word in argv:
         if word.startswith("examples/"):
             assert (ROOT / word).is_file(), f"{page_name(page)} names {word}, which does not exist"
+
+
+def test_documented_lambda_trend_commands_parse():
+    """The λ trend's documented lines parse as its command line reads them (a λ list that starts with a minus
+    included)."""
+    spec = importlib.util.spec_from_file_location("lambda_trend", ROOT / "scripts" / "lambda_trend.py")
+    assert spec is not None and spec.loader is not None
+    trend = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trend)
+    commands = bash_lines(".venv/bin/python", "scripts/lambda_trend.py")
+    assert len(commands) >= 5, "the λ results pages show their lambda_trend.py commands"
+    for page, argv in commands:
+        args = trend.parse_args(argv)
+        assert args.study_dir.parts[:2] == ("runs", "studies"), f"{page_name(page)}: {argv}"
+    assert trend.parse_args(["runs/studies/x", "--dialogues", "-1,0,1"]).dialogues == [-1.0, 0.0, 1.0]
+    with pytest.raises(SystemExit):
+        trend.parse_args(["runs/studies/x", "--dialogues", "one"])
 
 
 def test_readme_links_name_files_that_exist():
