@@ -112,7 +112,7 @@ def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, lea
         learners = [learner]
     values, start = {}, {}
     for metric in metrics:
-        keys = [metric_key(learner, metric) for learner in dict.fromkeys(learners)]
+        keys = [metric_key(name, metric) for name in dict.fromkeys(learners)]
         absent = [key for key in keys if not any(key in row for row in rows)]
         if absent:
             raise NotAStudyError(
