@@ -122,7 +122,8 @@ def test_accepting_settles_the_others_latest_proposal_and_is_legal_only_after_on
     assert env.final_metrics["bob"]["pareto_efficiency"] == 1.0 and env.final_metrics["bob"]["game_length"] == 4.0
     raw = game.DealOrNoDeal(DEAL)
     raw.reset(seed=0)
-    raw.step("hi"), raw.step("hey")
+    raw.step("hi")
+    raw.step("hey")
     assert game.ACCEPT not in raw.legal_actions()  # alice moves first: nothing to accept yet
     raw.step(game.DIVISIONS.index((2, 1, 0)))
     assert game.ACCEPT in raw.legal_actions()

@@ -29,10 +29,10 @@ needs_openspiel = pytest.mark.skipif(importlib.util.find_spec("pyspiel") is None
 def _run_lambda_trend(monkeypatch: pytest.MonkeyPatch, *args: str) -> None:
     """``python scripts/lambda_trend.py ARGS``, in this process."""
     monkeypatch.setattr(sys, "argv", ["lambda_trend.py", *args])
-    _lambda_trend().main()
+    load_lambda_trend().main()
 
 
-def _lambda_trend() -> ModuleType:
+def load_lambda_trend() -> ModuleType:
     """``scripts/lambda_trend.py``, imported as a module (scripts/ is not a package)."""
     spec = importlib.util.spec_from_file_location("lambda_trend", ROOT / "scripts" / "lambda_trend.py")
     assert spec is not None and spec.loader is not None
@@ -60,7 +60,7 @@ def _dilemma_study(root: Path, iterations: int) -> Path:
 
 
 def test_lambda_trend_says_how_many_iterations_it_averaged(tmp_path, capsys, monkeypatch):
-    trend = _lambda_trend()
+    trend = load_lambda_trend()
     study = _dilemma_study(tmp_path, iterations=3)
     _run_lambda_trend(monkeypatch, str(study))  # --last 5 by default, on runs of 3 iterations
     out = capsys.readouterr().out
@@ -78,7 +78,7 @@ def test_lambda_trend_says_how_many_iterations_it_averaged(tmp_path, capsys, mon
 def test_lambda_trend_reads_any_game_metric_and_shows_a_dialogue_per_lambda(tmp_path, capsys, monkeypatch):
     """A talking game's study: its own measures (``<learner>/game/<name>``) and the KL (``<learner>/kl``), an
     iteration without a measure read as missing, and the last turn of a run's last iteration for each λ asked."""
-    trend = _lambda_trend()
+    trend = load_lambda_trend()
     study = _dilemma_study(tmp_path, iterations=2)
     for weight in (0.0, 1.0):
         run = study / "runs" / f"lambda_{weight}"
@@ -106,7 +106,7 @@ def test_lambda_trend_reads_any_game_metric_and_shows_a_dialogue_per_lambda(tmp_
 
 def test_lambda_trend_gives_each_seeds_value_and_the_start(tmp_path, capsys, monkeypatch):
     """Per λ, every seed's value in seed order (10 after 2) and the seeds' mean at the first iteration."""
-    trend = _lambda_trend()
+    trend = load_lambda_trend()
     for seed in (10, 2):
         run = tmp_path / "runs" / f"seed{seed}"
         run.mkdir(parents=True)
@@ -130,7 +130,7 @@ def test_lambda_trend_gives_each_seeds_value_and_the_start(tmp_path, capsys, mon
 
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
 def test_lambda_trend_refuses_last_below_one(tmp_path, capsys, monkeypatch, value):
-    trend = _lambda_trend()
+    trend = load_lambda_trend()
     study = _dilemma_study(tmp_path, iterations=3)
     with pytest.raises(SystemExit) as exited:
         _run_lambda_trend(monkeypatch, str(study), "--last", value)

@@ -2,7 +2,6 @@
 
 import contextlib
 import importlib
-import importlib.util
 import io
 import re
 import shlex
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import marllm
+from tests.test_probe_findings import load_lambda_trend
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -169,10 +169,7 @@ def test_documented_commands_parse_and_name_files_that_exist(page, argv):
 def test_documented_lambda_trend_commands_parse():
     """The λ trend's documented lines parse as its command line reads them (a λ list that starts with a minus
     included)."""
-    spec = importlib.util.spec_from_file_location("lambda_trend", ROOT / "scripts" / "lambda_trend.py")
-    assert spec is not None and spec.loader is not None
-    trend = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(trend)
+    trend = load_lambda_trend()
     commands = bash_lines(".venv/bin/python", "scripts/lambda_trend.py")
     assert len(commands) >= 5, "the λ results pages show their lambda_trend.py commands"
     for page, argv in commands:
