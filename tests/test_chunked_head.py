@@ -29,7 +29,8 @@ def updated(tokenizer, base, chunk_rows, prompts=PROMPTS, lora=False, generation
     kwargs = {"reference": copy.deepcopy(base).requires_grad_(False).eval()}
     torch.manual_seed(0)
     if lora:
-        model = attach_adapters(model, ["llm1"], LoraSettings(r=2, alpha=4, target_modules=["c_attn"]))
+        targets = lora if isinstance(lora, list) else ["c_attn"]
+        model = attach_adapters(model, ["llm1"], LoraSettings(r=2, alpha=4, target_modules=targets))
         kwargs = {"reference": None, "adapter": "llm1"}
     generation = generation or GenerationConfig(4, 8)
     learner = PPOLearner("llm1", model=model, tokenizer=tokenizer, config=config, generation=generation, **kwargs)
@@ -49,6 +50,14 @@ def updated(tokenizer, base, chunk_rows, prompts=PROMPTS, lora=False, generation
     return rollout, weights, max(rows_seen), stats
 
 
+def adapters_before(base, targets):
+    """The head's LoRA A matrices as a fresh attachment makes them (seeded as ``updated`` seeds them)."""
+    model = copy.deepcopy(base)
+    torch.manual_seed(0)
+    model = attach_adapters(model, ["llm1"], LoraSettings(r=2, alpha=4, target_modules=targets))
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lm_head" in n and "lora_A" in n}
+
+
 @pytest.mark.parametrize(
     ("model", "prompts", "lora", "chunk_rows"),
     [
@@ -57,8 +66,11 @@ def updated(tokenizer, base, chunk_rows, prompts=PROMPTS, lora=False, generation
         ("gpt2", SHARED_PROMPTS, False, 2),
         ("qwen2", PROMPTS, False, 2),
         ("gpt2", PROMPTS, True, 2),
+        ("qwen2", PROMPTS, ["q_proj", "lm_head"], 2),  # an adapter on the head itself: its A and B get gradients
+        ("gpt2", PROMPTS, ["c_attn", "lm_head"], 1),  # on a head tied to the input embeddings
     ],
-    ids=["gpt2 rows of 1", "gpt2 rows of 3", "gpt2 shared prefix", "qwen2", "gpt2 lora"],
+    ids=["gpt2 rows of 1", "gpt2 rows of 3", "gpt2 shared prefix", "qwen2", "gpt2 lora", "qwen2 lora on the head",
+         "gpt2 lora on a tied head"],
 )
 def test_chunked_head_gives_the_update_of_the_whole_pass(tokenizer, model, prompts, lora, chunk_rows):
     base = make_tiny_gpt2(tokenizer, n_positions=256) if model == "gpt2" else tiny_qwen2(tokenizer)
@@ -72,6 +84,10 @@ def test_chunked_head_gives_the_update_of_the_whole_pass(tokenizer, model, promp
     # the step size, ~3e-3).
     differences = {name: (weights[name] - plain_weights[name]).abs().max().item() for name in weights}
     assert max(differences.values()) < 1e-5, differences
+    if isinstance(lora, list) and "lm_head" in lora:  # the head's own adapter trained, as in the whole pass
+        head_adapter = [name for name in weights if "lm_head" in name and "lora_A" in name]
+        assert head_adapter and all(weights[name].abs().sum() > 0 for name in head_adapter)
+        assert all((weights[name] != base_adapter).any() for name, base_adapter in adapters_before(base, lora).items())
     for key in ("entropy", "loss/policy"):
         assert stats[key] == pytest.approx(plain_stats[key], rel=1e-4, abs=1e-6), key
 

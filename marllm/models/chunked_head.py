@@ -25,7 +25,13 @@ from transformers import PreTrainedModel
 
 from marllm.models.float32_products import needs_float32_products
 
-__all__ = ["check_plain_head", "chunked_head_logprobs", "head_deferred"]
+__all__ = ["check_plain_head", "chunked_head_logprobs", "head_deferred", "writable_in_place"]
+
+
+def writable_in_place(logits: torch.Tensor) -> bool:
+    """Whether a function of the logits may overwrite them: not when they are a leaf that requires grad (the chunked
+    head's backward recomputes a chunk's logits as such a leaf, to take their gradient)."""
+    return not (logits.is_leaf and logits.requires_grad)
 
 
 @contextlib.contextmanager
@@ -76,22 +82,31 @@ def chunked_head_logprobs(
     """Log-probs and entropies (B, L) from ``hidden`` (B, L, H), ``chunk_rows`` rows at a time.
 
     ``logprobs_of_rows(logits, rows)`` turns the logits (b, L, V) of the rows ``rows`` into their (log-probs,
-    entropies), as the whole pass would (processing, restriction, log-softmax); the head (a linear layer, weight
-    (V, H)) runs in ``head_context()`` (the forward's autocast). Differentiable with respect to ``hidden`` and the
-    head's parameters: the backward recomputes each chunk's logits, takes their gradient through
-    ``logprobs_of_rows``, and adds the chunk's share to one gradient buffer per input, so that besides the head's
-    weight gradient (which the whole pass makes too) only one chunk's logits and their gradient are alive at a time.
+    entropies), as the whole pass would (processing, restriction, log-softmax); the head runs in ``head_context()``
+    (the forward's autocast). Differentiable with respect to ``hidden`` and every trainable parameter of the head:
+    the backward recomputes each chunk's logits, takes their gradient through ``logprobs_of_rows``, and adds the
+    chunk's share to one gradient buffer per input, so that only one chunk's logits and their gradient are alive at a
+    time.
+
+    A plain ``torch.nn.Linear`` head has its weight gradient summed in place over the chunks (no weight-sized
+    temporary per chunk). Any other head module (peft's LoRA layers on the head, a wrapper that keeps a trained copy)
+    is applied as it is, adapters included, and differentiated by autograd chunk by chunk: the gradient reaches
+    every trainable parameter it holds, and the gradient into ``hidden`` goes through the whole module.
     """
-    parameters = [p for p in (head.weight, getattr(head, "bias", None)) if p is not None]
+    parameters = [p for p in head.parameters() if p.requires_grad]
     logprobs, entropy = _ChunkedHead.apply(hidden, head, chunk_rows, logprobs_of_rows, head_context, *parameters)
     return logprobs, entropy
+
+
+def _is_plain_linear(head: torch.nn.Module) -> bool:
+    return type(head) is torch.nn.Linear
 
 
 class _ChunkedHead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, head, chunk_rows, logprobs_of_rows, head_context, *parameters):  # type: ignore[override]
         ctx.save_for_backward(hidden)
-        ctx.settings = (head, chunk_rows, logprobs_of_rows, head_context)
+        ctx.settings = (head, chunk_rows, logprobs_of_rows, head_context, parameters)
         parts = []
         with torch.no_grad():
             for rows in _row_chunks(hidden.shape[0], chunk_rows):
@@ -108,35 +123,74 @@ class _ChunkedHead(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logprobs, _grad_entropy):  # type: ignore[override]
         (hidden,) = ctx.saved_tensors
-        head, chunk_rows, logprobs_of_rows, head_context = ctx.settings
-        weight, bias = head.weight, getattr(head, "bias", None)
+        head, chunk_rows, logprobs_of_rows, head_context, parameters = ctx.settings
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        compute = _product_dtype(weight)
-        # Summed in place over the chunks (addmm_), in the products' dtype: no weight-sized temporary per chunk.
-        grad_weight = torch.zeros_like(weight, dtype=compute) if weight.requires_grad else None
-        grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
-        weight_compute = weight.detach().to(compute)
-        for rows in _row_chunks(hidden.shape[0], chunk_rows):
-            states = hidden[rows].detach()
-            with torch.no_grad(), head_context():
-                logits = head(states)
-            logits.requires_grad_(True)
-            with torch.enable_grad():
-                logprobs, _ = logprobs_of_rows(logits, rows)
-                (grad_logits,) = torch.autograd.grad(logprobs, logits, grad_logprobs[rows])
-            del logits, logprobs
-            flat = grad_logits.reshape(-1, grad_logits.shape[-1]).to(compute)  # (n, V)
-            if grad_hidden is not None:
-                grad_hidden[rows] = (flat @ weight_compute).view_as(states).to(hidden.dtype)
-            if grad_weight is not None:
-                grad_weight.addmm_(flat.T, states.reshape(-1, states.shape[-1]).to(compute))
-            if grad_bias is not None:
-                grad_bias += flat.sum(0).to(bias.dtype)
-            del grad_logits, flat
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        parameter_grads = (grad_weight,) if bias is None else (grad_weight, grad_bias)
+        chunks = _row_chunks(hidden.shape[0], chunk_rows)
+        if _is_plain_linear(head):
+            parameter_grads = _plain_linear_backward(
+                head, hidden, grad_hidden, grad_logprobs, chunks, logprobs_of_rows, head_context, parameters
+            )
+        else:
+            parameter_grads = _module_backward(
+                head, hidden, grad_hidden, grad_logprobs, chunks, logprobs_of_rows, head_context, parameters
+            )
         return (grad_hidden, None, None, None, None, *parameter_grads)
+
+
+def _chunk_logits_gradient(logits: torch.Tensor, rows: slice, grad_logprobs: torch.Tensor, logprobs_of_rows):
+    """The gradient of the chunk's log-probs with respect to ``logits``, a leaf that requires grad: whatever
+    ``logprobs_of_rows`` does to it before the log-softmax must be out of place (:func:`writable_in_place`)."""
+    with torch.enable_grad():
+        logprobs, _ = logprobs_of_rows(logits, rows)
+        (grad_logits,) = torch.autograd.grad(logprobs, logits, grad_logprobs[rows])
+    return grad_logits
+
+
+def _plain_linear_backward(head, hidden, grad_hidden, grad_logprobs, chunks, logprobs_of_rows, head_context, params):
+    weight, bias = head.weight, head.bias
+    compute = _product_dtype(weight)
+    # Summed in place over the chunks (addmm_), in the products' dtype: no weight-sized temporary per chunk.
+    grad_weight = torch.zeros_like(weight, dtype=compute) if weight.requires_grad else None
+    grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
+    weight_compute = weight.detach().to(compute)
+    for rows in chunks:
+        states = hidden[rows].detach()
+        with torch.no_grad(), head_context():
+            # contiguous(): a linear over (b, L, H) returns a view made under no_grad, which autograd refuses to
+            # let anything modify in place once it requires grad
+            logits = head(states).contiguous().requires_grad_(True)
+        grad_logits = _chunk_logits_gradient(logits, rows, grad_logprobs, logprobs_of_rows)
+        del logits
+        flat = grad_logits.reshape(-1, grad_logits.shape[-1]).to(compute)  # (n, V)
+        if grad_hidden is not None:
+            grad_hidden[rows] = (flat @ weight_compute).view_as(states).to(hidden.dtype)
+        if grad_weight is not None:
+            grad_weight.addmm_(flat.T, states.reshape(-1, states.shape[-1]).to(compute))
+        if grad_bias is not None:
+            grad_bias += flat.sum(0).to(bias.dtype)
+        del grad_logits, flat
+    by_parameter = {id(weight): None if grad_weight is None else grad_weight.to(weight.dtype), id(bias): grad_bias}
+    return tuple(by_parameter[id(p)] for p in params)
+
+
+def _module_backward(head, hidden, grad_hidden, grad_logprobs, chunks, logprobs_of_rows, head_context, params):
+    grads: list[torch.Tensor | None] = [None] * len(params)
+    for rows in chunks:
+        with torch.enable_grad():
+            states = hidden[rows].detach().requires_grad_(grad_hidden is not None)
+            with head_context():
+                logits = head(states)
+            logprobs, _ = logprobs_of_rows(logits, rows)
+            inputs = ([states] if grad_hidden is not None else []) + list(params)
+            chunk_grads = torch.autograd.grad(logprobs, inputs, grad_logprobs[rows], allow_unused=True)
+        del logits, logprobs
+        if grad_hidden is not None:
+            grad_hidden[rows] = chunk_grads[0].to(hidden.dtype)
+            chunk_grads = chunk_grads[1:]
+        for i, grad in enumerate(chunk_grads):
+            if grad is not None:
+                grads[i] = grad if grads[i] is None else grads[i].add_(grad)
+    return tuple(grads)
 
 
 def _row_chunks(rows: int, chunk_rows: int) -> list[slice]:

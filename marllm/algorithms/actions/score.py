@@ -63,6 +63,14 @@ class ScoreCollector(ScoreMode, Collector):
                 f"{self.owner}: game.actions.normalization must be one of {list(normalizations)}, got "
                 f"{self.normalization!r}"
             )
+        if self.compute.logits_chunk_rows is not None:
+            # Scored moves project the vocabulary only at the moves' own few tokens: there is nothing to chunk, and a
+            # setting this mode would not read is refused rather than accepted.
+            raise ValueError(
+                f"{self.owner}: ppo.compute.logits_chunk_rows applies to answers sampled token by token; "
+                "game.actions.mode: score reads no vocabulary-wide logits to chunk: set ppo.compute.logits_chunk_rows: "
+                "null"
+            )
 
     def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
         """Draw one legal move per row from π(· | s), as a rollout whose responses are the moves' names."""

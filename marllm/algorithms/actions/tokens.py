@@ -32,7 +32,7 @@ from marllm.algorithms.core import (
     scalars,
 )
 from marllm.algorithms.rollout import Rollout
-from marllm.models.chunked_head import check_plain_head, chunked_head_logprobs, head_deferred
+from marllm.models.chunked_head import check_plain_head, chunked_head_logprobs, head_deferred, writable_in_place
 from marllm.models.devices import autocast_for
 from marllm.models.generation import GeneratedBatch, generate_responses, logprob_logits, reference_logprob_logits
 from marllm.models.move_tries import restrict_logits
@@ -117,7 +117,7 @@ class TokenCollector(GenerateMode, Collector):
 
         def logprobs_of_rows(logits: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
             if "allowed" in mb:
-                logits = restrict_logits(logits, mb.allowed[rows], inplace=True)
+                logits = restrict_logits(logits, mb.allowed[rows], inplace=writable_in_place(logits))
             sequences = (mb.input_ids[rows], mb.attention_mask[rows], prompt_length)
             logits = logprob_logits(logits, *sequences, self.generation, eos, overwrite_logits=True)
             return logprobs_and_entropy(logits, mb.response[rows], overwrite_logits=True)
