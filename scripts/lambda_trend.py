@@ -6,7 +6,7 @@ trend over λ, the least-squares slope of every run's value on its λ with its 9
 
     .venv/bin/python scripts/lambda_trend.py runs/studies/lambda_ipd_offline [--last 5] [--json OUT]
     .venv/bin/python scripts/lambda_trend.py runs/studies/lambda_deal_offline \
-        --metrics agreement_rate,pareto_efficiency,share_of_max,own_values_named_rate,message_words,kl \
+        --metrics agreement_rate,welfare_of_best,share_of_max,own_values_named_rate,message_words,kl \
         --dialogues -1,0,1 [--learner llm2]
 
 A metric is ``<learner>/game/<name>`` of each learner (``kl`` and names with a ``/``: ``<learner>/<name>``);

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -89,3 +90,21 @@ def test_idle_threads_stop_spinning_when_marllm_is_imported_after_torch(libgomp)
     spinning = float(run_python(_IDLE_WORKERS_CPU.format(first="import torch")))
     guarded = float(run_python(_IDLE_WORKERS_CPU.format(first="import torch\nimport marllm")))
     assert guarded < spinning / 4, f"idle workers' CPU: {guarded:.3f} s with marllm, {spinning:.3f} s without"
+
+
+def test_a_loaded_runtime_whose_spin_is_not_found_is_named_once(monkeypatch):
+    """Another libgomp build (its variable not where this one keeps it): the guard cannot apply and says so, once."""
+    from marllm.utils import threads
+
+    monkeypatch.setenv("GOMP_SPINCOUNT", "x")  # recorded, so that the test's own setting is undone after it
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(threads, "_loaded_libgomps", lambda: {"/opt/other/libgomp.so.1": 0})
+    monkeypatch.setattr(threads, "_find_spin_addresses", dict)
+    monkeypatch.setattr(threads, "_already_warned", [])
+    with pytest.warns(RuntimeWarning, match=r"GOMP_SPINCOUNT.*/opt/other/libgomp.so.1|/opt/other/libgomp.so.1.*GOMP_SPINCOUNT"):
+        assert threads.wait_briefly_when_idle() is True
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        threads.wait_briefly_when_idle()  # said once per process

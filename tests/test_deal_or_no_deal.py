@@ -83,7 +83,8 @@ def test_a_scripted_pair_reaches_the_best_division_and_is_scored_as_such():
     assert all(record.payoffs == {"alice": 6.0, "bob": 10.0} for record in env.records)
     alice_metrics, bob_metrics = env.final_metrics["alice"], env.final_metrics["bob"]
     for metrics in (alice_metrics, bob_metrics):
-        assert metrics["agreement_rate"] == 1.0 and metrics["pareto_efficiency"] == 1.0
+        assert metrics["agreement_rate"] == 1.0 and metrics["welfare_of_best"] == 1.0
+        assert metrics["pareto_optimal_rate"] == 1.0
         assert metrics["illegal_move_rate"] == 0.0 and metrics["game_length"] == 4.0
     assert alice_metrics["share_of_max"] == 0.6 and bob_metrics["share_of_max"] == 1.0
     assert alice_metrics["proposal_accepted_rate"] == 1.0 and "proposal_accepted_rate" not in bob_metrics
@@ -99,7 +100,7 @@ def test_no_deal_pays_both_nothing():
     assert env.records[0].payoffs == {"alice": 0.0, "bob": 0.0}
     for seat in ("alice", "bob"):
         metrics = env.final_metrics[seat]
-        assert metrics["agreement_rate"] == metrics["pareto_efficiency"] == metrics["share_of_max"] == 0.0
+        assert metrics["agreement_rate"] == metrics["welfare_of_best"] == metrics["share_of_max"] == 0.0
         assert metrics["game_length"] == 8.0
     assert env.final_metrics["alice"]["proposal_accepted_rate"] == 0.0
 
@@ -111,7 +112,8 @@ def test_a_later_proposal_accepts_the_others_earlier_one():
     assert env.records[0].payoffs == {"alice": 4.0, "bob": 4.0} and env.final_metrics["bob"]["game_length"] == 7.0
     assert env.final_metrics["bob"]["proposal_accepted_rate"] == 1.0
     assert env.final_metrics["alice"]["proposal_accepted_rate"] == 0.0  # bob answered hers with another
-    assert env.final_metrics["alice"]["pareto_efficiency"] == 8 / 16
+    assert env.final_metrics["alice"]["welfare_of_best"] == 8 / 16
+    assert env.final_metrics["alice"]["pareto_optimal_rate"] == 0.0  # (2, 0, 0): alice 4, bob 4 + 4 is dominated
 
 
 def test_accepting_settles_the_others_latest_proposal_and_is_legal_only_after_one():
@@ -119,7 +121,7 @@ def test_accepting_settles_the_others_latest_proposal_and_is_legal_only_after_on
     play(env, {"alice": ["hi", game.division_name(ALICE_BEST)], "bob": ["hey", game.ACCEPT_NAME]})
     assert env.records[0].payoffs == {"alice": 6.0, "bob": 10.0}
     assert env.final_metrics["alice"]["proposal_accepted_rate"] == 1.0
-    assert env.final_metrics["bob"]["pareto_efficiency"] == 1.0 and env.final_metrics["bob"]["game_length"] == 4.0
+    assert env.final_metrics["bob"]["welfare_of_best"] == 1.0 and env.final_metrics["bob"]["game_length"] == 4.0
     raw = game.DealOrNoDeal(DEAL)
     raw.reset(seed=0)
     raw.step("hi")
@@ -195,7 +197,7 @@ def test_two_learners_train_an_iteration_of_the_example(tmp_path, tokenizer):
     assert main(["train", str(CONFIG), *overrides]) == 0
     (metrics,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for learner, seat in (("llm1", "alice"), ("llm2", "bob")):
-        for measure in ("agreement_rate", "pareto_efficiency", "share_of_max", "own_values_named_rate",
+        for measure in ("agreement_rate", "welfare_of_best", "share_of_max", "own_values_named_rate",
                         "message_words"):  # fmt: skip
             assert 0 <= metrics[f"{learner}/game/{seat}/{measure}"] <= (4 if measure == "message_words" else 1)
         assert metrics[f"{learner}/game/{seat}/illegal_move_rate"] == 0.0  # proposals are constrained
@@ -212,3 +214,24 @@ def test_the_lambda_studies_expand_to_one_run_per_coefficient_and_seed(study, co
     assert sorted({run.config.agents.reward_coefficients for run in runs}) == coefficients
     assert all(run.config.game.name == f"{EXAMPLE / 'deal_or_no_deal.py'}:env" for run in runs)
     assert all(run.config.game.actions.mode == f"{EXAMPLE / 'talk.py'}:TalkOrPropose" for run in runs)
+
+
+def test_welfare_of_the_best_is_not_pareto_optimality():
+    """A Pareto-optimal deal can leave the pair below the best division's welfare; the rate of Pareto-optimal deals
+    is its own measure. Checked against the definition on every division of random pools."""
+    rng = np.random.default_rng(0)
+    below_best, seen = 0, 0
+    for _ in range(300):
+        deal = game.draw_deal(rng)
+        for division in deal.divisions():
+            outcome = (deal.worth("alice", division), deal.worth("bob", deal.rest(division)))
+            dominated = any(
+                (deal.worth("alice", o), deal.worth("bob", deal.rest(o))) != outcome
+                and deal.worth("alice", o) >= outcome[0] and deal.worth("bob", deal.rest(o)) >= outcome[1]
+                for o in deal.divisions()
+            )
+            assert deal.pareto_optimal(division) is not dominated
+            if not dominated:
+                seen += 1
+                below_best += deal.pair_value(division) < deal.best_value()
+    assert seen > 0 and below_best > 0

@@ -53,8 +53,8 @@ ACCEPT_NAME = "I accept your proposal"
 PHASES = ("message", "message", "proposal", "proposal")
 """A round's turns: alice's and bob's message, then alice's and bob's proposal."""
 MEASURES = (
-    "agreement_rate", "pareto_efficiency", "share_of_max", "own_values_named_rate", "proposal_accepted_rate",
-    "message_words",
+    "agreement_rate", "welfare_of_best", "pareto_optimal_rate", "share_of_max", "own_values_named_rate",
+    "proposal_accepted_rate", "message_words",
 )  # fmt: skip
 """What :meth:`DealView.metrics` reports of each agent's games."""
 
@@ -85,6 +85,15 @@ class Deal:
     def best_value(self) -> int:
         """The pair's total under the division that maximises it."""
         return max(self.pair_value(d) for d in self.divisions())
+
+    def pareto_optimal(self, first_takes: Sequence[int]) -> bool:
+        """Whether no other division leaves one agent better off and neither worse off."""
+        mine, theirs = self.worth(AGENTS[0], first_takes), self.worth(AGENTS[1], self.rest(first_takes))
+        for other in self.divisions():
+            a, b = self.worth(AGENTS[0], other), self.worth(AGENTS[1], self.rest(other))
+            if a >= mine and b >= theirs and (a > mine or b > theirs):
+                return False
+        return True
 
 
 def _value_vectors(counts: Sequence[int]) -> list[tuple[int, ...]]:
@@ -313,7 +322,7 @@ class DealView(GameView):
 
     def metrics(self, game: AECEnv, seat: str) -> dict[str, float]:
         """The game's measures for ``seat`` (:data:`MEASURES`): whether it ended in agreement, the pair's value
-        against the best division's (0 without a deal), the seat's value against its most (the whole pool), and
+        against the best division's (0 without a deal), whether the deal is Pareto-optimal (0 without one), the seat's value against its most (the whole pool), and
         of its own turns: how often a message names its own values (:func:`names_own_values`), how often a proposal
         the other answered with a proposal was accepted by it, and its messages' length in words."""
         inner, first = game.unwrapped, seat == AGENTS[0]
@@ -321,7 +330,10 @@ class DealView(GameView):
         share = None if agreed is None else (agreed if first else deal.rest(agreed))
         measures = {
             "agreement_rate": float(agreed is not None),
-            "pareto_efficiency": 0.0 if agreed is None else deal.pair_value(agreed) / deal.best_value(),
+            # The pair's welfare against the best division's: a Pareto-optimal deal can score below 1 (an uneven
+            # split of what both value), hence a rate of Pareto optimality of its own.
+            "welfare_of_best": 0.0 if agreed is None else deal.pair_value(agreed) / deal.best_value(),
+            "pareto_optimal_rate": float(agreed is not None and deal.pareto_optimal(agreed)),
             "share_of_max": 0.0 if share is None else deal.worth(seat, share) / TOTAL,
         }
         messages = [turn.text for turn in inner.turns if turn.agent == seat and turn.phase == "message"]

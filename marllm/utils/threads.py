@@ -24,6 +24,7 @@ import ctypes
 import os
 import struct
 import sys
+import warnings
 from collections.abc import MutableMapping
 
 __all__ = ["SPIN_COUNT", "loaded_spin_counts", "shorten_loaded_spin", "wait_briefly_when_idle"]
@@ -52,8 +53,32 @@ def wait_briefly_when_idle(environ: MutableMapping[str, str] | None = None) -> b
         return False
     environ["GOMP_SPINCOUNT"] = SPIN_COUNT
     if own:
-        shorten_loaded_spin(int(SPIN_COUNT))
+        loaded = _loaded_libgomps()
+        written = shorten_loaded_spin(int(SPIN_COUNT))
+        missed = [
+            path for path in loaded if path not in written and path not in _spin_addresses and _may_serve_torch(path)
+        ]
+        if missed and not _already_warned:
+            _already_warned.append(True)
+            warnings.warn(
+                f"marllm could not shorten the idle spin of the already loaded OpenMP runtime {missed}: its "
+                "GOMP_SPINCOUNT variable was not found, so its idle threads keep spinning (300,000 iterations with "
+                f"libgomp's default) until this process ends; set GOMP_SPINCOUNT={SPIN_COUNT} in the environment "
+                "before Python starts, or import marllm before torch",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     return True
+
+
+_already_warned: list[bool] = []  # the warning above is said once per process
+
+
+def _may_serve_torch(path: str) -> bool:
+    """False for a copy that another wheel bundles for its own code (auditwheel's ``<package>.libs/`` folder, e.g.
+    pygame's): torch's kernels do not run on it, so its spin is not this guard's concern."""
+    folder = os.path.basename(os.path.dirname(path))
+    return not (folder.endswith(".libs") and not folder.startswith("torch"))
 
 
 def shorten_loaded_spin(count: int) -> list[str]:
