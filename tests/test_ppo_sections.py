@@ -1,6 +1,6 @@
-"""The ``ppo`` settings in sections: a key of the flat layout is refused with its new place (in YAML, as an override and
-from a recorded run), a run recorded in the flat layout resumes under the sections, :meth:`PPOConfig.from_flat`
-places flat keywords by the same table, and each section's checks name its dotted keys."""
+"""The ``ppo`` settings in sections: a key written outside its section is answered with its place (in YAML and as an
+override), :meth:`PPOConfig.from_flat` places keywords by their names, and each section's checks name its dotted
+keys."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ from pathlib import Path
 import pytest
 
 from marllm.algorithms.ppo_config import (
-    MOVED_PPO_KEYS,
+    PPO_SETTING_PLACES,
     BatchingConfig,
     ComputeConfig,
     GuardsConfig,
     KLConfig,
     OptimiserConfig,
     PPOConfig,
-    sectioned_ppo,
 )
-from marllm.config import ConfigError, config_from_dict, load_config, resume_differences
+from marllm.config import ConfigError, config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CORY = ROOT / "examples" / "cory_offline.yaml"
@@ -33,15 +32,15 @@ SECTIONS = {
 
 
 def test_the_table_places_every_field_of_every_section_and_nothing_else():
-    placed = {(section, key) for section, key in (new.split(".") for new in MOVED_PPO_KEYS.values())}
+    placed = {(section, key) for section, key in (new.split(".") for new in PPO_SETTING_PLACES.values())}
     fields = {(name, f.name) for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
-    assert placed == fields and all(new.endswith(f".{old}") for old, new in MOVED_PPO_KEYS.items())
+    assert placed == fields and all(new.endswith(f".{old}") for old, new in PPO_SETTING_PLACES.items())
     own = {f.name for f in dataclasses.fields(PPOConfig)}
     assert own == set(SECTIONS) | {
         "gamma", "lam", "clip_range", "clip_range_value", "vf_coef", "whiten_advantages", "score_transform",
         "score_clip",
     }  # fmt: skip
-    assert not own & MOVED_PPO_KEYS.keys()
+    assert not own & PPO_SETTING_PLACES.keys()
 
 
 @pytest.mark.parametrize(
@@ -54,30 +53,16 @@ def test_the_table_places_every_field_of_every_section_and_nothing_else():
         ("on_nonfinite", "guards.on_nonfinite"),
     ],
 )
-def test_a_key_of_the_flat_ppo_layout_is_refused_with_its_place_in_a_section(tmp_path, old, new):
-    refusal = rf"config key 'ppo.{old}' is now 'ppo.{new}'; write it there"
+def test_a_key_outside_its_section_is_answered_with_its_place(tmp_path, old, new):
+    refusal = rf"unknown config key 'ppo.{old}' \('{old}' is 'ppo.{new}': write it there\)"
     with pytest.raises(ConfigError, match=refusal):
         load_config(CORY, [f"ppo.{old}=1"])
     path = tmp_path / "flat.yaml"
     path.write_text(f"ppo:\n  gamma: 1.0\n  {old}: 1\n")
-    with pytest.raises(ConfigError, match=rf"earlier layout of marllm's config: ppo.{old} -> ppo.{new}. `marllm up"):
+    with pytest.raises(ConfigError, match=refusal):
         load_config(path)
     with pytest.raises(ConfigError, match=refusal):
         config_from_dict({"ppo": {old: 1}})
-
-
-def test_a_checkpoint_recorded_with_the_flat_ppo_layout_resumes_under_the_sections():
-    config = load_config(CORY, ["ppo.batching.mini_batch_size=64", "ppo.kl.kl_control=fixed"])
-    saved = config.to_dict()
-    ppo = saved["ppo"]
-    flat = {key: value for key, value in ppo.items() if key not in SECTIONS}
-    for section in SECTIONS:
-        flat.update(ppo[section])
-    assert len(flat) == len(MOVED_PPO_KEYS) + len(ppo) - len(SECTIONS)
-    assert resume_differences({**saved, "ppo": flat}, config) == []
-    flat["mini_batch_size"], flat["on_nonfinite"] = 32, "skip"  # the guards may change on resume
-    assert resume_differences({**saved, "ppo": flat}, config) == ["ppo.batching.mini_batch_size: 32 -> 64"]
-    assert sectioned_ppo(ppo) == ppo
 
 
 def test_from_flat_places_the_flat_settings_in_their_sections():
@@ -117,7 +102,7 @@ def test_from_flat_places_the_flat_settings_in_their_sections():
 def test_each_section_checks_its_settings_naming_their_dotted_keys(settings, message):
     with pytest.raises(ValueError, match=message):
         PPOConfig.from_flat(**settings)
-    section, key = MOVED_PPO_KEYS[next(iter(settings))].split(".")
+    section, key = PPO_SETTING_PLACES[next(iter(settings))].split(".")
     with pytest.raises(ConfigError, match=rf"ppo\.{section}\.{key} must be"):  # the loader may name the type first
         config_from_dict({"ppo": {section: {key: settings[key]}}})
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from marllm.algorithms.ppo_sections import (
     AUTO_MICRO_BATCH_SIZE,
@@ -24,7 +24,7 @@ from marllm.utils.checks import choice, in_unit_interval, non_negative, positive
 
 __all__ = [
     "AUTO_MICRO_BATCH_SIZE",
-    "MOVED_PPO_KEYS",
+    "PPO_SETTING_PLACES",
     "BatchingConfig",
     "ComputeConfig",
     "GenerationConfig",
@@ -32,7 +32,6 @@ __all__ = [
     "KLConfig",
     "OptimiserConfig",
     "PPOConfig",
-    "sectioned_ppo",
 ]
 
 SECTIONS: dict[str, type] = {
@@ -44,24 +43,21 @@ SECTIONS: dict[str, type] = {
 }
 """The sections of :class:`PPOConfig`: name -> class."""
 
-MOVED_PPO_KEYS: dict[str, str] = {
+PPO_SETTING_PLACES: dict[str, str] = {
     f.name: f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
 }
-"""Each ``ppo`` key of the flat layout that moved into a section -> its place there (``"mini_batch_size"`` ->
-``"batching.mini_batch_size"``): the loader refuses the flat key with it, :func:`sectioned_ppo` upgrades a run's
-recorded config by it and :meth:`PPOConfig.from_flat` places Python keywords by it."""
+"""Each setting of a section -> its place (``"mini_batch_size"`` -> ``"batching.mini_batch_size"``), by which
+:meth:`PPOConfig.from_flat` places Python keywords."""
 
 
-def sectioned_ppo(ppo: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``ppo`` mapping recorded before it had sections (``mini_batch_size`` directly under it) in today's layout;
-    one in today's layout as it is. A run's checkpoint keeps its config as it was written, and resuming it compares
-    that config with today's."""
-    upgraded = dict(ppo)
-    for old, new in MOVED_PPO_KEYS.items():
-        if old in upgraded:
-            section, key = new.split(".")
-            upgraded[section] = {**(upgraded.get(section) or {}), key: upgraded.pop(old)}
-    return upgraded
+def _placed(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with each section's setting moved into its section."""
+    placed = dict(settings)
+    for name, place in PPO_SETTING_PLACES.items():
+        if name in placed:
+            section, key = place.split(".")
+            placed[section] = {**(placed.get(section) or {}), key: placed.pop(name)}
+    return placed
 
 
 @dataclass
@@ -86,7 +82,7 @@ class PPOConfig:
         compute: how the update is computed, not what (:class:`ComputeConfig`).
         guards: what an update does when the policy blows up (:class:`GuardsConfig`).
 
-    In Python, the settings of the flat layout (``mini_batch_size=4`` directly) are written with :meth:`from_flat`.
+    In Python, every setting may be given by its own name, without its section, to :meth:`from_flat`.
     """
 
     gamma: float = 1.0
@@ -102,8 +98,6 @@ class PPOConfig:
     kl: KLConfig = field(default_factory=KLConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
-    MOVED_KEYS: ClassVar[dict[str, str]] = MOVED_PPO_KEYS
-    """Keys of the flat layout -> their place in a section (the loader refuses them with it)."""
 
     def __post_init__(self) -> None:
         for key, section in SECTIONS.items():
@@ -117,25 +111,24 @@ class PPOConfig:
 
     @classmethod
     def from_flat(cls, **settings: Any) -> PPOConfig:
-        """A config from the settings of the flat layout, each placed in its section by :data:`MOVED_PPO_KEYS`
+        """A config from settings given by their own names, each placed in its section by :data:`PPO_SETTING_PLACES`
         (``PPOConfig.from_flat(mini_batch_size=4, init_kl_coef=0.1)`` is ``PPOConfig(batching=BatchingConfig(
         mini_batch_size=4), kl=KLConfig(init_kl_coef=0.1))``); the objective's own settings (``gamma``, ...) and whole
         sections may be given too.
 
         Raises:
-            TypeError: a keyword that is no setting of either layout (the message lists the valid ones).
+            TypeError: a keyword that is no setting (the message lists the valid ones).
         """
         own = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(key for key in settings if key not in own and key not in MOVED_PPO_KEYS)
+        unknown = sorted(key for key in settings if key not in own and key not in PPO_SETTING_PLACES)
         if unknown:
-            raise TypeError(
-                f"PPOConfig.from_flat: unknown setting(s) {unknown}; valid ones: {sorted(own | MOVED_PPO_KEYS.keys())}"
-            )
+            valid = sorted(own | PPO_SETTING_PLACES.keys())
+            raise TypeError(f"PPOConfig.from_flat: unknown setting(s) {unknown}; valid ones: {valid}")
         given = {
             key: vars(value) if key in SECTIONS and isinstance(value, SECTIONS[key]) else value
             for key, value in settings.items()
         }
-        placed = sectioned_ppo(given)
+        placed = _placed(given)
         for name, section in SECTIONS.items():
             values = placed.get(name)
             if isinstance(values, Mapping):

@@ -1,4 +1,4 @@
-"""``marllm`` command line: train, plan, report, prepare, eval, main (the offline CORY-vs-PPO job), study, upgrade."""
+"""``marllm`` command line: train, plan, report, prepare, eval, main (the offline CORY-vs-PPO job), study."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from marllm.cli.arguments import positive_int as _positive_int
 from marllm.cli.evaluate import add_eval as _add_eval
 from marllm.cli.plan import add_plan as _add_plan
 from marllm.cli.train import train_command
-from marllm.cli.upgrade import add_upgrade as _add_upgrade
 from marllm.config.loading import ConfigError
 from marllm.run.interrupts import TrainingInterrupted
 from marllm.run.run_dir import DirectoryInUseError, WrongDirectoryError
@@ -130,7 +129,7 @@ def parser() -> argparse.ArgumentParser:
     """The ``marllm`` argument parser: one sub-command per ``_add_*`` function below."""
     root = argparse.ArgumentParser(prog="marllm", description="Multi-agent RL fine-tuning of LLMs (CORY and beyond).")
     commands = root.add_subparsers(dest="command", required=True)
-    for add in (_add_train, _add_plan, _add_report, _add_prepare, _add_eval, _add_main, _add_study, _add_upgrade):
+    for add in (_add_train, _add_plan, _add_report, _add_prepare, _add_eval, _add_main, _add_study):
         add(commands)
     return root
 

@@ -2,23 +2,33 @@
 
 :class:`TrainConfig` (in :mod:`marllm.config.train_config`) is a whole run's config; this module builds one from
 plain data or a YAML file, and says which keys a resumed run may change.
+
+Earlier layouts (before 1.0): marllm reads one config layout, :data:`CONFIG_LAYOUT`. A run directory records the
+layout it was written in (``run.json``); a run of another layout is refused in one line when it is read or resumed,
+and a key that has moved is answered with its place today (the loader looks every unknown key up in the tree). Until
+1.0 the layout may change between releases and nothing converts old files: a run is finished with the version
+that started it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import warnings
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from marllm.config import layouts
 from marllm.config.custom_tasks import task_class
 from marllm.config.game import GAME_REPETITION_PENALTY
 from marllm.config.ignored import check_read_settings
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml  # noqa: F401 - ConfigError re-exported
 from marllm.config.paths import absolute_config_paths
 from marllm.config.train_config import TrainConfig, per_learner  # noqa: F401 - per_learner re-exported
+
+CONFIG_LAYOUT = 2
+"""The config layout this marllm reads (2: ``ppo`` and ``game`` in sections); a run directory records its own."""
+RUN_RECORD = "run.json"
+"""The file beside a run directory's ``config.yaml`` that says marllm wrote both, and in which layout."""
 
 
 def config_from_dict(data: dict[str, Any], recorded: bool = False) -> TrainConfig:
@@ -48,22 +58,44 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML config and apply ``section.key=value`` overrides; its paths are made absolute, relative to the
     config file's folder (an override's, to the working directory): see :mod:`marllm.config.paths`.
 
-    A run directory's own ``config.yaml`` in an earlier layout of marllm's is read in today's, with a warning naming
-    each moved key (:mod:`marllm.config.layouts`); any other config in one is refused with every move at once.
+    A run directory's own ``config.yaml`` written in another layout than :data:`CONFIG_LAYOUT` is refused in one
+    line that says so.
     """
     data = read_yaml(path)
-    moved = layouts.moves(data)
-    if moved and not layouts.is_run_record(path):
-        raise ConfigError(
-            f"{path} is written in an earlier layout of marllm's config: {'; '.join(moved)}. `marllm upgrade {path}` "
-            "writes it in today's layout"
-        )
-    if moved:
-        warnings.warn(f"{path} was written in an earlier layout, read in today's: {'; '.join(moved)}", stacklevel=2)
-        data = layouts.todays_layout(data)
+    recorded = _recorded_layout(Path(path))
+    if recorded is not None and recorded != CONFIG_LAYOUT:
+        raise ConfigError(other_layout(Path(path).parent, recorded))
     data = apply_overrides(data, overrides)
-    recorded = layouts.is_run_record(path)
-    return config_from_dict(absolute_config_paths(data, Path(path).resolve().parent, overrides), recorded=recorded)
+    folder = Path(path).resolve().parent
+    return config_from_dict(absolute_config_paths(data, folder, overrides), recorded=recorded is not None)
+
+
+def run_layout(run_dir: Path) -> int | None:
+    """The config layout a run directory's ``run.json`` records; None where it records none (runs from before
+    layouts were recorded, which are read as today's where their config builds)."""
+    try:
+        info = json.loads((run_dir / RUN_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    layout = info.get("config_layout") if isinstance(info, dict) else None
+    return layout if isinstance(layout, int) and not isinstance(layout, bool) else None
+
+
+def other_layout(run_dir: Path, layout: int) -> str:
+    """The one-line refusal of a run written in config layout ``layout``."""
+    return (
+        f"{run_dir} was written in config layout {layout} and this marllm reads layout {CONFIG_LAYOUT}; before 1.0 "
+        "marllm converts no earlier layout: finish the run with the marllm version that started it, or start it "
+        "again with --overwrite"
+    )
+
+
+def _recorded_layout(path: Path) -> int | None:
+    """The layout of a run directory's own ``config.yaml`` (None for any other config file)."""
+    if path.name != "config.yaml" or not (path.parent / RUN_RECORD).is_file():
+        return None
+    layout = run_layout(path.parent)
+    return CONFIG_LAYOUT if layout is None else layout
 
 
 # What a resumed run may change: where it is written, what it logs and evaluates, whether remote code may load,
@@ -98,9 +130,8 @@ def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[st
     ``config``, leaving out :data:`RESUMABLE_KEYS`; each as ``"key: saved -> now"``.
 
     ``saved`` is first read back with this version's defaults, so that a key added since it was written compares as
-    its default, and a game or ppo key that has moved into a section since compares at its new place.
+    its default.
     """
-    saved = layouts.todays_layout(saved)
     # not readable by this version (a key since removed, a device this machine lacks): compare what it holds
     with contextlib.suppress(ValueError):
         saved = config_from_dict(dict(saved), recorded=True).to_dict()
@@ -114,7 +145,7 @@ def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[st
         old, new = before.get(key, missing), now.get(key, missing)
         if old != new:
             show = [("(absent)" if value is missing else repr(value)) for value in (old, new)]
-            changed.append(f"{key}: {show[0]} -> {show[1]}{layouts.default_change_note(key, old, new, now_sections)}")
+            changed.append(f"{key}: {show[0]} -> {show[1]}")
     return changed
 
 

@@ -17,7 +17,6 @@ moved into one of them (``game.pool_size``, ``game.actions: score``) is refused 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -29,7 +28,7 @@ from marllm.envs.games.parsers import PARSERS
 from marllm.envs.games.prompts import check_game_templates
 from marllm.utils.checks import choice
 
-__all__ = ["ActionsConfig", "GameConfig", "MeasurementConfig", "OpponentsConfig", "Seat", "parse_seat", "sectioned"]
+__all__ = ["ActionsConfig", "GameConfig", "MeasurementConfig", "OpponentsConfig", "Seat", "parse_seat"]
 
 GAME_REPETITION_PENALTY = 1.0
 """``generation.repetition_penalty`` of a config with a ``game`` section that does not set it, in every action mode: a
@@ -164,28 +163,6 @@ class MeasurementConfig:
         choice("game.measurement", self, "policy_average", POLICY_AVERAGES)
 
 
-_MOVED_KEYS = {
-    **{key: f"opponents.{key}" for key in ("pool_size", "pool_every", "mcts_simulations", "cfr_iterations")},
-    "best_response_every": "opponents.best_response_every",
-    **{key: f"measurement.{key}" for key in ("exploitability_every", "exploitability_samples", "policy_average")},
-    "action_normalization": "actions.normalization",
-}
-
-
-def sectioned(game: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``game`` mapping recorded before it had sections (``pool_size``, ``actions: score`` directly under it) in
-    today's layout; one in today's layout as it is. A run's checkpoint keeps its config as it was written, and
-    resuming it compares that config with today's."""
-    upgraded = dict(game)
-    if isinstance(upgraded.get("actions"), str):
-        upgraded["actions"] = {ActionsConfig.SCALAR_FIELD: upgraded["actions"]}
-    for old, new in _MOVED_KEYS.items():
-        if old in upgraded:
-            section, key = new.split(".")
-            upgraded[section] = {**(upgraded.get(section) or {}), key: upgraded.pop(old)}
-    return upgraded
-
-
 @dataclass
 class GameConfig:
     """A batched game (:class:`~marllm.envs.games.BatchedGameEnv`) in place of the text env.
@@ -241,8 +218,6 @@ class GameConfig:
     measurement: MeasurementConfig = field(default_factory=MeasurementConfig)
     info: GameInfo = field(init=False, repr=False, compare=False)
     """The game, described (:func:`~marllm.envs.games.catalog.describe_game`): its seats and kind."""
-    MOVED_KEYS: ClassVar[dict[str, str]] = _MOVED_KEYS
-    """Keys of the flat layout -> their place in a section (the loader refuses them with it)."""
 
     def __post_init__(self) -> None:
         sections = {"actions": ActionsConfig, "opponents": OpponentsConfig, "measurement": MeasurementConfig}

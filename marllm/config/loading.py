@@ -146,10 +146,9 @@ _ROOT: ContextVar[type | None] = ContextVar("config_root", default=None)
 def build(cls: type[T], data: Any, path: str = "") -> T:
     """Construct dataclass ``cls`` from a mapping, recursively and strictly.
 
-    A dataclass may name its keys that moved (``MOVED_KEYS``: old key -> new dotted key under it) and the field a
-    scalar given for the whole section was meant for (``SCALAR_FIELD``): either is refused with its new place, and a
-    near miss of a moved key is answered with the new place too. An unknown key that is a key of another section
-    (``game.opponents.exploitability_every``, ``game.mode``) is answered with its places.
+    A dataclass may name the field a scalar given for the whole section was meant for (``SCALAR_FIELD``: ``game.actions:
+    score`` is answered with ``game.actions.mode``). An unknown key that is a key of another section
+    (``ppo.mini_batch_size``, ``game.mode``) is answered with its places.
     """
     if path:
         return _build(cls, data, path)
@@ -175,11 +174,8 @@ def _build(cls: type[T], data: Any, path: str) -> T:
     unknown = [key for key in data if key not in fields]
     if unknown:
         key = unknown[0]
-        moved = getattr(cls, "MOVED_KEYS", {})
-        if key in moved:
-            raise ConfigError(f"config key {_join(path, key)!r} is now {_join(path, moved[key])!r}; write it there")
-        close = difflib.get_close_matches(str(key), [*fields, *moved], n=1)  # a moved key's near miss: its new place
-        hint = f" (did you mean {_join(path, moved.get(close[0], close[0]))!r}?)" if close else ""
+        close = difflib.get_close_matches(str(key), list(fields), n=1)
+        hint = f" (did you mean {_join(path, close[0])!r}?)" if close else ""
         elsewhere = _places(_ROOT.get() or cls, str(key))
         if elsewhere:
             hint = f" ({key!r} is {' or '.join(repr(place) for place in elsewhere)}: write it there)"

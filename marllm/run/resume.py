@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from marllm.assets import PREFIX
 from marllm.assets.offline.recipe import RECIPE_ENV, RECIPES, default_recipe_name
-from marllm.config import TrainConfig, resume_differences
+from marllm.config import CONFIG_LAYOUT, TrainConfig, other_layout, resume_differences, run_layout
 from marllm.config.loading import ConfigError
 from marllm.run.checkpoint import CheckpointError, CheckpointInfo, checkpoints, load_checkpoint
 from marllm.run.checkpoint_store import check_files, read_manifest
@@ -61,6 +61,9 @@ def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
             iterations than the checkpoint has completed.
     """
     check_run_dir_exists(run_dir)
+    layout = run_layout(run_dir)
+    if layout is not None and layout != CONFIG_LAYOUT:
+        raise RunDirError(other_layout(run_dir, layout))
     found = checkpoints(run_dir)
     checkpoint, damaged = _first_intact(found)
     if checkpoint is None:

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
-from marllm.config import TrainConfig
+from marllm.config import CONFIG_LAYOUT, TrainConfig
 from marllm.evaluation.deployed import evaluate_alone, evaluate_pass_at_k_alone
 from marllm.loop import run_iteration
 from marllm.parallel.distributed import (
@@ -225,8 +225,20 @@ def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> 
     write_run_info(run_dir, {**info, "status": "running", "completed_iterations": run.completed})
 
 
+def marllm_version() -> str:
+    """The installed marllm's version (the package's own where it is run from a checkout without metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("marllm")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _run_info(config: TrainConfig) -> dict[str, Any]:
     return {
+        "config_layout": CONFIG_LAYOUT,
+        "marllm_version": marllm_version(),
         "name": config.name,
         "learners": config.learner_ids,
         "roles": list(config.game.info.seats) if config.game is not None else config.env.roles,  # a game's seats
