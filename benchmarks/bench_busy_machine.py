@@ -11,6 +11,7 @@ then writes the spin into the libgomp torch has loaded). Prints the median secon
 slowdown beside the busy process against the same setting alone.
 
     .venv/bin/python benchmarks/bench_busy_machine.py runs/bench-workload [--iterations 8] [--import-torch-first]
+        [--settings default guard environ]
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from bench_workload_profile import median_iteration_seconds
 from marllm.utils.threads import SPIN_COUNT
 
 PROFILE = Path(__file__).with_name("bench_workload_profile.py")
-SETTINGS = (  # (label, GOMP_SPINCOUNT; None: unset)
-    ("300000 (default)", "300000"),
-    ("unset (guard)", None),
-    (f"{SPIN_COUNT} (environ)", SPIN_COUNT),
-)
+SETTINGS = {  # name: (label, GOMP_SPINCOUNT; None: unset)
+    "default": ("300000 (default)", "300000"),
+    "guard": ("unset (guard)", None),
+    "environ": (f"{SPIN_COUNT} (environ)", SPIN_COUNT),
+}
 
 
 def workload_command(workload: str, iterations: int, torch_first: bool) -> list[str]:
@@ -68,12 +69,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--import-torch-first", action="store_true", help="start the workload with import torch before marllm"
     )
+    parser.add_argument(
+        "--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS), help="the spin settings to run"
+    )
     args = parser.parse_args(argv)
     order = "torch, then marllm" if args.import_torch_first else "marllm, then torch"
     print(f"cores this process may use: {len(os.sched_getaffinity(0))}; {args.iterations} iterations per run")
     print(f"the workload imports {order}")
     print(f"{'GOMP_SPINCOUNT':<18}{'alone s/it':>11}{'busy s/it':>11}{'slowdown':>10}")
-    for label, spin in SETTINGS:
+    for label, spin in (SETTINGS[name] for name in args.settings):
         alone = seconds_per_iteration(args.workload, args.iterations, spin, False, args.import_torch_first)
         busy = seconds_per_iteration(args.workload, args.iterations, spin, True, args.import_torch_first)
         print(f"{label:<18}{alone:>11.2f}{busy:>11.2f}{busy / alone:>9.2f}x")

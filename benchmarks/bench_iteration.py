@@ -195,13 +195,13 @@ def measure_mode(model_dir: str, num_agents: int, args: argparse.Namespace) -> d
         metrics, dialogues = run_iteration(env, learners, seed=SEED if repeat == 0 else None)
         # Agent order is speaking order: llm1 is the pioneer until the first role swap (after 5 iterations).
         ordered = sorted(dialogues.values(), key=lambda d: env.unwrapped.roles.index(d["role"]))
-        prompts = [d["prompts"] for d in ordered]
-        responses = [d["responses"] for d in ordered]
+        prompts = [d["turns"][0]["prompts"] for d in ordered]  # each role speaks once in this chain
+        responses = [d["turns"][0]["responses"] for d in ordered]
         torch.manual_seed(SEED + repeat)
         floor_seconds = floor.iteration(prompts, env.unwrapped.samples, responses)
         if repeat == 0:  # the warm-up
             for d in ordered:
-                prompt_tokens[d["role"]] = len(tokenizer(list(d["prompts"]), padding=True)["input_ids"][0])
+                prompt_tokens[d["role"]] = len(tokenizer(list(d["turns"][0]["prompts"]), padding=True)["input_ids"][0])
             continue
         marllm_runs.append(
             {phase: metrics[key] for phase, key in MARLLM_KEYS.items()} | {"total": metrics["time/iteration_s"]}

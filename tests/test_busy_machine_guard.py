@@ -102,7 +102,7 @@ def test_a_loaded_runtime_whose_spin_is_not_found_is_named_once(monkeypatch):
     monkeypatch.setattr(threads, "_loaded_libgomps", lambda: {"/opt/other/libgomp.so.1": 0})
     monkeypatch.setattr(threads, "_find_spin_addresses", dict)
     monkeypatch.setattr(threads, "_already_warned", [])
-    with pytest.warns(RuntimeWarning, match=r"GOMP_SPINCOUNT.*/opt/other/libgomp.so.1|/opt/other/libgomp.so.1.*GOMP_SPINCOUNT"):
+    with pytest.warns(RuntimeWarning, match=r"/opt/other/libgomp.so.1.*GOMP_SPINCOUNT"):
         assert threads.wait_briefly_when_idle() is True
     monkeypatch.delenv("GOMP_SPINCOUNT")
     with warnings.catch_warnings():

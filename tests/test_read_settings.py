@@ -40,15 +40,47 @@ def test_a_setting_nothing_reads_is_refused_naming_what_reads_it(overrides, mess
         ["game.opponents.cfr_iterations=5"],  # marllm eval plays a cfr opponent, whatever the seats
         ["game.measurement.exploitability_samples=8"],  # marllm eval --exploitability tabulates with it
         ["game.measurement.exploitability_every=2", "game.measurement.policy_average=linear"],
-        [
-            "game.actions.mode=score",
-            "game.measurement.exploitability_every=3",
-            "game.measurement.exploitability_samples=8",
-        ],
+        ["game.actions.mode=score", "game.measurement.exploitability_every=3"],
         ["game.actions.mode=score", "generation.min_new_tokens=1", "generation.max_new_tokens=3"],
         ["game.actions.mode=constrained", "generation.temperature=0.5"],  # constrained moves are sampled
         ["game.opponents.cfr_iterations=100", "game.actions.normalization=token"],  # defaults, as a run records them
     ],
 )
 def test_what_the_run_reads_and_the_defaults_pass(overrides):
+    load_config(KUHN, overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refusal"),
+    [
+        (["game.actions.mode=constrained", "game.parser=last"], r"game.parser: last would be ignored"),
+        (["game.actions.mode=score", "game.parser=last"], r"game.parser: last would be ignored"),
+        (
+            ["game.actions.mode=score", "game.measurement.exploitability_samples=8"],
+            r"exploitability_samples: 8 would be ignored",
+        ),
+        (
+            ["game.actions.mode=constrained", "game.measurement.exploitability_samples=8"],
+            r"exploitability_samples: 8 would be ignored",
+        ),
+        (
+            ["model.dtype=bfloat16", "ppo.compute.autocast_dtype=bfloat16"],
+            r"autocast_dtype: bfloat16 would change nothing",
+        ),
+    ],
+)
+def test_a_setting_the_mode_or_the_model_never_meets_is_refused(overrides, refusal):
+    with pytest.raises(ConfigError, match=refusal):
+        load_config(KUHN, overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["game.parser=last"],
+        ["game.measurement.exploitability_samples=8"],
+        ["game.actions.mode=think", "game.measurement.exploitability_samples=8"],
+    ],
+)
+def test_the_same_settings_pass_where_they_are_read(overrides):
     load_config(KUHN, overrides)

@@ -48,6 +48,10 @@ class ActionMode:
     """What its KL to the reference (the metric ``<learner>/kl``) is, by ``generation.logprobs_from``."""
     rollout_from_generate: ClassVar[str | None] = None
     """Why ``ppo.compute.rollout_from_generate: true`` does not fit it (the refusal says so), or None where it fits."""
+    parses_answers: ClassVar[bool] = True
+    """Whether the game's parser (``game.parser``) reads its answers; False where every answer is a legal move's exact
+    name, which any parser maps alike (a ``game.parser`` other than the default is then refused, as it changes
+    nothing)."""
     ignores_sampling: ClassVar[tuple[str, ...]] = ()
     """The ``generation`` settings of the sampling distribution its answers never read (a value other than the
     default is refused, as it would change nothing)."""
@@ -68,6 +72,7 @@ class ConstrainedMode(ActionMode):
     summary = "a legal move's name, token by token restricted to them"
     needs_legal_moves = True
     ends_with_eos = True
+    parses_answers = False
     exact_policy = (
         "each legal move's exact probability under constrained sampling, every sampling processor applied "
         "(repetition penalty, temperature, top-k/top-p), EOS included"
@@ -85,6 +90,7 @@ class ThinkMode(ActionMode):
     summary = "free text, then a constrained move"
     needs_legal_moves = True
     ends_with_eos = True
+    parses_answers = False
     kl = {
         "tempered": (
             "KL(policy || reference) summed over the answer's tokens, batch mean: full-vocabulary over the thought's "
@@ -108,6 +114,7 @@ class ScoreMode(ActionMode):
     summary = "one legal move drawn from the softmax of their likelihoods"
     needs_legal_moves = True
     exact_policy = "the exact softmax over the legal moves' scores, from which moves are drawn"
+    parses_answers = False
     options = {"normalization": ("none", "token", "word")}
     kl = {"tempered": _SCORE_KL, "sampling": _SCORE_KL}
     ignores_sampling = ("temperature", "top_k", "top_p", "repetition_penalty", "logprobs_from")

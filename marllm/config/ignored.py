@@ -36,6 +36,7 @@ def check_read_settings(config: TrainConfig) -> None:
         return
     _opponent_settings(game)
     _measurement_settings(game)
+    _mode_settings(config)
     defaults = _defaults(GenerationConfig) | {"repetition_penalty": GAME_REPETITION_PENALTY}
     for name in getattr(game.actions.facts, "ignores_sampling", ()):
         value, default = getattr(config.generation, name), defaults[name]
@@ -73,6 +74,26 @@ def _measurement_settings(game: Any) -> None:
             "game.measurement.exploitability_every iterations in their average, and game.measurement."
             "exploitability_every is null: it would be ignored; leave it out, or set "
             "game.measurement.exploitability_every"
+        )
+
+
+def _mode_settings(config: TrainConfig) -> None:
+    """Settings the action mode's answers never meet: ``game.parser`` where every answer is a legal move's exact name,
+    ``game.measurement.exploitability_samples`` where the mode's move probabilities are exact (nothing is sampled to
+    tabulate them)."""
+    game, facts = config.game, config.game.actions.facts
+    default_parser = next(f.default for f in fields(type(game)) if f.name == "parser")
+    if not facts.parses_answers and game.parser != default_parser:
+        raise ValueError(
+            f"game.parser: {game.parser} would be ignored: under game.actions.mode: {game.actions.mode} every answer "
+            f"is a legal move's exact name ({facts.summary}); leave game.parser at its default ({default_parser}), or "
+            "use a mode whose answers are parsed (generate)"
+        )
+    if facts.exact_policy is not None and "exploitability_samples" in _changed(game.measurement, MeasurementConfig):
+        raise ValueError(
+            f"game.measurement.exploitability_samples: {game.measurement.exploitability_samples} would be ignored: "
+            f"under game.actions.mode: {game.actions.mode} the exploitability reads {facts.exact_policy}, and nothing "
+            "is sampled; leave it out"
         )
 
 

@@ -59,6 +59,12 @@ class TrainConfig:
                 raise ValueError(f"agents.models must map learner ids to model names or paths, got {bad}")
         self._check_algorithms()
         self._check_devices()
+        if self.ppo.compute.autocast_dtype is not None and self.ppo.compute.autocast_dtype == self.model.dtype:
+            # the model section and the update's compute meet here: the one rule that joins them
+            raise ValueError(
+                f"ppo.compute.autocast_dtype: {self.ppo.compute.autocast_dtype} would change nothing: model.dtype is "
+                f"{self.model.dtype} already, so every forward computes in it; set ppo.compute.autocast_dtype: null"
+            )
         clash = set(self.learner_ids) & set(self.env.roles)
         if clash and self.learner_ids != self.env.roles and self.game is None:
             raise ValueError(f"agents.learners {sorted(clash)} are also role names in env.roles; use distinct ids")
