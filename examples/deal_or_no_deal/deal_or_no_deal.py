@@ -323,8 +323,9 @@ class DealView(GameView):
     def metrics(self, game: AECEnv, seat: str) -> dict[str, float]:
         """The game's measures for ``seat`` (:data:`MEASURES`): whether it ended in agreement, the pair's value
         against the best division's (0 without a deal), whether the deal is Pareto-optimal (0 without one), the seat's
-        value against its most (the whole pool), and of its own turns: how often a message names its own values (:func:`names_own_values`), how often a proposal
-        the other answered with a proposal was accepted by it, and its messages' length in words."""
+        value against its most (the whole pool), and of its own turns: how often a message names its own values
+        (:func:`names_own_values`), how often a proposal the other answered with a proposal was accepted by it, and
+        its messages' length in words."""
         inner, first = game.unwrapped, seat == AGENTS[0]
         deal, agreed = inner.deal, inner.agreed
         share = None if agreed is None else (agreed if first else deal.rest(agreed))
