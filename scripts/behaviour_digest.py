@@ -42,7 +42,8 @@ CONFIGS = {
 _KUHN = ["examples/games/kuhn_poker_offline.yaml", "game.measurement.exploitability_every=3"]
 _SAMPLED = ["game.measurement.exploitability_samples=8"]
 _MODES = {"generate": _SAMPLED, "constrained": [], "think": _SAMPLED, "score": []}
-CONFIGS.update({f"kuhn_{mode}_offline": [*_KUHN, f"game.actions.mode={mode}", *extra] for mode, extra in _MODES.items()})
+CONFIGS.update({f"kuhn_{mode}_offline": [*_KUHN, f"game.actions.mode={mode}", *extra]
+                for mode, extra in _MODES.items()})
 ITERATIONS = 3
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 """The runs' environment: one thread, as a matrix product's float sums depend on how many threads split them (a digest
