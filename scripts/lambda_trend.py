@@ -13,7 +13,9 @@ A metric is ``<learner>/game/<name>`` of each learner (``kl`` and names with a `
 ``--learner NAME`` reads one learner's instead of the learners' mean (in a game without role swaps, one seat's).
 ``--dialogues`` prints, for each λ given, the last turn of the last logged iteration of the first seed's run as its
 samples recorded it: the prompt (the game so far) and the answer. The study's runs are ``STUDY_DIR/runs/*``; each
-run's λ is its config's ``agents.reward_coefficients`` (a number).
+run's λ is its config's ``agents.reward_coefficients`` (a number); a run without ``metrics.jsonl`` (not started, or
+failed before its first iteration) is left out, and named on stderr and in the summary's ``skipped_runs``.
+``--json OUT`` writes the summary to the file OUT (its missing folders made).
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, lea
 
 
 def find_runs(study_dir: Path) -> list[Path]:
-    """The run directories of ``STUDY_DIR/runs`` that logged metrics.
+    """The run directories of ``STUDY_DIR/runs`` that logged metrics (:func:`skipped_runs` names the others).
 
     Raises:
         NotAStudyError: ``study_dir`` is not a directory, has no ``runs/`` folder, or none of its runs has metrics.
@@ -152,6 +154,31 @@ def find_runs(study_dir: Path) -> list[Path]:
     return runs
 
 
+def skipped_runs(study_dir: Path) -> list[str]:
+    """The names of the run directories of ``STUDY_DIR/runs`` that :func:`find_runs` leaves out: those without a
+    ``metrics.jsonl`` (a run not started yet, or that failed before its first iteration)."""
+    folder = study_dir / "runs"
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not (p / "metrics.jsonl").is_file())
+
+
+def check_json_path(path: Path) -> None:
+    """``--json``: refuse a path that is a directory, or whose folder is a file (its missing folders are made when
+    it is written).
+
+    Raises:
+        ValueError: saying what the path is and what to give instead.
+    """
+    if path.is_dir():
+        raise ValueError(
+            f"--json {path} is a directory; give the file to write the summary to, e.g. {path / 'trend.json'}"
+        )
+    folder = next((parent for parent in path.parents if parent.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise ValueError(f"--json {path}: {folder} is a file, not a folder; give a file path in a folder")
+
+
 def summarise(
     study_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, learner: str | None = None
 ) -> dict[str, Any]:
@@ -169,6 +196,7 @@ def summarise(
     summary: dict[str, Any] = {
         "study": str(study_dir),
         "runs": len(results),
+        "skipped_runs": skipped_runs(study_dir),
         "last_iterations": last,
         "averaged_iterations": {"min": min(averaged), "max": max(averaged)},
         "averaged_label": last_iterations_label(last, averaged),
@@ -236,10 +264,19 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(_joined_negative_values(sys.argv[1:] if argv is None else argv))
     metrics = tuple(name.strip() for name in args.metrics.split(",") if name.strip())
     try:
+        if args.json:
+            check_json_path(args.json)
         summary = summarise(args.study_dir, args.last, metrics, args.learner)
         transcripts = dialogues(args.study_dir, args.dialogues)
-    except ValueError as error:  # not such a study
+    except ValueError as error:  # not such a study, or a --json path that cannot be written
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    if summary["skipped_runs"]:
+        skipped = summary["skipped_runs"]
+        print(
+            f"{parser.prog}: warning: skipped {len(skipped)} run(s) of {args.study_dir}/runs without metrics.jsonl "
+            f"(not started, or failed before their first iteration): {', '.join(skipped)}",
+            file=sys.stderr,
+        )
     for metric in metrics:
         whose = f"learner {args.learner}" if args.learner else "mean of the learners"
         print(f"\n{metric} ({summary['averaged_label']}, {whose}; 95% t intervals over seeds)")
@@ -255,7 +292,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nλ = {weight}: {run.name}, iteration {sample['iteration']}, {sample['learner']} ({sample['role']})")
         print(f"{sample['prompt']}{sample['response']}")
     if args.json:
-        args.json.write_text(json.dumps(summary | {"dialogues": _as_json(transcripts)}, indent=2) + "\n")
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(summary | {"dialogues": _as_json(transcripts)}, indent=2) + "\n")
+        except OSError as error:
+            parser.exit(1, f"{parser.prog}: error: --json {args.json} cannot be written: {error.strerror or error}\n")
 
 
 def _joined_negative_values(argv: list[str]) -> list[str]:

@@ -45,7 +45,7 @@ def test_every_built_in_game_env_passes(name):
     report = check_game_env(maker(name), num_cycles=10, episodes=2)
     assert set(report) == {
         "pettingzoo_api_test", "pettingzoo_seed_test", "rows_match_mask", "finished_games_masked",
-        "same_seed_same_deals",
+        "same_seed_same_deals", "legal_moves_playable", "every_game_ends",
     }  # fmt: skip
     assert not any(value.startswith("not run") for value in report.values()), report
 

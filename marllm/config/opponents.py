@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,16 +247,44 @@ def opponent(kind: str) -> Opponent:
     return Opponent(kind, (getattr(target, "__doc__", None) or "").strip().partition("\n")[0], needs)
 
 
-def build_opponent(kind: str, seat: SeatArguments) -> Any:
-    """The player of ``kind`` for ``seat``: its builder's ``from_seat(seat)`` (a class), or its builder called."""
-    target = load_reference(opponent(kind).builder)
+def build_opponent(kind: str, seat: SeatArguments, where: str | None = None) -> Any:
+    """The player of ``kind`` for ``seat``: its builder's ``from_seat(seat)`` (a class), or its builder called.
+
+    Args:
+        kind: a catalog name or a reference (:attr:`Seat.kind`).
+        seat: what its builder gets.
+        where: what named it, for errors (``game.seats[1]``); None: not said.
+
+    Raises:
+        ValueError: the builder is not callable, or it raised (the message names the opponent, what named it, where
+            it is defined and the line that raised; the builder's error is the cause).
+    """
+    builder_reference = opponent(kind).builder
+    target = load_reference(builder_reference)
     builder = getattr(target, "from_seat", None) if isinstance(target, type) else target
     if not callable(builder):
         raise ValueError(
             f"{kind}: {target!r} has no from_seat; name a class with a from_seat(seat) classmethod (every "
             "marllm.players.FixedPlayer has one) or a function of the seat"
         )
-    return builder(seat)
+    try:
+        return builder(seat)
+    except Exception as error:
+        named = f"{where}: " if where else ""
+        defined = "" if builder_reference == kind else f", built by {builder_reference}"
+        raise ValueError(
+            f"{named}building the opponent {kind!r} (player {seat.name!r}{defined}) failed{_raised_at(error)}: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+
+
+def _raised_at(error: BaseException) -> str:
+    """`` at file.py:line in function``: where ``error`` was raised (the innermost frame of its traceback), or ""."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" at {Path(last.filename).name}:{last.lineno} in {last.name}"
 
 
 def _tic_tac_toe(game: GameConfig, who: str) -> None:

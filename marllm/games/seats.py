@@ -38,6 +38,13 @@ def learner_slots(game: GameConfig) -> dict[str, str]:
     return {slot: seat.learner for slot, seat in zip(seat_slots(seats), seats, strict=True) if seat.is_learner}
 
 
+def opponent_slots(game: GameConfig) -> dict[str, str]:
+    """slot -> the opponent's id (its player's: ``random``, ``pool-<learner>``, a referenced class's name), for the
+    slots of ``game.seats`` that a fixed opponent plays; an opponent in several seats is one id."""
+    seats = game.parsed_seats()
+    return {slot: seat.player_id for slot, seat in zip(seat_slots(seats), seats, strict=True) if not seat.is_learner}
+
+
 def make_opponent(
     game: GameConfig, seat: Seat, index: int, learners: Mapping[str, Any], seed: int, generation: Any
 ) -> Any:
@@ -53,7 +60,7 @@ def make_opponent(
     policy = learner_policy(game, generation, learner_id, learner) if entry.tabulates and learner_id else None
     seed = seed + OPPONENT_SEED_OFFSET + index
     arguments = SeatArguments(game, seat.player_id, seed, learner, learner_id, policy)
-    return build_opponent(seat.kind, arguments)
+    return build_opponent(seat.kind, arguments, f"game.seats[{index}]")
 
 
 def seat_players(

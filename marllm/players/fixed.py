@@ -67,7 +67,8 @@ class FixedPlayer:
         if not all(observation[LEGAL_MOVES]):
             raise ValueError(
                 f"player {self.name!r} chooses among legal moves, and the game asks it for free text (a turn whose "
-                "view lists no legal move, GameView.free_text): seat a learner there, or a player that writes"
+                "view lists no legal move, GameView.free_text): seat a learner there, or a player that writes (to "
+                "evaluate a model, marllm eval --opponent self plays it in every seat)"
             )
         rows = zip(observation[LEGAL_MOVES], observation[LEGAL_ACTIONS], observation[HISTORY], strict=True)
         return tuple(self.choose(names, actions, history) for names, actions, history in rows)

@@ -10,22 +10,26 @@ moves of all of them. With ``game.role_baselines`` the env is wrapped, outermost
 
 After each iteration :func:`game_metrics` adds what the env measured of each learner's games:
 ``<learner>/game/<seat>/<metric>`` per seat it played and ``<learner>/game/<metric>`` over them (see
-:data:`AGGREGATED`).
+:data:`AGGREGATED`); and of each fixed opponent's, its illegal answers (:data:`OPPONENT_METRICS`, as
+``<opponent>/game/<seat>/<metric>`` and ``<opponent>/game/<metric>``), with a warning the first time an opponent
+answers illegally (an opponent class of one's own naming no legal move).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pettingzoo import AECEnv
 from pettingzoo.utils.wrappers import BaseWrapper
 
 from marllm.config import TrainConfig
+from marllm.config.game import GameConfig
 from marllm.games.parts import game_env
-from marllm.games.seats import learner_slots, seat_players, seat_slots
+from marllm.games.seats import learner_slots, opponent_slots, seat_players, seat_slots
 from marllm.games.strategy import ExploitabilityMetrics
 from marllm.parallel.distributed import reseed_sampling
 from marllm.players import OpponentPool
@@ -57,11 +61,22 @@ seats that report them); its ``illegal_move_rate`` is over all its answers, and 
 _COUNTED = ("illegal_move_rate", "cooperation_rate", "legal_answers")
 """The env's own seat metrics that a learner's totals weigh by its answers rather than average over its seats."""
 
+OPPONENT_METRICS = ("illegal_move_rate", "forfeit_rate")
+"""The env's seat metrics logged for a fixed opponent too, under its id as a learner's are under the learner's
+(``<opponent>/game/<seat>/<metric>`` per seat it played, ``<opponent>/game/<metric>`` over them): the share of its
+answers that named no legal move, and of its games it forfeited so (``game.illegal: forfeit``). A built-in opponent
+always answers legally; one of one's own may not."""
+
 
 def game_metrics(
-    env: AECEnv, slots: Sequence[str], owners: Mapping[str, str], metrics: dict[str, Any]
+    env: AECEnv,
+    slots: Sequence[str],
+    owners: Mapping[str, str],
+    metrics: dict[str, Any],
+    opponents: Mapping[str, str] | None = None,
+    warned: set[str] | None = None,
 ) -> dict[str, Any]:
-    """``metrics`` with the learners' game results of the episode just played added (see the module docstring).
+    """``metrics`` with the game results of the episode just played added (see the module docstring).
 
     Args:
         env: the wrapped env of :func:`build_game_env`, after an episode.
@@ -69,26 +84,76 @@ def game_metrics(
         owners: slot -> learner id, for the learners' slots.
         metrics: the iteration's metrics (:func:`~marllm.loop.run_iteration`'s, keyed by learner id: its ``names``
             are ``owners``).
+        opponents: slot -> opponent id, for the fixed opponents' slots (:func:`~marllm.games.seats.opponent_slots`);
+            None: every slot that is not a learner's, under its own id.
+        warned: the opponents already warned about answering illegally, kept from call to call (added to here) so
+            that each is warned once; None: warn on every call.
     """
     game_env = env.unwrapped
     permutation = next((part for part in _wrappers(env) if isinstance(part, RolePermutation)), None)
     role_of = permutation.role_of if permutation is not None else {slot: slot for slot in slots}
+    if opponents is None:
+        opponents = {slot: slot for slot in slots if slot not in owners}
     merged = dict(metrics)
-    by_learner: dict[str, list[dict[str, float]]] = {}
+    by_player: dict[str, list[dict[str, float]]] = {}
+    fixed: dict[str, list[tuple[str, dict[str, float]]]] = {}
     for slot in slots:
-        if slot not in owners:
-            continue
         seat = role_of[slot]
         seat_metrics = game_env.final_metrics.get(seat)
         if seat_metrics is None:  # the episode has not ended
             continue
-        learner_id = owners[slot]
-        by_learner.setdefault(learner_id, []).append(seat_metrics)
-        for key, value in seat_metrics.items():
-            merged[f"{learner_id}/game/{seat}/{key}"] = float(value)
-    for learner_id, seats in by_learner.items():
+        if slot in owners:
+            learner_id = owners[slot]
+            by_player.setdefault(learner_id, []).append(seat_metrics)
+            for key, value in seat_metrics.items():
+                merged[f"{learner_id}/game/{seat}/{key}"] = float(value)
+        elif slot in opponents:
+            fixed.setdefault(opponents[slot], []).append((seat, seat_metrics))
+    for learner_id, seats in by_player.items():
         merged.update({f"{learner_id}/game/{key}": value for key, value in learner_totals(seats).items()})
+    for opponent_id, played in fixed.items():
+        merged.update(opponent_metrics(opponent_id, played, game_env.illegal, warned))
     return merged
+
+
+def opponent_metrics(
+    opponent_id: str,
+    played: Sequence[tuple[str, Mapping[str, float]]],
+    illegal: str,
+    warned: set[str] | None = None,
+) -> dict[str, float]:
+    """A fixed opponent's :data:`OPPONENT_METRICS` from the ``(seat, seat metrics)`` of each seat it played (a seat
+    where it gave no answer logs none), warning where it answered illegally unless ``warned`` holds its id (to which
+    it is then added).
+
+    Args:
+        opponent_id: its id, the metrics' prefix.
+        played: each seat it played and the env's metrics of that seat (``final_metrics``).
+        illegal: the env's illegal-answer policy (``forfeit`` or ``random``), for the warning.
+        warned: the opponents already warned about; None: warn regardless.
+    """
+    answered = [(seat, m) for seat, m in played if m["moves_per_game"] > 0]
+    out = {f"{opponent_id}/game/{seat}/{key}": float(m[key]) for seat, m in answered for key in OPPONENT_METRICS}
+    if not answered:
+        return out
+    totals = learner_totals([m for _, m in answered])
+    out.update({f"{opponent_id}/game/{key}": totals[key] for key in OPPONENT_METRICS})
+    rate = totals["illegal_move_rate"]
+    if rate > 0 and (warned is None or opponent_id not in warned):
+        if warned is not None:
+            warned.add(opponent_id)
+        seats = sorted(seat for seat, m in answered if m["illegal_move_rate"] > 0)
+        where = f"{'seat' if len(seats) == 1 else 'seats'} {', '.join(seats)}"
+        outcome = "it forfeited those games" if illegal == "forfeit" else "a random legal move was played for each"
+        warnings.warn(
+            f"opponent {opponent_id!r} does not learn and answered illegally: {rate:.0%} of its answers this "
+            f"iteration (in {where}) named no legal move, and {outcome} (game.illegal: {illegal}); "
+            f"its rates are logged as {opponent_id}/game/illegal_move_rate and {opponent_id}/game/forfeit_rate. An "
+            "opponent should answer with a legal move's exact name (marllm.testing.check_player checks it); this is "
+            "said once per opponent and run",
+            stacklevel=2,
+        )
+    return out
 
 
 def learner_totals(seats: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -126,7 +191,6 @@ def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
     learners, reference = learners_from_config(config, tokenizer)
     players, opponents = seat_players(game, learners, config.seed, config.generation)
     reseed_sampling(config.seed, None)
-    slots = seat_slots(game.parsed_seats())
     owners = learner_slots(game)
     devices = {str(next(learner.model.parameters()).device) for learner in learners.values()}
     pools = any(isinstance(player, OpponentPool) for player in opponents.values())  # a snapshot waits for its learner
@@ -141,7 +205,18 @@ def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
         concurrent,
         seat_players=players,
         metric_names=owners,
-        metrics_hook=metrics_hook(config, learners, functools.partial(game_metrics, env, slots, owners)),
+        metrics_hook=metrics_hook(config, learners, game_metrics_hook(env, game)),
+    )
+
+
+def game_metrics_hook(env: AECEnv, game: GameConfig) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """:func:`game_metrics` over ``env`` (:func:`build_game_env`'s, of ``game``) as a run calls it after each
+    iteration: the learners' and the fixed opponents' slots of ``game.seats``, each opponent warned about its illegal
+    answers once in the run."""
+    slots = seat_slots(game.parsed_seats())
+    warned: set[str] = set()
+    return functools.partial(
+        game_metrics, env, slots, learner_slots(game), opponents=opponent_slots(game), warned=warned
     )
 
 

@@ -61,6 +61,7 @@ from marllm.run.run_dir import (
 from marllm.run.run_log import RunLog, sample_rows
 from marllm.run.setup import build
 from marllm.run.skip_streaks import count_skips, skip_streaks
+from marllm.utils.imports import package_version
 
 
 @dataclass
@@ -225,20 +226,10 @@ def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> 
     write_run_info(run_dir, {**info, "status": "running", "completed_iterations": run.completed})
 
 
-def marllm_version() -> str:
-    """The installed marllm's version (the package's own where it is run from a checkout without metadata)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("marllm")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def _run_info(config: TrainConfig) -> dict[str, Any]:
     return {
         "config_layout": CONFIG_LAYOUT,
-        "marllm_version": marllm_version(),
+        "marllm_version": package_version("marllm"),
         "name": config.name,
         "learners": config.learner_ids,
         "roles": list(config.game.info.seats) if config.game is not None else config.env.roles,  # a game's seats

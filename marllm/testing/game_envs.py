@@ -10,7 +10,14 @@ with a random legal answer in every row (a random message on a free-text turn):
 - **finished games are masked**: a game that is over is in no seat's observation or mask, a game is in one seat's
   mask at a time, and at the end every game is over and every mask empty;
 - **same seed, same deals**: two envs reset with the same seed deal the same games: the same prompts, legal moves and
-  payoffs, answer for answer.
+  payoffs, answer for answer;
+- **legal moves are playable**: a move the game's mask allows is one its ``step`` takes, and a game that gives an
+  ``action_mask`` in both its observation and its info gives the same one in each;
+- **every game ends**: every seat of every game terminates (or truncates) by the game's own rules, before the env's
+  move cap (``max_moves``) ends the game as a draw; a seat still to move has a legal move.
+
+A rule broken is an ``AssertionError`` naming the rule, the seat and the game, with the game's own error (a ``step``
+that refuses a move) as its cause.
 """
 
 from __future__ import annotations
@@ -31,6 +38,18 @@ __all__ = ["check_game_env"]
 
 ROWS = (keys.PROMPT, keys.LEGAL_MOVES, keys.LEGAL_ACTIONS, keys.HISTORY, keys.GAMES)
 """The keys of a batched game env's observation, one row per game its seat moves in."""
+
+BATCHED_RULES = (
+    "rows_match_mask",
+    "finished_games_masked",
+    "same_seed_same_deals",
+    "legal_moves_playable",
+    "every_game_ends",
+)
+"""The names of a batched game env's own rules in :func:`check_game_env`'s report (see the module docstring)."""
+
+PLAYABLE = "rule: legal moves are playable"
+ENDS = "rule: every game ends"
 
 
 def check_game_env(
@@ -65,7 +84,7 @@ def _check_batched_rules(make_env: Callable[[], AECEnv], episodes: int, seed: in
     env = make_env()
     if not isinstance(env.unwrapped, BatchedGameEnv):
         reason = f"not run: {type(env.unwrapped).__name__} is not a marllm.envs.games.BatchedGameEnv"
-        return {"rows_match_mask": reason, "finished_games_masked": reason, "same_seed_same_deals": reason}
+        return dict.fromkeys(BATCHED_RULES, reason)
     answers = 0
     for episode in range(episodes):
         transcript = _play_checked(env, seed + episode, max_steps)
@@ -81,6 +100,8 @@ def _check_batched_rules(make_env: Callable[[], AECEnv], episodes: int, seed: in
         "rows_match_mask": f"{answers} turns of {episodes} episodes of {env.unwrapped.batch_size} games",
         "finished_games_masked": "no finished game asked to move; every mask empty at the end",
         "same_seed_same_deals": f"{episodes} seeds each dealt alike twice",
+        "legal_moves_playable": "every move its mask allows taken by the game's step; its masks agree",
+        "every_game_ends": f"every game of {episodes} episodes ended by its own rules",
     }
 
 
@@ -106,11 +127,60 @@ def _play_checked(env: AECEnv, seed: int, max_steps: int) -> list[Any]:
             continue
         _check_rows(env, seat, observation, info)
         transcript.append((seat, *(tuple(observation[key]) for key in ROWS)))
-        env.step(tuple(_random_answer(names, rng) for names in observation[keys.LEGAL_MOVES]))
+        answers = tuple(_random_answer(names, rng) for names in observation[keys.LEGAL_MOVES])
+        before = [record.answers[seat] for record in inner.records]
+        try:
+            with warnings.catch_warnings():  # a game ended at the move cap is this check's to report, below
+                warnings.filterwarnings("ignore", message=r".*reached max_moves", category=UserWarning)
+                env.step(answers)
+        except Exception as error:
+            raise AssertionError(_refused(env, seat, observation, answers, before, error)) from error
+    _check_all_ended(env)
     transcript.append(
         tuple(tuple(record.payoffs.get(seat) for seat in inner.possible_agents) for record in inner.records)
     )
     return transcript
+
+
+def _refused(
+    env: AECEnv,
+    seat: str,
+    observation: Mapping[str, Sequence[Any]],
+    answers: Sequence[str],
+    before: Sequence[int],
+    error: Exception,
+) -> str:
+    """What a step that raised on legal answers says: the game and move it raised on (the last of the rows whose
+    answer the env counted before it raised), the error and the rule."""
+    inner: BatchedGameEnv = env.unwrapped
+    games = [int(b) for b in observation[keys.GAMES]]
+    tried = [k for k, b in enumerate(games) if inner.records[b].answers[seat] > before[b]]
+    k = tried[-1] if tried else 0
+    names, actions = observation[keys.LEGAL_MOVES][k], observation[keys.LEGAL_ACTIONS][k]
+    if names:
+        move = f"the move {answers[k]!r} (action {actions[list(names).index(answers[k])]}), which its mask allows"
+    else:
+        move = f"the message {answers[k]!r} (a free-text turn)"
+    return (
+        f"{_name(env)}: seat {seat!r}, game {games[k]}: the game's step raised {type(error).__name__}: {error} on "
+        f"{move} ({PLAYABLE}: a move the game's action_mask allows must be one its step takes)"
+    )
+
+
+def _check_all_ended(env: AECEnv) -> None:
+    """After an episode: no game was ended at the env's move cap (a seat that never terminates)."""
+    inner: BatchedGameEnv = env.unwrapped
+    capped = [b for b, record in enumerate(inner.records) if record.capped]
+    if not capped:
+        return
+    game = inner.games[capped[0]]
+    agents = list(getattr(game, "agents", ()))
+    pending = [a for a in agents if not (game.terminations.get(a) or game.truncations.get(a))]
+    raise AssertionError(
+        f"{_name(env)}: games {capped} were still on after {inner.max_moves} answers (the env's max_moves) and were "
+        f"ended as draws; in game {capped[0]} the seats {pending} never terminated ({ENDS}: every seat of a game "
+        "terminates or truncates by the game's own rules; pass a larger max_moves if its games are this long)"
+    )
 
 
 def _check_rows(env: AECEnv, seat: str, observation: Mapping[str, Sequence[Any]], info: Mapping[str, Any]) -> None:
@@ -134,9 +204,14 @@ def _check_rows(env: AECEnv, seat: str, observation: Mapping[str, Sequence[Any]]
             raise AssertionError(f"{where} is asked to move in game {b}, which is over: a finished game is masked")
         if inner.view.free_text(inner.games[b], seat):  # a message: no move named, the answer is the move
             continue
+        if not names and not actions:
+            raise AssertionError(
+                f"{where}, game {b}: the seat is to move and the game allows it no move (an empty action_mask) "
+                f"({ENDS}: a seat with no move left terminates, and the game ends when every seat has)"
+            )
         if not names or len(names) != len(actions) or len(set(names)) != len(names):
             raise AssertionError(f"{where}, game {b}: legal moves {list(names)} do not name the actions {actions}")
-        own = _own_legal_actions(inner.games[b], seat)
+        own = _own_legal_actions(inner.games[b], seat, f"{where}, game {b}")
         if own is not None and sorted(own) != sorted(int(a) for a in actions):
             raise AssertionError(f"{where}, game {b}: the row's legal actions {list(actions)} are not the game's {own}")
 
@@ -148,14 +223,19 @@ def _random_answer(names: Sequence[str], rng: np.random.Generator) -> str:
     return names[int(rng.integers(len(names)))]
 
 
-def _own_legal_actions(game: AECEnv, seat: str) -> list[int] | None:
-    """The actions the game itself marks legal for the seat (its observation's or info's ``action_mask``); None
-    where it marks none."""
+def _own_legal_actions(game: AECEnv, seat: str, where: str) -> list[int] | None:
+    """The actions the game itself marks legal for the seat (its observation's or info's ``action_mask``, which
+    must agree where it gives both); None where it marks none."""
     observation = game.observe(seat)
-    mask = observation.get("action_mask") if isinstance(observation, Mapping) else None
-    if mask is None:
-        mask = game.infos.get(seat, {}).get("action_mask")
-    return None if mask is None else [int(a) for a in np.flatnonzero(mask)]
+    seen = observation.get("action_mask") if isinstance(observation, Mapping) else None
+    given = game.infos.get(seat, {}).get("action_mask")
+    marked = [None if mask is None else [int(a) for a in np.flatnonzero(mask)] for mask in (seen, given)]
+    if None not in marked and marked[0] != marked[1]:
+        raise AssertionError(
+            f"{where}: the game's observation action_mask allows actions {marked[0]} and its info's action_mask "
+            f"{marked[1]} ({PLAYABLE}: a game that gives both masks gives the same legal actions in each)"
+        )
+    return marked[0] if marked[0] is not None else marked[1]
 
 
 def _check_ended(env: AECEnv, seat: str, info: Mapping[str, Any]) -> None:

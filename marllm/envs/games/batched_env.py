@@ -46,7 +46,7 @@ from pettingzoo import AECEnv
 from pettingzoo.utils import wrappers
 
 from marllm.envs.games import keys
-from marllm.envs.games.checks import check_credit, check_max_moves, check_policy, check_seats, make_game
+from marllm.envs.games.checks import check_credit, check_max_moves, check_policy, check_seats, make_game, reset_game
 from marllm.envs.games.credit import outcomes, seat_metrics, turn_discounts, turn_rewards
 from marllm.envs.games.parsers import Parser, get_parser
 from marllm.envs.games.prompts import GameTemplate, check_game_templates, prompt_fields
@@ -187,7 +187,7 @@ class BatchedGameEnv(AECEnv):
         self.final_metrics = {}
         self._observations = {}
         for index, (game, game_seed) in enumerate(zip(self.games, game_seeds, strict=True)):
-            game.reset(seed=int(game_seed))
+            reset_game(game, int(game_seed), index, self.possible_agents, self.view.name)
             self._settle(index)
         self.agents = list(self.possible_agents)
         self.rewards = dict.fromkeys(self.agents, 0.0)

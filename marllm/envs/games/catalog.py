@@ -220,9 +220,15 @@ class GameInfo:
 
 
 def describe_game(name: str, options: Mapping[str, Any] | None = None) -> GameInfo:
-    """Build one copy of the game and report its seats and kind (the errors of :func:`game_factory`)."""
+    """Build one copy of the game and report its seats and kind (the errors of :func:`game_factory`, and
+    ``ValueError`` where the factory returns no AEC env)."""
     factory = game_factory(name, options)
     game = factory()
+    if not isinstance(game, AECEnv):
+        raise ValueError(
+            f"{name} returned {type(game).__name__}, not a PettingZoo AEC env: a game's factory must return one (an "
+            "instance of a pettingzoo.AECEnv subclass)"
+        )
     try:
         seats = tuple(game.possible_agents)
     finally:

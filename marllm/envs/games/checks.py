@@ -33,6 +33,34 @@ def check_seats(games: Sequence[AECEnv]) -> list[str]:
     return seats
 
 
+def reset_game(
+    game: AECEnv, seed: int, index: int, seats: Sequence[str], name: Callable[[AECEnv], str] | None = None
+) -> None:
+    """``game.reset(seed=seed)``, refusing a game whose ``reset()`` left it with agents other than its seats
+    (``possible_agents``), or with an ``agent_selection`` that is none of its agents (``index``: the game's place in
+    the batch, ``name``: gives the game's name for the message, e.g. its view's ``name``).
+
+    Raises:
+        ValueError: naming the game of the batch, the agents it set and the seats they must be among.
+    """
+    game.reset(seed=seed)
+    agents = list(getattr(game, "agents", None) or ())
+    unknown = [agent for agent in agents if agent not in seats]
+    selected = getattr(game, "agent_selection", None)
+    if not unknown and (not agents or selected in agents):
+        return
+    which = f"game {index} of the batch" + (f" ({name(game)})" if name is not None else "")
+    if unknown:
+        raise ValueError(
+            f"{which}: after reset() its agents are {agents}, and {unknown} are not among its "
+            f"possible_agents {list(seats)}; a game's reset() must set agents to (some of) its possible_agents"
+        )
+    raise ValueError(
+        f"{which}: after reset() its agent_selection is {selected!r}, not one of its agents "
+        f"{agents}; a game's reset() must select the agent to move first"
+    )
+
+
 def check_policy(illegal: str, forfeit_payoffs: Any) -> tuple[str, tuple[float, float] | None]:
     if illegal not in ILLEGAL_POLICIES:
         raise ValueError(f"illegal must be one of {list(ILLEGAL_POLICIES)}, got {illegal!r}")

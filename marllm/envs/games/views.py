@@ -60,7 +60,12 @@ class GameView:
 
     def legal_actions(self, game: AECEnv, seat: str) -> list[int]:
         """The action ids legal for the seat: the observation's or the info's ``action_mask``, else every action
-        of its ``Discrete`` action space."""
+        of its ``Discrete`` action space.
+
+        Raises:
+            ValueError: the game marks no legal action (no ``action_mask``) and the seat's ``action_space`` is not
+                ``Discrete`` (None, a ``Box`` ...).
+        """
         observation = game.observe(seat)
         mask = observation.get("action_mask") if isinstance(observation, Mapping) else None
         if mask is None:
@@ -69,9 +74,10 @@ class GameView:
             return [int(a) for a in np.flatnonzero(mask)]
         space = game.action_space(seat)
         if not hasattr(space, "n"):
-            raise TypeError(
-                f"game {self.name(game)!r}: seat {seat!r} has action space {space}, which is not Discrete and has no "
-                "action_mask; a batched game needs discrete moves"
+            raise ValueError(
+                f"game {self.name(game)!r}: seat {seat!r} has action space {space!r}, which is not Discrete, and no "
+                "action_mask; a batched game needs discrete moves: its action_space(seat) must return a gymnasium "
+                "Discrete, or its observation (a dict) or info must hold an action_mask of the legal actions"
             )
         return list(range(int(space.start), int(space.start + space.n)))
 
