@@ -17,8 +17,7 @@ subclass of :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` sa
 
 from __future__ import annotations
 
-import re
-import traceback
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from marllm.algorithms.algorithm_options import AlgorithmOptions
 from marllm.algorithms.critic_free_config import COMPARES_GROUPS
 from marllm.utils.imports import is_file_reference, load_reference, split_reference
+from marllm.utils.signatures import unbound_reason
 
 
 @dataclass(frozen=True)
@@ -116,32 +116,33 @@ def build_learner(algorithm: str, learner_id: str, options: AlgorithmOptions, **
             "from_options(learner_id, algorithm, options, **learner_kwargs) classmethod (every "
             "PolicyGradientLearner subclass has one) or a function with that signature"
         )
-    try:
-        return builder(learner_id, algorithm, options, **learner_kwargs)
-    except TypeError as error:
-        if not _raised_by_the_call(error):
-            raise
-        raise ValueError(
-            f"{owner}: {reference} cannot be built with the catalog's arguments ({error}); a learner class takes "
-            "PolicyGradientLearner's arguments (name, *, model, tokenizer, reference, config, generation, seed, "
-            "adapter, kl_controller, data_parallel, actions, normalization) or overrides from_options to take its own, "
-            "and a "
-            "builder function takes (learner_id, algorithm, options, **learner_kwargs)"
-        ) from None
+    check_buildable(builder, (learner_id, algorithm, options), learner_kwargs, owner, reference)
+    return builder(learner_id, algorithm, options, **learner_kwargs)
 
 
-def _raised_by_the_call(error: TypeError) -> bool:
-    """Whether ``error`` came from calling a builder (or the constructor marllm's ``from_options`` calls) with
-    arguments its signature does not take, rather than from inside it: Python's message for a call that does not
-    bind, raised in the caller's frame (here, or a ``from_options`` of marllm's) before the callee's started."""
-    frame = traceback.extract_tb(error.__traceback__)[-1]
-    ours = Path(frame.filename).resolve().is_relative_to(_PACKAGE)  # a from_options of one's own raises its own
-    return ours and frame.name in ("build_learner", "from_options") and _UNBOUND_CALL.search(str(error)) is not None
+def check_buildable(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], owner: str, reference: str) -> None:
+    """Refuse, before the call, a learner class or builder whose declared signature does not take the catalog's
+    arguments (an error raised inside one that does stays its own).
+
+    Raises:
+        ValueError: naming the reference, Python's reason and the signatures the catalog calls.
+    """
+    reason = unbound_reason(target, args, kwargs)
+    if reason is None:
+        return
+    raise ValueError(
+        f"{owner}: {reference} cannot be built with the catalog's arguments ({reason}); a learner class takes "
+        "PolicyGradientLearner's arguments (name, *, model, tokenizer, reference, config, generation, seed, adapter, "
+        "kl_controller, data_parallel, actions, normalization) or overrides from_options to take its own, and a "
+        "builder function takes (learner_id, algorithm, options, **learner_kwargs)"
+    )
 
 
-_PACKAGE = Path(__file__).resolve().parent
-
-
-_UNBOUND_CALL = re.compile(
-    r"unexpected keyword argument|missing \d+ required|takes \d+ positional|multiple values for argument"
-)
+def class_reference(cls: type) -> str:
+    """``cls`` as a reference a config could give: ``file.py:Class`` for a class loaded from a file by reference,
+    ``module:Class`` otherwise."""
+    module = inspect.getmodule(cls)
+    name = getattr(module, "__name__", cls.__module__)
+    path = getattr(module, "__file__", None)
+    where = path if name.startswith("marllm_user_") and path else name
+    return f"{where}:{cls.__qualname__}"

@@ -15,6 +15,7 @@ import torch
 from tianshou.data import Batch
 
 from marllm.algorithms.algorithm_options import AlgorithmOptions
+from marllm.algorithms.catalog import check_buildable, class_reference
 from marllm.algorithms.core import masked_mean
 from marllm.algorithms.critic_free import (
     aggregation_weights,
@@ -86,15 +87,18 @@ class CriticFreeLearner(PolicyGradientLearner):
     ) -> CriticFreeLearner:
         """The ``algorithm`` learner ``learner_id`` with the options' group size, critic-free settings and action
         mode (the algorithm catalog's builder); a class named by reference computes its :attr:`variant`."""
-        return cls(
-            learner_id,
-            algorithm=algorithm if algorithm in VARIANTS else cls.variant,
-            group_size=options.group_size,
-            settings=options.critic_free,
-            actions=options.actions,
-            normalization=options.action_normalization,
+        arguments = {
+            "algorithm": algorithm if algorithm in VARIANTS else cls.variant,
+            "group_size": options.group_size,
+            "settings": options.critic_free,
+            "actions": options.actions,
+            "normalization": options.action_normalization,
             **learner_kwargs,
-        )
+        }
+        # checked against the constructor before it is called: a subclass whose own takes other arguments is refused
+        # by name, while an error raised inside a constructor stays its own
+        check_buildable(cls, (learner_id,), arguments, f"learner {learner_id!r}", class_reference(cls))
+        return cls(learner_id, **arguments)
 
     def _advantages(self, b: Batch, scores: torch.Tensor, kl_coef: float) -> dict[str, torch.Tensor]:
         """``advantages`` and ``returns`` (B, L) and, for GRPO and RLOO, the ``outcome`` (B,) they compare."""
