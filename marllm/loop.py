@@ -78,13 +78,29 @@ class Episode:
         return np.asarray(self.final_infos[agent][TASK_REWARDS])
 
 
-class IterationResult(NamedTuple):
-    """What :func:`run_iteration` returns; unpacks as ``metrics, dialogues``."""
-
+class _MetricsAndDialogues(NamedTuple):
     metrics: dict[str, Any]
     """``<learner>/<name>`` per learner (its update's metrics and its role) and ``time/*`` summed over learners."""
     dialogues: dict[str, dict[str, Any]]
     """Per learner, its dialogue record (:attr:`Episode.dialogues`)."""
+
+
+class IterationResult(_MetricsAndDialogues):
+    """What :func:`run_iteration` returns; unpacks as ``metrics, dialogues``. ``final_infos`` holds each agent's
+    info when it was done (:attr:`Episode.final_infos`): what the env measured of the episode (a game's per-seat
+    results, under the info keys of :mod:`marllm.envs.games.keys`), read through the AEC API like everything else."""
+
+    final_infos: dict[str, Mapping[str, Any]]
+
+    def __new__(
+        cls,
+        metrics: dict[str, Any],
+        dialogues: dict[str, dict[str, Any]],
+        final_infos: dict[str, Mapping[str, Any]] | None = None,
+    ) -> IterationResult:
+        result = super().__new__(cls, metrics, dialogues)
+        result.final_infos = {} if final_infos is None else final_infos
+        return result
 
 
 def play_episode(env: AECEnv, players: Mapping[str, Player], seed: int | None = None) -> Episode:
@@ -165,7 +181,7 @@ def run_iteration(
     metrics["time/reward_s"] = episode.env_seconds
     metrics.update(timings)
     metrics["time/iteration_s"] = time.perf_counter() - started
-    return IterationResult(metrics, episode.dialogues)
+    return IterationResult(metrics, episode.dialogues, episode.final_infos)
 
 
 def turn_metrics(episode: Episode) -> dict[str, float]:

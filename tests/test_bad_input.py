@@ -36,6 +36,7 @@ from marllm.cli import main
 from marllm.config import config_from_dict, load_config
 from marllm.config.loading import ConfigError, parse_yaml
 from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
+from marllm.loop import IterationResult
 from marllm.models.policy import load_causal_lm, load_tokenizer
 from marllm.tasks import base as base_module
 from marllm.tasks.gsm8k import load_gsm8k
@@ -541,7 +542,7 @@ def stub_setup(monkeypatch, failures: list[bool]):
     """build() returns a stand-in; each iteration fails or logs one line, in the order of ``failures``."""
     setup = SimpleNamespace(
         env=SimpleNamespace(), learners={}, players={}, concurrent_updates=False, metric_names=None,
-        iteration_metrics=lambda m: m,
+        iteration_metrics=lambda m, infos: m,
     )
     monkeypatch.setattr(train_module, "build", lambda config, data_parallel=None: setup)
     steps = iter(failures)
@@ -549,7 +550,7 @@ def stub_setup(monkeypatch, failures: list[bool]):
     def run_iteration(env, learners, seed=None, concurrent_updates=False, names=None):
         if next(steps):
             raise RuntimeError("out of memory in iteration")
-        return {}, {}
+        return IterationResult({}, {})
 
     monkeypatch.setattr(train_module, "run_iteration", run_iteration)
 

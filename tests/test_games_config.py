@@ -228,7 +228,8 @@ def test_a_game_config_wraps_the_game_in_shared_reward_and_role_permutation():
     assert list(players) == ["llm", "random"] and isinstance(opponents["random"], RandomMover)
     owners = {"llm": "llm"}
     for iteration, seat in enumerate(["player_1", "player_2", "player_1"]):
-        metrics, _ = run_iteration(env, players, seed=iteration)
+        result = run_iteration(env, players, seed=iteration)
+        metrics = result.metrics
         assert metrics["llm/role"] == seat
         records = env.unwrapped.records
         other = "player_2" if seat == "player_1" else "player_1"
@@ -237,7 +238,7 @@ def test_a_game_config_wraps_the_game_in_shared_reward_and_role_permutation():
         for games, rewards in zip(acts, learner.rewards[-len(acts) :], strict=True):
             games = list(games)
             np.testing.assert_allclose(rewards, payoffs[seat][games] + 0.5 * payoffs[other][games])
-        merged = game_metrics(env, ["llm", "random"], owners, metrics)
+        merged = game_metrics(result.final_infos, ["llm", "random"], owners, metrics)
         wins = float(np.mean(payoffs[seat] > payoffs[other]))
         assert merged[f"llm/game/{seat}/win_rate"] == merged["llm/game/win_rate"] == pytest.approx(wins)
         assert not any(key.startswith(f"llm/game/{other}/") for key in merged)
@@ -252,9 +253,10 @@ def test_self_play_seats_one_learner_and_reports_each_seat():
     learner = RecordingLearner("llm", pick=lambda names, game: names[0])
     players, opponents = seat_players(config.game, {"llm": learner}, config.seed, config.generation)
     assert list(players) == ["llm", "llm#2"] and players["llm"] is players["llm#2"] is learner and not opponents
-    metrics, _ = run_iteration(env, players, seed=0)
+    result = run_iteration(env, players, seed=0)
+    metrics = result.metrics
     assert learner.updates == 1 and metrics["llm/updates"] == 1.0
-    merged = game_metrics(env, ["llm", "llm#2"], {"llm": "llm", "llm#2": "llm"}, metrics)
+    merged = game_metrics(result.final_infos, ["llm", "llm#2"], {"llm": "llm", "llm#2": "llm"}, metrics)
     first, second = merged["llm/game/player_1/win_rate"], merged["llm/game/player_2/win_rate"]
     assert merged["llm/game/win_rate"] == pytest.approx((first + second) / 2)
     assert merged["llm/game/player_1/win_rate"] == pytest.approx(merged["llm/game/player_2/loss_rate"])
@@ -273,10 +275,10 @@ def test_role_baselines_wrap_the_env_over_the_learners_slots(seats):
     learner = RecordingLearner("llm")
     players, _ = seat_players(config.game, {"llm": learner}, config.seed, config.generation)
     assert players["llm"] is learner
-    run_iteration(env, players, seed=0)
+    result = run_iteration(env, players, seed=0)
     played = {"player_1", "player_2"} if seats[1] == "llm" else {"player_1"}
     assert {player for player, _ in env.values} == {"llm"} and {role for _, role in env.values} == played
-    metrics = game_metrics(env, seat_slots(config.game.parsed_seats()), {"llm": "llm"}, {})
+    metrics = game_metrics(result.final_infos, seat_slots(config.game.parsed_seats()), {"llm": "llm"}, {})
     assert "llm/game/player_1/win_rate" in metrics
     fresh = build_game_env(config)
     fresh.load_state_dict(*env.state_dict())

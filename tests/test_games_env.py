@@ -526,9 +526,9 @@ def test_a_seat_with_no_legal_answer_logs_no_cooperation_rate_rather_than_nan():
     assert "cooperation_rate" not in metrics["player_0"] and metrics["player_0"]["legal_answers"] == 0
     assert metrics["player_1"]["cooperation_rate"] == 0.5
     slots = ["player_0", "player_1"]
-    alone = game_metrics(environment, slots, {"player_0": "llm"}, {})
+    alone = game_metrics(environment.infos, slots, {"player_0": "llm"}, {})  # no permutation: slots are seats
     assert "llm/game/cooperation_rate" not in alone and "llm/game/player_0/cooperation_rate" not in alone
-    both = game_metrics(environment, slots, {"player_0": "llm", "player_1": "llm"}, {})
+    both = game_metrics(environment.infos, slots, {"player_0": "llm", "player_1": "llm"}, {})
     assert both["llm/game/cooperation_rate"] == 0.5
 
 

@@ -88,10 +88,10 @@ def test_an_opponents_illegal_answers_are_logged_per_seat_and_warned_about_once(
     config = kuhn_against(tmp_path, "EveryThirdFolds", illegal=illegal)
     env = build_game_env(config)
     players, _ = seat_players(config.game, {"llm": RecordingLearner("llm")}, config.seed, config.generation)
-    hook = game_metrics_hook(env, config.game)
+    hook = game_metrics_hook(config.game)
     with pytest.warns(UserWarning, match=r"opponent 'EveryThirdFolds' does not learn and answered illegally") as seen:
-        metrics, _ = run_iteration(env, players, seed=0)
-        merged = hook(metrics)
+        result = run_iteration(env, players, seed=0)
+        merged = hook(result.metrics, result.final_infos)
     [warning] = [w for w in seen if "EveryThirdFolds" in str(w.message)]
     assert f"game.illegal: {illegal}" in str(warning.message) and "check_player" in str(warning.message)
     seat = env.role_of["EveryThirdFolds"]  # the opponent's slot is named after its class
@@ -105,7 +105,8 @@ def test_an_opponents_illegal_answers_are_logged_per_seat_and_warned_about_once(
     assert merged["llm/game/illegal_move_rate"] == 0.0  # the learner's own, unchanged
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per opponent and run: the next iteration logs, and says nothing
-        again = hook(run_iteration(env, players, seed=1)[0])
+        second = run_iteration(env, players, seed=1)
+        again = hook(second.metrics, second.final_infos)
     assert again["EveryThirdFolds/game/illegal_move_rate"] > 0
 
 
@@ -116,7 +117,8 @@ def test_a_built_in_opponent_logs_no_illegal_answer_and_no_warning():
     assert opponent_slots(config.game) == {"random": "random"}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        merged = game_metrics_hook(env, config.game)(run_iteration(env, players, seed=0)[0])
+        result = run_iteration(env, players, seed=0)
+        merged = game_metrics_hook(config.game)(result.metrics, result.final_infos)
     assert merged["random/game/illegal_move_rate"] == 0.0 and merged["random/game/forfeit_rate"] == 0.0
     seats = {key.split("/")[2] for key in merged if key.startswith("random/game/player_")}
     assert len(seats) == 1 and seats <= {"player_1", "player_2"}
@@ -126,8 +128,8 @@ def test_game_metrics_without_an_opponent_mapping_reports_every_other_slot_under
     config = config_from_dict(game_config())
     env = build_game_env(config)
     players, _ = seat_players(config.game, {"llm": RecordingLearner("llm")}, config.seed, config.generation)
-    metrics, _ = run_iteration(env, players, seed=0)
-    merged = game_metrics(env, ["llm", "random"], {"llm": "llm"}, metrics)
+    result = run_iteration(env, players, seed=0)
+    merged = game_metrics(result.final_infos, ["llm", "random"], {"llm": "llm"}, result.metrics)
     assert "random/game/illegal_move_rate" in merged and "llm/game/win_rate" in merged
 
 

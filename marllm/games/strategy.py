@@ -102,7 +102,7 @@ class ExploitabilityMetrics:
     ``<learner>/game/nash_conv_average`` and ``<learner>/game/exploitability_average``. The averages are saved and
     restored with the run's checkpoints."""
 
-    def __init__(self, game: GameConfig, generation: Any, learners: Mapping[str, Any], inner: Callable[[dict], dict]):
+    def __init__(self, game: GameConfig, generation: Any, learners: Mapping[str, Any], inner: Callable[..., dict]):
         if game.measurement.exploitability_every is None:
             raise ValueError("ExploitabilityMetrics measures every game.measurement.exploitability_every iterations")
         self.every, self.inner, self.game = game.measurement.exploitability_every, inner, game
@@ -110,8 +110,8 @@ class ExploitabilityMetrics:
         self.players = {name: learner_player(game, generation, name, learners[name]) for name in game.learner_ids}
         self.averages = {name: AveragePolicy(self.exact.tree, game.measurement.policy_average) for name in self.players}
 
-    def __call__(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        merged = self.inner(metrics)
+    def __call__(self, metrics: dict[str, Any], final_infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        merged = self.inner(metrics, final_infos)
         iteration = metrics.get("iteration")
         if iteration is None or (int(iteration) + 1) % self.every:
             return merged

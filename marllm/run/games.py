@@ -8,7 +8,8 @@ moves on to the next seat every ``agents.role_period`` iterations (never when it
 moves of all of them. With ``game.role_baselines`` the env is wrapped, outermost, by
 :class:`~marllm.wrappers.RoleBaselines`, one baseline per (learner, seat) for every learner's slots.
 
-After each iteration :func:`game_metrics` adds what the env measured of each learner's games:
+After each iteration :func:`game_metrics` adds what the env measured of each learner's games, read from each slot's
+final info (its seat under ``role``, the seat's measures under :data:`~marllm.envs.games.keys.METRICS`):
 ``<learner>/game/<seat>/<metric>`` per seat it played and ``<learner>/game/<metric>`` over them (see
 :data:`AGGREGATED`); and of each fixed opponent's, its illegal answers (:data:`OPPONENT_METRICS`, as
 ``<opponent>/game/<seat>/<metric>`` and ``<opponent>/game/<metric>``), with a warning the first time an opponent
@@ -17,17 +18,16 @@ answers illegally (an opponent class of one's own naming no legal move).
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pettingzoo import AECEnv
-from pettingzoo.utils.wrappers import BaseWrapper
 
 from marllm.config import TrainConfig
 from marllm.config.game import GameConfig
+from marllm.envs.games.keys import METRICS
 from marllm.games.parts import game_env
 from marllm.games.seats import learner_slots, opponent_slots, seat_players, seat_slots
 from marllm.games.strategy import ExploitabilityMetrics
@@ -35,7 +35,7 @@ from marllm.parallel.distributed import reseed_sampling
 from marllm.players import OpponentPool
 from marllm.run.learners import learners_from_config
 from marllm.run.parts import Setup, wrap_for_agents
-from marllm.wrappers import RoleBaselines, RolePermutation
+from marllm.wrappers import RoleBaselines
 
 
 def build_game_env(config: TrainConfig) -> AECEnv:
@@ -69,17 +69,20 @@ always answers legally; one of one's own may not."""
 
 
 def game_metrics(
-    env: AECEnv,
+    final_infos: Mapping[str, Mapping[str, Any]],
     slots: Sequence[str],
     owners: Mapping[str, str],
     metrics: dict[str, Any],
     opponents: Mapping[str, str] | None = None,
     warned: set[str] | None = None,
+    illegal: str = "forfeit",
 ) -> dict[str, Any]:
     """``metrics`` with the game results of the episode just played added (see the module docstring).
 
     Args:
-        env: the wrapped env of :func:`build_game_env`, after an episode.
+        final_infos: each slot's info when its games were over (:attr:`~marllm.loop.IterationResult.final_infos`):
+            its seat under ``role`` (the slot itself without a role permutation) and the seat's measures under
+            :data:`~marllm.envs.games.keys.METRICS`.
         slots: the env's agent ids.
         owners: slot -> learner id, for the learners' slots.
         metrics: the iteration's metrics (:func:`~marllm.loop.run_iteration`'s, keyed by learner id: its ``names``
@@ -88,18 +91,16 @@ def game_metrics(
             None: every slot that is not a learner's, under its own id.
         warned: the opponents already warned about answering illegally, kept from call to call (added to here) so
             that each is warned once; None: warn on every call.
+        illegal: the game's illegal-answer policy (``game.illegal``), which the warning names.
     """
-    game_env = env.unwrapped
-    permutation = next((part for part in _wrappers(env) if isinstance(part, RolePermutation)), None)
-    role_of = permutation.role_of if permutation is not None else {slot: slot for slot in slots}
     if opponents is None:
         opponents = {slot: slot for slot in slots if slot not in owners}
     merged = dict(metrics)
     by_player: dict[str, list[dict[str, float]]] = {}
     fixed: dict[str, list[tuple[str, dict[str, float]]]] = {}
     for slot in slots:
-        seat = role_of[slot]
-        seat_metrics = game_env.final_metrics.get(seat)
+        info = final_infos.get(slot, {})
+        seat, seat_metrics = info.get("role", slot), info.get(METRICS)
         if seat_metrics is None:  # the episode has not ended
             continue
         if slot in owners:
@@ -112,7 +113,7 @@ def game_metrics(
     for learner_id, seats in by_player.items():
         merged.update({f"{learner_id}/game/{key}": value for key, value in learner_totals(seats).items()})
     for opponent_id, played in fixed.items():
-        merged.update(opponent_metrics(opponent_id, played, game_env.illegal, warned))
+        merged.update(opponent_metrics(opponent_id, played, illegal, warned))
     return merged
 
 
@@ -128,7 +129,7 @@ def opponent_metrics(
 
     Args:
         opponent_id: its id, the metrics' prefix.
-        played: each seat it played and the env's metrics of that seat (``final_metrics``).
+        played: each seat it played and the env's metrics of that seat (its final info's ``METRICS``).
         illegal: the env's illegal-answer policy (``forfeit`` or ``random``), for the warning.
         warned: the opponents already warned about; None: warn regardless.
     """
@@ -174,14 +175,6 @@ def learner_totals(seats: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return totals
 
 
-def _wrappers(env: AECEnv) -> list[AECEnv]:
-    """``env`` and every env it wraps, outermost first."""
-    chain = [env]
-    while isinstance(chain[-1], BaseWrapper):
-        chain.append(chain[-1].env)
-    return chain
-
-
 def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
     """The :class:`~marllm.run.parts.Setup` of a game config (``config.game``): the learners its seats name (and
     their reference), the fixed opponents, the wrapped env and the per-seat metrics."""
@@ -205,19 +198,23 @@ def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
         concurrent,
         seat_players=players,
         metric_names=owners,
-        metrics_hook=metrics_hook(config, learners, game_metrics_hook(env, game)),
+        metrics_hook=metrics_hook(config, learners, game_metrics_hook(game)),
     )
 
 
-def game_metrics_hook(env: AECEnv, game: GameConfig) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """:func:`game_metrics` over ``env`` (:func:`build_game_env`'s, of ``game``) as a run calls it after each
-    iteration: the learners' and the fixed opponents' slots of ``game.seats``, each opponent warned about its illegal
-    answers once in the run."""
+def game_metrics_hook(game: GameConfig) -> Callable[[dict[str, Any], Mapping[str, Any]], dict[str, Any]]:
+    """:func:`game_metrics` as a run calls it after each iteration, ``hook(metrics, final_infos)``: the learners'
+    and the fixed opponents' slots of ``game.seats``, each opponent warned about its illegal answers once in the
+    run."""
     slots = seat_slots(game.parsed_seats())
     warned: set[str] = set()
-    return functools.partial(
-        game_metrics, env, slots, learner_slots(game), opponents=opponent_slots(game), warned=warned
-    )
+
+    def hook(metrics: dict[str, Any], final_infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        return game_metrics(
+            final_infos, slots, learner_slots(game), metrics, opponent_slots(game), warned, game.illegal
+        )
+
+    return hook
 
 
 def metrics_hook(config: TrainConfig, learners: Mapping[str, Any], hook: Any) -> Any:

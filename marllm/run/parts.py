@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +33,9 @@ class Setup:
     seat_players: dict[str, Any] | None = None
     """A game's players by the env's agent ids (:mod:`marllm.games.seats`), what the loop drives; None: ``learners``,
     whose ids are the text env's agents."""
-    metrics_hook: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    """Adds what the env measured to an iteration's metrics (a game's per-seat results); None: nothing."""
+    metrics_hook: Callable[[dict[str, Any], Mapping[str, Mapping[str, Any]]], dict[str, Any]] | None = None
+    """Adds what the env measured to an iteration's metrics, from the agents' final infos (a game's per-seat
+    results); None: nothing."""
     metric_names: dict[str, str] | None = None
     """The loop's agent id -> the learner id its metrics go under (a game's seats); None: the agent ids."""
 
@@ -48,9 +49,12 @@ class Setup:
         """The loop's agent id -> player mapping (:func:`~marllm.loop.run_iteration`)."""
         return self.learners if self.seat_players is None else self.seat_players
 
-    def iteration_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        """An iteration's metrics, with what the env measured added (unchanged for the text env)."""
-        return metrics if self.metrics_hook is None else self.metrics_hook(metrics)
+    def iteration_metrics(
+        self, metrics: dict[str, Any], final_infos: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, Any]:
+        """An iteration's metrics, with what the env measured added from the agents' final infos (unchanged for the
+        text env)."""
+        return metrics if self.metrics_hook is None else self.metrics_hook(metrics, final_infos)
 
     @property
     def hooks(self) -> list[Any]:

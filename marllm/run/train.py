@@ -258,10 +258,9 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
                 break
             # A new run seeds the env once; a resumed one continues the env's generator from the checkpoint.
             seed = config.seed if run.fresh and iteration == 0 else None
-            metrics, dialogues = run_iteration(
-                setup.env, setup.players, seed, setup.concurrent_updates, setup.metric_names
-            )
-            metrics = setup.iteration_metrics({"iteration": iteration, **metrics})
+            result = run_iteration(setup.env, setup.players, seed, setup.concurrent_updates, setup.metric_names)
+            metrics, dialogues = result
+            metrics = setup.iteration_metrics({"iteration": iteration, **metrics}, result.final_infos)
             run.result.history.append(metrics)
             run.completed = iteration + 1
             if log is not None:
