@@ -218,6 +218,8 @@ class GameConfig:
     measurement: MeasurementConfig = field(default_factory=MeasurementConfig)
     info: GameInfo = field(init=False, repr=False, compare=False)
     """The game, described (:func:`~marllm.envs.games.catalog.describe_game`): its seats and kind."""
+    seat_values: tuple[Seat, ...] = field(init=False, repr=False, compare=False)
+    """``seats``, each read once into a typed :class:`Seat` (:func:`parse_seat`) when the config is made."""
 
     def __post_init__(self) -> None:
         sections = {"actions": ActionsConfig, "opponents": OpponentsConfig, "measurement": MeasurementConfig}
@@ -237,6 +239,9 @@ class GameConfig:
         if self.role_baselines is not None and not 0 <= self.role_baselines < 1:
             raise ValueError(f"game.role_baselines must be a decay in [0, 1) (SPIRAL: 0.95) or null, got "
                              f"{self.role_baselines}")  # fmt: skip
+        if not self.seats:
+            raise ValueError("game.seats must list who plays each seat of the game, e.g. [llm, random]")
+        self.seat_values = tuple(parse_seat(spec, f"game.seats[{i}]") for i, spec in enumerate(self.seats))
         parsed = self.parsed_seats()
         try:
             self.info = describe_game(self.name, self.options)
@@ -284,10 +289,8 @@ class GameConfig:
         return () if seat.is_learner else seat.opponent.needs
 
     def parsed_seats(self) -> list[Seat]:
-        """``seats``, read (:func:`parse_seat`)."""
-        if not self.seats:
-            raise ValueError("game.seats must list who plays each seat of the game, e.g. [llm, random]")
-        return [parse_seat(spec, f"game.seats[{i}]") for i, spec in enumerate(self.seats)]
+        """``seats`` as typed values, read once when the config was made (:attr:`seat_values`)."""
+        return list(self.seat_values)
 
     @property
     def learner_ids(self) -> list[str]:
