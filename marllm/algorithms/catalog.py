@@ -17,15 +17,14 @@ subclass of :class:`~marllm.algorithms.critic_free_learner.CriticFreeLearner` sa
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from marllm.algorithms.algorithm_options import AlgorithmOptions
+from marllm.algorithms.construction import check_buildable
 from marllm.algorithms.critic_free_config import COMPARES_GROUPS
 from marllm.utils.imports import is_file_reference, load_reference, split_reference
-from marllm.utils.signatures import unbound_reason
 
 
 @dataclass(frozen=True)
@@ -118,31 +117,3 @@ def build_learner(algorithm: str, learner_id: str, options: AlgorithmOptions, **
         )
     check_buildable(builder, (learner_id, algorithm, options), learner_kwargs, owner, reference)
     return builder(learner_id, algorithm, options, **learner_kwargs)
-
-
-def check_buildable(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], owner: str, reference: str) -> None:
-    """Refuse, before the call, a learner class or builder whose declared signature does not take the catalog's
-    arguments (an error raised inside one that does stays its own).
-
-    Raises:
-        ValueError: naming the reference, Python's reason and the signatures the catalog calls.
-    """
-    reason = unbound_reason(target, args, kwargs)
-    if reason is None:
-        return
-    raise ValueError(
-        f"{owner}: {reference} cannot be built with the catalog's arguments ({reason}); a learner class takes "
-        "PolicyGradientLearner's arguments (name, *, model, tokenizer, reference, config, generation, seed, adapter, "
-        "kl_controller, data_parallel, actions, normalization) or overrides from_options to take its own, and a "
-        "builder function takes (learner_id, algorithm, options, **learner_kwargs)"
-    )
-
-
-def class_reference(cls: type) -> str:
-    """``cls`` as a reference a config could give: ``file.py:Class`` for a class loaded from a file by reference,
-    ``module:Class`` otherwise."""
-    module = inspect.getmodule(cls)
-    name = getattr(module, "__name__", cls.__module__)
-    path = getattr(module, "__file__", None)
-    where = path if name.startswith("marllm_user_") and path else name
-    return f"{where}:{cls.__qualname__}"

@@ -15,7 +15,7 @@ import torch
 from tianshou.data import Batch
 
 from marllm.algorithms.algorithm_options import AlgorithmOptions
-from marllm.algorithms.catalog import check_buildable, class_reference
+from marllm.algorithms.construction import construct
 from marllm.algorithms.core import masked_mean
 from marllm.algorithms.critic_free import (
     aggregation_weights,
@@ -95,10 +95,7 @@ class CriticFreeLearner(PolicyGradientLearner):
             "normalization": options.action_normalization,
             **learner_kwargs,
         }
-        # checked against the constructor before it is called: a subclass whose own takes other arguments is refused
-        # by name, while an error raised inside a constructor stays its own
-        check_buildable(cls, (learner_id,), arguments, f"learner {learner_id!r}", class_reference(cls))
-        return cls(learner_id, **arguments)
+        return construct(cls, learner_id, **arguments)  # checked against the constructor before it is called
 
     def _advantages(self, b: Batch, scores: torch.Tensor, kl_coef: float) -> dict[str, torch.Tensor]:
         """``advantages`` and ``returns`` (B, L) and, for GRPO and RLOO, the ``outcome`` (B,) they compare."""

@@ -28,7 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marllm.algorithms.actions import Collector, new_collector
 from marllm.algorithms.algorithm_options import AlgorithmOptions
-from marllm.algorithms.catalog import check_buildable, class_reference
+from marllm.algorithms.construction import construct
 from marllm.algorithms.kl_controller import KLController, kl_controller_from
 from marllm.algorithms.learner_arguments import (
     check_learner_arguments,
@@ -181,13 +181,9 @@ class PolicyGradientLearner:
 
     @classmethod
     def from_options(cls, learner_id: str, algorithm: str, options: AlgorithmOptions, **learner_kwargs: Any) -> Any:
-        """The learner ``learner_id`` that the algorithm catalog builds (:mod:`marllm.algorithms.catalog`): the
-        options' action mode and normalisation, and every learner's keyword arguments (:class:`LearnerArguments`)."""
-        arguments = {"actions": options.actions, "normalization": options.action_normalization, **learner_kwargs}
-        # checked against the constructor before it is called: a subclass whose own takes other arguments is refused
-        # by name, while an error raised inside a constructor stays its own
-        check_buildable(cls, (learner_id,), arguments, f"learner {learner_id!r}", class_reference(cls))
-        return cls(learner_id, **arguments)
+        """The catalog's learner (:mod:`marllm.algorithms.catalog`), checked against its constructor, then built."""
+        modes = {"actions": options.actions, "normalization": options.action_normalization}
+        return construct(cls, learner_id, **modes, **learner_kwargs)
 
     # ------------------------------------------------------------------------------------------------- acting
     def act(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:

@@ -175,7 +175,7 @@ def _build(cls: type[T], data: Any, path: str) -> T:
     if unknown:
         key = unknown[0]
         close = difflib.get_close_matches(str(key), list(fields), n=1)
-        hint = f" (did you mean {_join(path, close[0])!r}?)" if close else ""
+        hint = f" (did you mean {_join(path, close[0])!r}?)" if close else _near_miss_elsewhere(str(key), cls, path)
         elsewhere = _places(_ROOT.get() or cls, str(key))
         if elsewhere:
             hint = f" ({key!r} is {' or '.join(repr(place) for place in elsewhere)}: write it there)"
@@ -224,6 +224,26 @@ def convert(annotation: Any, value: Any, path: str) -> Any:
         key_type, value_type = args if args else (Any, Any)
         return {convert(key_type, k, f"{path}.{k}"): convert(value_type, v, f"{path}.{k}") for k, v in value.items()}
     return _convert_scalar(annotation, value, path)
+
+
+def _near_miss_elsewhere(key: str, cls: type, path: str) -> str:
+    """`` (did you mean 'a.b.c'?)`` for the nearest spelling of ``key`` among the keys of ``cls``'s sections (the
+    key written one section too high, and misspelt), or ``""``."""
+    names = {name: place for name, place in _all_places(cls, path)}
+    close = difflib.get_close_matches(key, list(names), n=1)
+    return f" (did you mean {names[close[0]]!r}?)" if close else ""
+
+
+def _all_places(root: type, prefix: str) -> list[tuple[str, str]]:
+    """Every (key name, dotted place) in the sections under ``root`` (not its own keys)."""
+    found = []
+    hints = typing.get_type_hints(root)
+    for field in dataclasses.fields(root):
+        annotation = hints.get(field.name)
+        if field.init and dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+            dotted = _join(prefix, field.name)
+            found += [(f.name, _join(dotted, f.name)) for f in dataclasses.fields(annotation) if f.init]
+    return found
 
 
 def _places(root: type, key: str, prefix: str = "") -> list[str]:
