@@ -1,4 +1,4 @@
-.PHONY: setup run test lint docs lock
+.PHONY: setup run test test-benchmarks lint docs lock
 
 setup:
 	./scripts/setup.sh
@@ -11,7 +11,14 @@ run: setup
 # One worker per logical core (pytest-xdist); a test module stays on one worker, so its module fixtures are built
 # once. The slowest tests are listed at the end, to keep the suite's time in view.
 test: setup
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m pytest -q -n logical --dist loadscope --durations=15
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m pytest -q -n logical --dist loadscope --durations=15 \
+		-m "not benchmarks"
+
+# Each script of benchmarks/ and ../shared/bench/ run once at its smallest sizes (a smoke run, not a timing): a few
+# minutes of fresh interpreters, kept out of `make test` so that the suite stays short; CI runs both.
+test-benchmarks: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/python -m pytest -q -n logical --dist loadscope -m benchmarks \
+		tests/test_benchmarks_run.py
 
 lint: setup
 	.venv/bin/ruff check .

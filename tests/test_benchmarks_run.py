@@ -1,7 +1,8 @@
 """Every benchmark script runs: each for one iteration at the smallest sizes it takes (a smoke run, not a timing), so
 that a change of the library's API cannot break a benchmark unnoticed. The figures they print are not checked.
 
-One class per script: pytest-xdist's ``loadscope`` spreads classes over the workers.
+One class per script: pytest-xdist's ``loadscope`` spreads classes over the workers. Marked ``benchmarks``: ``make
+test-benchmarks`` runs them (CI does, after ``make test``), ``make test`` leaves them out.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import pytest
 import yaml
 
 from tests.test_durable_runs import cory_data
+
+pytestmark = pytest.mark.benchmarks
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
