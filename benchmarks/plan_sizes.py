@@ -44,6 +44,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="env.batch_size = ppo.batching.mini_batch_size")
     parser.add_argument("--new-tokens", type=int, default=64, help="generation.max_new_tokens")
     parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--sizes", nargs="+", choices=list(SHAPES), default=list(SHAPES), help="the shapes to plan")
+    parser.add_argument("--settings", nargs="+", type=int, help="the settings to plan, by their row number from 0")
     args = parser.parse_args()
     common = [f"env.batch_size={args.batch}", f"ppo.batching.mini_batch_size={args.batch}",
               f"generation.max_new_tokens={args.new_tokens}"]  # fmt: skip
@@ -51,12 +53,13 @@ def main() -> None:
           "update passes of 32 rows (ppo.compute.micro_batch_size: auto); estimated peak GiB on one GPU")  # fmt: skip
     print(f"{'size':<6}{'setting':<58}{'peak GiB':>9}   fits 24 / 40 / 80 GiB")
     with tempfile.TemporaryDirectory() as folder:
-        for size, shape in SHAPES.items():
+        for size, shape in ((size, SHAPES[size]) for size in args.sizes):
             directory = Path(folder) / size
             directory.mkdir()
             (directory / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": [
                 "Qwen2ForCausalLM"], "max_position_embeddings": 32768, **shape}))  # fmt: skip
-            for name, overrides in SETTINGS.items():
+            chosen = list(SETTINGS.items())
+            for name, overrides in (chosen if args.settings is None else [chosen[i] for i in args.settings]):
                 config = load_config(CONFIG, [f"model.name_or_path={directory}", *common, *overrides])
                 plan = plan_memory(config, str, device="cuda", prompt_length=args.prompt_tokens, with_levers=False)
                 gib = plan.peak / 1024**3

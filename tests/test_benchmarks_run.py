@@ -86,6 +86,19 @@ class TestDataParallel:
                    cwd=tmp_path)  # fmt: skip
 
 
+class TestPlanSizes:
+    def test_runs(self):
+        out = run_script(BENCHMARKS / "plan_sizes.py", "--batch", "4", "--new-tokens", "4", "--prompt-tokens", "8",
+                         "--sizes", "0.5B", "--settings", "0")  # fmt: skip
+        assert "0.5B" in out
+
+
+class TestPlanLevers:
+    def test_runs(self):
+        out = run_script(BENCHMARKS / "bench_plan_levers.py", "kuhn", "--iterations", "1")
+        assert "kuhn" in out
+
+
 class TestStudyWorkers:
     def test_runs(self):
         run_script(BENCHMARKS / "bench_study_workers.py", "--runs", "1", "--workers", "1")
@@ -101,6 +114,11 @@ class TestSharedWorkload:
         run_script(BENCHMARKS / "bench_workload_profile.py", str(workload), "--iterations", "1", "--batch-size", "8",
                    "--mini-batch-size", "8")  # fmt: skip
 
+    def test_plan_runs(self, workload):
+        sizes = f"workload+model.name_or_path={workload / 'model'}+env.batch_size=8+ppo.batching.mini_batch_size=8"
+        out = run_script(BENCHMARKS / "bench_plan.py", sizes, "--iterations", "1")
+        assert "plan MiB" in out
+
     def test_busy_machine_runs(self, workload):
         run_script(BENCHMARKS / "bench_busy_machine.py", str(workload), "--iterations", "1", "--settings", "guard")
 
@@ -109,4 +127,5 @@ def test_every_benchmark_script_is_run_here():
     """A new script in benchmarks/ gets its smoke run in this file."""
     source = Path(__file__).read_text()
     scripts = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
+    scripts += sorted(p.name for p in SHARED_BENCH.glob("*.py"))
     assert [name for name in scripts if f'"{name}"' not in source] == []

@@ -4,6 +4,7 @@ what would make it fit (:mod:`marllm.run.plan`)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any
 
@@ -28,7 +29,10 @@ def add_plan(commands: Any) -> None:
         "that size: plans a CUDA run, without the process's own CPU memory)",
     )
     plan.add_argument(
-        "--prompt-tokens", type=int, default=None, help="the longest prompt in tokens (default: from the templates)"
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="the longest prompt in tokens, >= 1 (default: from the templates; a game's prompts are measured)",
     )
     plan.set_defaults(handler=plan_command)
 
@@ -37,7 +41,8 @@ def device_capacity(device: str) -> tuple[str, float]:
     """The device kind (``cpu`` or ``cuda``) and its memory in bytes for ``--device``.
 
     Raises:
-        ConfigError: ``device`` is neither ``cpu``, ``cuda`` nor a positive number of GiB, or ``cuda`` has no GPU.
+        ConfigError: ``device`` is neither ``cpu``, ``cuda`` nor a positive, finite number of GiB, or ``cuda`` has no
+            GPU.
     """
     if device == "cpu":
         return "cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -51,13 +56,14 @@ def device_capacity(device: str) -> tuple[str, float]:
         gib = float(device)
     except ValueError:
         gib = -1.0
-    if not gib > 0:
-        raise ConfigError(f"--device must be cpu, cuda or a positive number of GiB, got {device!r}")
+    if not (gib > 0 and math.isfinite(gib)):
+        raise ConfigError(f"--device must be cpu, cuda or a finite number of GiB above 0, got {device!r}")
     return "cuda", gib * GIB
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    """Print the plan of ``args.config`` on ``args.device``."""
+    """Print the plan of ``args.config`` on ``args.device``; a bad flag, or a model that is not there, is one
+    ``marllm: config error`` line (:func:`~marllm.run.plan.plan_memory` says which)."""
     from marllm.assets import resolve_model
     from marllm.run.plan import plan_memory
 
@@ -80,7 +86,8 @@ def format_plan(plan: Any) -> str:
         f"model {s['model']}: {s['parameters'] / 1e6:,.1f}M parameters, {s['learners']} learner(s), "
         f"{'LoRA adapters of ' + f'{trainable / 1e6:.2f}M' if s['lora'] else 'full fine-tuning'}, {s['dtype']}"
         f" (reference {s['reference_dtype']}){', autocast ' + s['autocast_dtype'] if s['autocast_dtype'] else ''}",
-        f"lengths: prompts up to {s['prompt_tokens']} tokens + {s['new_tokens']} new; batch {s['batch']}; update "
+        f"lengths: prompts up to {s['prompt_tokens']} tokens ({s['prompt_source']}) + {s['new_tokens']} new; batch "
+        f"{s['batch']}; update "
         f"passes of {s['update_rows']} rows{' (gradient checkpointing)' if s['gradient_checkpointing'] else ''}",
         "",
         "kept for the whole run",
