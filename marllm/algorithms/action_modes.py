@@ -48,6 +48,10 @@ class ActionMode:
     """What its KL to the reference (the metric ``<learner>/kl``) is, by ``generation.logprobs_from``."""
     rollout_from_generate: ClassVar[str | None] = None
     """Why ``ppo.compute.rollout_from_generate: true`` does not fit it (the refusal says so), or None where it fits."""
+    answer: ClassVar[str] = "text"
+    """What an answer generates: ``"text"`` (up to ``generation.max_new_tokens``), ``"move"`` (a legal move's name,
+    then EOS), ``"thought, move"`` (free text, a marker, a move, EOS) or ``"nothing"`` (moves scored, none
+    generated); what a memory plan sizes an answer by."""
     parses_answers: ClassVar[bool] = True
     """Whether the game's parser (``game.parser``) reads its answers; False where every answer is a legal move's exact
     name, which any parser maps alike (a ``game.parser`` other than the default is then refused, as it changes
@@ -72,6 +76,7 @@ class ConstrainedMode(ActionMode):
     summary = "a legal move's name, token by token restricted to them"
     needs_legal_moves = True
     ends_with_eos = True
+    answer = "move"
     parses_answers = False
     exact_policy = (
         "each legal move's exact probability under constrained sampling, every sampling processor applied "
@@ -90,6 +95,7 @@ class ThinkMode(ActionMode):
     summary = "free text, then a constrained move"
     needs_legal_moves = True
     ends_with_eos = True
+    answer = "thought, move"
     parses_answers = False
     kl = {
         "tempered": (
@@ -114,6 +120,7 @@ class ScoreMode(ActionMode):
     summary = "one legal move drawn from the softmax of their likelihoods"
     needs_legal_moves = True
     exact_policy = "the exact softmax over the legal moves' scores, from which moves are drawn"
+    answer = "nothing"
     parses_answers = False
     options = {"normalization": ("none", "token", "word")}
     kl = {"tempered": _SCORE_KL, "sampling": _SCORE_KL}

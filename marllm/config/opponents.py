@@ -58,6 +58,8 @@ class Opponent:
         plays_mode: the action mode its answers are in, which the run's learners must play (None: any).
         tabulates: whether it reads its learner's policy tabulated at every information state (the seat builder
             gives it as :attr:`SeatArguments.learner_policy`).
+        snapshots: whether it keeps ``game.opponents.pool_size`` frozen copies of its learner's model (what a
+            memory plan counts).
     """
 
     builder: str
@@ -69,6 +71,7 @@ class Opponent:
     player_id: str = "{name}"
     plays_mode: str | None = None
     tabulates: bool = False
+    snapshots: bool = False
 
 
 CATALOG: dict[str, Opponent] = {
@@ -98,6 +101,7 @@ CATALOG: dict[str, Opponent] = {
         watching="takes snapshots of",
         player_id="pool-{learner}",
         plays_mode="generate",
+        snapshots=True,
     ),
 }
 """Opponent name -> :class:`Opponent`: the opponents ``game.seats`` names (besides references)."""

@@ -180,21 +180,21 @@ def plan_workload(config: TrainConfig, shape: ModelShape, path: str, prompt_leng
 
         tokenizer = load_tokenizer(path, config.model.trust_remote_code)
         lengths = game_lengths(config, tokenizer)
-        mode = game.actions.mode
-        if mode == "constrained":  # the longest legal move, then EOS
+        answer = game.actions.facts.answer
+        if answer == "move":  # the longest legal move, then EOS
             new_tokens = lengths.move + 1
-        elif mode == "think":  # a thought, the marker, a move and EOS
+        elif answer == "thought, move":  # a thought, the marker, a move and EOS
             marker = len(tokenizer(THOUGHT_END, add_special_tokens=False)["input_ids"])
             new_tokens = config.generation.max_new_tokens + marker + lengths.move + 1
-        elif mode == "score":  # each legal move scored after the prompt: nothing generated
+        elif answer == "nothing":  # each legal move scored after the prompt: nothing generated
             new_tokens = lengths.move
         if prompt_length is not None:
             prompt, source = prompt_length, "--prompt-tokens"
         else:
             prompt, source = lengths.prompt, f"measured on a batch of {game.batch_size} {game.name} games"
-        pools = sum(1 for seat in game.parsed_seats() if seat.kind == "snapshot_pool")
+        pools = sum(1 for seat in game.parsed_seats() if not seat.is_learner and seat.opponent.snapshots)
         workload = Workload(
-            lengths.widest_turn, prompt, new_tokens, lengths.learner_rows, source, generates=mode != "score",
+            lengths.widest_turn, prompt, new_tokens, lengths.learner_rows, source, generates=answer != "nothing",
             snapshots=pools * game.opponents.pool_size,
         )  # fmt: skip
     _check_context(workload, context_tokens(shape), prompt_length is not None, game is not None)
@@ -253,7 +253,7 @@ def reward_model_parameters(config: TrainConfig, resolve: Callable[[str], str]) 
 def processes_logits(config: TrainConfig) -> bool:
     """Whether the log-probs process the logits (:func:`~marllm.models.logits_processing.logprob_logits`): divide them
     by ``generation.temperature`` or apply every sampling processor, into float32 copies of half-precision logits."""
-    if config.game is not None and config.game.actions.mode == "score":  # scored moves ignore the sampling settings
+    if config.game is not None and "temperature" in config.game.actions.facts.ignores_sampling:  # scored moves
         return False
     generation = config.generation
     return generation.logprobs_from == "sampling" or generation.temperature != 1.0
