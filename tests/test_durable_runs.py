@@ -47,6 +47,11 @@ def cory_data(lm, classifier, reviews, **top) -> dict:
     merge_settings(data, tiny_overrides(lm, classifier, reviews))
     data["agents"]["role_period"] = 2
     data["logging"].update({"eval_queries": 0, "checkpoint_every": 1})
+    return with_settings(data, top)
+
+
+def with_settings(data: dict, top: dict) -> dict:
+    """``data`` with each ``section__key=value`` of ``top`` set at its place (sections made where missing)."""
     for key, value in top.items():
         *sections, name = key.split("__")
         node = data

@@ -27,7 +27,7 @@ from marllm.models.policy import load_tokenizer, ready_for_generation
 from marllm.run.learners import learners_from_config
 from marllm.run.plan import CPU_RUNTIME_BYTES, game_lengths, plan_memory, prompt_tokens
 from tests.conftest import make_tiny_gpt2
-from tests.test_durable_runs import cory_data
+from tests.test_durable_runs import cory_data, with_settings
 from tests.test_gradient_checkpointing import tiny_qwen2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,13 +181,7 @@ def arithmetic_data(model_dir: Path, batch: int, new_tokens: int, **top) -> dict
                        "top_k": 0, "top_p": 1.0},
         "logging": {"tensorboard": False, "eval_queries": 0},
     }  # fmt: skip
-    for key, value in top.items():
-        *sections, name = key.split("__")
-        node = data
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[name] = value
-    return data
+    return with_settings(data, top)
 
 
 def tensor_peak(run) -> int:
