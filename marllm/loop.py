@@ -88,7 +88,7 @@ class _MetricsAndDialogues(NamedTuple):
 class IterationResult(_MetricsAndDialogues):
     """What :func:`run_iteration` returns; unpacks as ``metrics, dialogues``. ``final_infos`` holds each agent's
     info when it was done (:attr:`Episode.final_infos`): what the env measured of the episode (a game's per-seat
-    results, under the info keys of :mod:`marllm.envs.games.keys`), read through the AEC API like everything else."""
+    results, under the info keys of :mod:`marllm.games.env.keys`), read through the AEC API like everything else."""
 
     final_infos: dict[str, Mapping[str, Any]]
 

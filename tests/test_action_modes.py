@@ -16,7 +16,7 @@ from marllm.algorithms.actions import ScoreCollector
 from marllm.algorithms.catalog import AlgorithmOptions, build_learner
 from marllm.cli import main
 from marllm.config import config_from_dict
-from marllm.envs.games import exact_move, first_legal_move
+from marllm.games.env import exact_move, first_legal_move
 from marllm.models.legal_moves import generate_moves, score_logprobs
 from marllm.models.move_tries import MoveTrie, move_continuations, restrict_logits
 from marllm.models.packed_moves import move_tensors, packed_from_tensors

@@ -14,7 +14,7 @@ import yaml
 
 from marllm.cli import main
 from marllm.config import config_from_dict
-from marllm.envs.games.catalog import load_openspiel_game
+from marllm.games.env.factory import load_openspiel_game
 from marllm.models.generation import PromptTooLongError, check_prompt_lengths
 from marllm.run.checkpoint import CHECKPOINTS_DIR
 from marllm.run.run_dir import RunDirError

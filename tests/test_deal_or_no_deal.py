@@ -16,9 +16,9 @@ from pettingzoo.test import api_test
 
 from marllm.cli import main
 from marllm.config import ConfigError, load_config
-from marllm.envs.games import BatchedGameEnv, GameView
-from marllm.envs.games.catalog import game_factory
-from marllm.envs.games.records import view_metrics
+from marllm.games.env import BatchedGameEnv, GameView
+from marllm.games.env.factory import game_factory
+from marllm.games.env.records import view_metrics
 from marllm.studies.spec import load_study
 from marllm.testing import check_collector, check_game_env
 from marllm.utils.imports import load_reference

@@ -51,8 +51,8 @@ def embedded_base():
 
 def longest_prompts(name: str, tokenizer, games: int = 8, keep: int = 2) -> list[tuple[int, str, list[str]]]:
     """The ``keep`` longest (tokens, prompt, legal moves) of ``games`` randomly played games of ``name``."""
-    from marllm.envs.games.batched_env import BatchedGameEnv
-    from marllm.envs.games.catalog import game_factory
+    from marllm.games.env.batched_env import BatchedGameEnv
+    from marllm.games.env.factory import game_factory
 
     environment = BatchedGameEnv(game_factory(name), games)
     environment.reset(seed=0)

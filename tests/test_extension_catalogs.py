@@ -19,11 +19,11 @@ from marllm.algorithms.action_catalog import collector_class
 from marllm.algorithms.action_modes import ActionMode
 from marllm.cli import main
 from marllm.config import ConfigError, load_config
-from marllm.config.game import OpponentsConfig
-from marllm.config.opponents import CATALOG as OPPONENTS
-from marllm.config.opponents import NEEDS
-from marllm.envs.games import BatchedGameEnv
-from marllm.envs.games.catalog import game_factory
+from marllm.games.env import BatchedGameEnv
+from marllm.games.env.factory import game_factory
+from marllm.games.opponents import CATALOG as OPPONENTS
+from marllm.games.opponents import NEEDS
+from marllm.games.settings import OpponentsConfig
 from marllm.models.legal_moves import NORMALIZATIONS
 from marllm.testing import check_collector, check_player
 from marllm.utils.imports import load_reference
@@ -36,7 +36,7 @@ PACKAGE = ROOT / "marllm"
 
 # An opponent of one's own: the first legal move, in one file.
 OPPONENT = '''
-from marllm.players.fixed import FixedPlayer
+from marllm.games.players.fixed import FixedPlayer
 
 
 class FirstMover(FixedPlayer):
@@ -150,7 +150,7 @@ def test_every_opponent_entry_builds_from_its_reference_and_names_known_settings
 
 
 def test_the_catalogs_load_no_torch():
-    code = "import sys, marllm.algorithms.action_catalog, marllm.config.opponents; print('torch' in sys.modules)"
+    code = "import sys, marllm.algorithms.action_catalog, marllm.games.opponents; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

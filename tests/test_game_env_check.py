@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from marllm.envs.games import BatchedGameEnv, GameView, env
-from marllm.envs.games.catalog import game_factory, playable_classic_games
+from marllm.games.env import BatchedGameEnv, GameView, env
+from marllm.games.env.factory import game_factory, playable_classic_games
 from marllm.testing import check_game_env
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -55,7 +55,7 @@ def test_the_order_enforcing_factory_and_a_plain_aec_env_are_checked_too():
     wrapped = check_game_env(lambda: env(game_fn=factory, batch_size=2), num_cycles=5, episodes=1)
     assert wrapped["same_seed_same_deals"] == "1 seeds each dealt alike twice"
     plain = check_game_env(factory, num_cycles=5)  # PettingZoo's tests only
-    assert plain["rows_match_mask"].startswith("not run: raw_env is not a marllm.envs.games.BatchedGameEnv")
+    assert plain["rows_match_mask"].startswith("not run: raw_env is not a marllm.games.env.BatchedGameEnv")
 
 
 class AsksFinishedGames(BatchedGameEnv):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pettingzoo.classic import connect_four_v3, rps_v2, tictactoe_v3
 
-from marllm.envs.games import BatchedGameEnv, openspiel_factory
+from marllm.games.env import BatchedGameEnv, openspiel_factory
 from tests.test_games_env import CountdownGame, needs_openspiel, play
 
 

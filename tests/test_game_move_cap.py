@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from marllm.config import config_from_dict
-from marllm.envs.games import BatchedGameEnv
-from marllm.envs.games.checks import DEFAULT_MAX_MOVES
-from marllm.run.games import build_game_env
+from marllm.games.env import BatchedGameEnv
+from marllm.games.env.checks import DEFAULT_MAX_MOVES
+from marllm.games.training import build_game_env
 from tests.test_games_env import CountdownGame, first_legal, kuhn, needs_openspiel, play
 
 

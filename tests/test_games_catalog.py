@@ -10,8 +10,8 @@ import warnings
 import pytest
 
 from marllm.config import ConfigError, config_from_dict
-from marllm.envs.games import BatchedGameEnv, openspiel_factory
-from marllm.envs.games.catalog import UNPLAYABLE, check_game_name, classic_games, load_openspiel_game
+from marllm.games.env import BatchedGameEnv, openspiel_factory
+from marllm.games.env.factory import UNPLAYABLE, check_game_name, classic_games, load_openspiel_game
 from tests.test_games_config import game_config
 
 needs_openspiel = pytest.mark.skipif(

@@ -13,7 +13,7 @@ import pytest
 
 from marllm.cli import main
 from marllm.config import load_config
-from marllm.evaluation.games import evaluate_game, wilson
+from marllm.games.evaluation import evaluate_game, wilson
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

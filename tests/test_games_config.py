@@ -14,12 +14,12 @@ import torch
 
 from marllm.cli import main
 from marllm.config import ConfigError, config_from_dict, load_config
-from marllm.config.game import parse_seat
-from marllm.envs.games import BatchedGameEnv
+from marllm.games.env import BatchedGameEnv
+from marllm.games.players import OpponentPool, RandomMover, TicTacToeMinimax
 from marllm.games.seats import seat_players, seat_slots
+from marllm.games.settings import parse_seat
+from marllm.games.training import build_game_env, game_metrics
 from marllm.loop import run_iteration
-from marllm.players import OpponentPool, RandomMover, TicTacToeMinimax
-from marllm.run.games import build_game_env, game_metrics
 from marllm.wrappers import RoleBaselines, RolePermutation, SharedReward
 from tests.test_games_training import RecordingLearner, tiny_learner, word_tokenizer
 

@@ -15,9 +15,9 @@ from pettingzoo.classic import connect_four_v3, rps_v2, tictactoe_v3
 from pettingzoo.test import api_test, seed_test
 from pettingzoo.utils.wrappers import OrderEnforcingWrapper
 
-from marllm.envs.games import BatchedGameEnv, GameView, env, openspiel_factory, require_openspiel
-from marllm.envs.games.credit import outcomes, turn_rewards
-from marllm.envs.games.parsers import exact_move, first_legal_move, get_parser, last_legal_move, register_parser
+from marllm.games.env import BatchedGameEnv, GameView, env, openspiel_factory, require_openspiel
+from marllm.games.env.credit import outcomes, turn_rewards
+from marllm.games.env.parsers import exact_move, first_legal_move, get_parser, last_legal_move, register_parser
 
 # api_test recommends Box/Discrete spaces and numpy observations; text agents have neither, by design.
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:pettingzoo.test.api_test")
@@ -478,7 +478,7 @@ def test_openspiel_is_optional_and_its_absence_names_the_extra(monkeypatch):
 
 
 def test_a_seat_that_never_moved_has_no_illegal_move_rate():
-    from marllm.envs.games.credit import seat_metrics
+    from marllm.games.env.credit import seat_metrics
 
     zeros = np.zeros(4)
     metrics = seat_metrics(zeros - 1, zeros + 1, zeros, zeros, zeros + 1, zeros.astype(bool))
@@ -512,7 +512,7 @@ def test_cooperation_rate_counts_the_legal_answers_that_cooperate():
 def test_a_seat_with_no_legal_answer_logs_no_cooperation_rate_rather_than_nan():
     """Every answer of player_0 illegal (a random move is played for each): the rate of its own legal answers is
     undefined, so it is not logged, in the seat's metrics nor in its learner's; its legal answers are 0."""
-    from marllm.run.games import game_metrics
+    from marllm.games.training import game_metrics
 
     environment = BatchedGameEnv(
         openspiel_factory("repeated_game(stage_game=matrix_pd(),num_repetitions=2)"), 2, illegal="random", seed=0
@@ -535,8 +535,8 @@ def test_a_seat_with_no_legal_answer_logs_no_cooperation_rate_rather_than_nan():
 def test_a_views_own_measures_reach_the_learner_averaged_over_its_seats():
     """A learner holding two seats logs a view's measure as the mean over the seats that report it, beside the env's
     own totals, which keep their weighting."""
-    from marllm.envs.games.credit import seat_metrics
-    from marllm.run.games import learner_totals
+    from marllm.games.env.credit import seat_metrics
+    from marllm.games.training import learner_totals
 
     ones = np.ones(4)
     first = seat_metrics(ones, ones, ones * 2, ones * 0, ones * 2, ones.astype(bool) & False) | {"agreement_rate": 1.0}

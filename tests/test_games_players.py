@@ -11,10 +11,10 @@ import torch
 from pettingzoo.classic import rps_v2, tictactoe_v3
 
 from marllm.algorithms import GenerationConfig, Learner, PPOConfig, PPOLearner
-from marllm.envs.games import BatchedGameEnv, openspiel_factory
+from marllm.games.env import BatchedGameEnv, openspiel_factory
+from marllm.games.players import RandomMover, TicTacToeMinimax
+from marllm.games.players.snapshots import FrozenSnapshot, OpponentPool
 from marllm.loop import run_iteration
-from marllm.players import RandomMover, TicTacToeMinimax
-from marllm.players.snapshots import FrozenSnapshot, OpponentPool
 from tests.conftest import make_tiny_gpt2
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -87,7 +87,7 @@ def test_minimax_takes_the_win_and_blocks():
 
 @needs_openspiel
 def test_mcts_beats_a_random_player_at_openspiel_tic_tac_toe():
-    from marllm.players.mcts import MCTSPlayer
+    from marllm.games.players.mcts import MCTSPlayer
 
     environment = BatchedGameEnv(openspiel_factory("tic_tac_toe"), batch_size=8, seed=0)
     players = {"player_0": MCTSPlayer("tic_tac_toe", simulations=60, seed=0), "player_1": RandomMover(seed=0)}

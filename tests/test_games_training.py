@@ -15,9 +15,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
-from marllm.envs.games import BatchedGameEnv
+from marllm.games.env import BatchedGameEnv
+from marllm.games.players import RandomMover
 from marllm.loop import run_iteration
-from marllm.players import RandomMover
 from marllm.wrappers import RoleBaselines, RolePermutation, SharedReward, cooperation_matrix
 from marllm.wrappers.role_baselines import step_baselines
 from tests.conftest import make_tiny_gpt2

@@ -159,8 +159,8 @@ def test_a_learner_is_measured_through_the_collector_it_plays_with(tokenizer, ac
     samples its answers through the learner's own collector (its autocast included): no second implementation of a
     mode. A model outside training plays through a collector of its mode too, whose answers are legal moves."""
     from marllm.algorithms.catalog import AlgorithmOptions, build_learner
-    from marllm.config.game import ActionsConfig, GameConfig
     from marllm.games.model_player import ModelPlayer
+    from marllm.games.settings import ActionsConfig, GameConfig
     from marllm.games.strategy import LearnerAnswers, learner_player
 
     tokenizer.padding_side = "left"

@@ -219,7 +219,7 @@ def test_a_game_is_planned_with_its_batch_and_measured_prompts_and_no_reward_mod
     rendered prompts (no --prompt-tokens asked for), no task reward model (the default task's is a hub id: offline
     it would fail), the game's rows per update."""
     pytest.importorskip("pyspiel")
-    from marllm.games.parts import game_env
+    from marllm.games.build import game_env
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model_dir = tmp_path / "model"

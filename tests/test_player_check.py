@@ -8,9 +8,9 @@ import importlib.util
 import numpy as np
 import pytest
 
-from marllm.envs.games import BatchedGameEnv
-from marllm.envs.games.catalog import game_factory
-from marllm.players import OpponentPool, RandomMover, TicTacToeMinimax
+from marllm.games.env import BatchedGameEnv
+from marllm.games.env.factory import game_factory
+from marllm.games.players import OpponentPool, RandomMover, TicTacToeMinimax
 from marllm.testing import CheckNotApplicable, check_player
 from tests.test_learner_conformance import tiny_learner
 
@@ -28,19 +28,19 @@ def game(name: str, batch_size: int = 3, **kwargs):
 
 
 def mcts():
-    from marllm.players.mcts import MCTSPlayer
+    from marllm.games.players.mcts import MCTSPlayer
 
     return MCTSPlayer("tic_tac_toe", simulations=8, seed=4)
 
 
 def cfr():
-    from marllm.players.tabular import CFRPlayer
+    from marllm.games.players.tabular import CFRPlayer
 
     return CFRPlayer("kuhn_poker", iterations=10, seed=5)
 
 
 def best_response():
-    from marllm.players.tabular import BestResponsePlayer, cfr_average_policy
+    from marllm.games.players.tabular import BestResponsePlayer, cfr_average_policy
 
     return BestResponsePlayer("kuhn_poker", lambda: cfr_average_policy("kuhn_poker", 10), seed=6)
 
@@ -124,7 +124,7 @@ def test_a_player_without_the_learner_protocol_is_told_what_it_lacks():
 
 def test_a_fixed_player_asked_for_free_text_says_what_to_seat_there():
     """A game's free-text turn (no legal move listed) cannot be played by a player that chooses among moves."""
-    from marllm.players import RandomMover
+    from marllm.games.players import RandomMover
 
     observation = {"legal_moves": [[], ["a"]], "legal_actions": [[], [0]], "history": [(), ()]}
     with pytest.raises(ValueError, match="asks it for free text .* seat a learner there"):

@@ -240,7 +240,7 @@ def test_rollout_from_generate_is_refused_with_score_actions():
 
 @needs_openspiel
 def test_too_many_information_states_names_no_setting_a_user_cannot_reach():
-    from marllm.envs.games.info_states import NotEnumerableError, enumerate_info_states
+    from marllm.games.env.info_states import NotEnumerableError, enumerate_info_states
 
     with pytest.raises(NotEnumerableError) as raised:
         enumerate_info_states("kuhn_poker", max_info_states=3)  # Kuhn poker has 12
@@ -266,7 +266,7 @@ def test_eval_cfr_opponent_on_a_pettingzoo_game_is_one_line(capfd):
 
 @needs_openspiel
 def test_exact_evaluation_of_a_game_openspiel_lacks_prints_nothing(capfd):
-    from marllm.envs.games.info_states import NotEnumerableError, load_game
+    from marllm.games.env.info_states import NotEnumerableError, load_game
 
     with pytest.raises(NotEnumerableError, match="OpenSpiel cannot load 'tictactoe_v3'.*it has no game") as raised:
         load_game("tictactoe_v3")

@@ -17,12 +17,12 @@ from gymnasium.spaces import Discrete
 from pettingzoo import AECEnv
 
 from marllm.config import ConfigError, config_from_dict
-from marllm.envs.games import BatchedGameEnv
-from marllm.envs.games.catalog import game_factory
+from marllm.games.env import BatchedGameEnv
+from marllm.games.env.factory import game_factory
+from marllm.games.players import RandomMover
 from marllm.games.seats import opponent_slots, seat_players
+from marllm.games.training import build_game_env, game_metrics, game_metrics_hook
 from marllm.loop import run_iteration
-from marllm.players import RandomMover
-from marllm.run.games import build_game_env, game_metrics, game_metrics_hook
 from marllm.testing import check_game_env
 from marllm.utils.imports import load_reference
 from tests.test_games_config import game_config
@@ -38,7 +38,7 @@ needs_openspiel = pytest.mark.skipif(
 # --- 11. an opponent of one's own that answers illegally -------------------------------------------------------
 
 OPPONENTS = '''
-from marllm.players.fixed import FixedPlayer
+from marllm.games.players.fixed import FixedPlayer
 
 
 class EveryThirdFolds(FixedPlayer):

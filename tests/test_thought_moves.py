@@ -9,7 +9,7 @@ import torch
 import marllm.models.thought_moves as thought_moves
 from marllm.algorithms import GenerationConfig, PPOConfig, PPOLearner
 from marllm.config import config_from_dict
-from marllm.envs.games import exact_move
+from marllm.games.env import exact_move
 from marllm.models.generation import logprob_logits
 from marllm.models.legal_moves import token_logprobs
 from marllm.models.move_tries import move_continuations, restrict_logits

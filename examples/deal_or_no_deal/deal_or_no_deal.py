@@ -29,7 +29,7 @@ from gymnasium.spaces import Box, Discrete
 from gymnasium.spaces import Dict as DictSpace
 from pettingzoo import AECEnv
 
-from marllm.envs.games import GameView, Move, register_view
+from marllm.games.env import GameView, Move, register_view
 
 ITEMS = ("book", "hat", "ball")
 """The item types, in the order of every count and value."""

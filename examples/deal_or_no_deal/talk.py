@@ -1,5 +1,5 @@
 """An action mode for games that talk (``game.actions.mode: talk.py:TalkOrPropose``): free text on a message turn (a
-turn whose view lists no legal move, :meth:`marllm.envs.games.GameView.free_text`), a legal move restricted token by
+turn whose view lists no legal move, :meth:`marllm.games.env.GameView.free_text`), a legal move restricted token by
 token on every other turn (``constrained``).
 
 A seat moves in all of its games at once, and in :mod:`deal_or_no_deal` every game of a batch is at the same turn, so a

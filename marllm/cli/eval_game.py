@@ -14,13 +14,13 @@ import yaml
 
 from marllm.config import TrainConfig
 from marllm.config.loading import ConfigError
-from marllm.evaluation.games import check_opponents, evaluate_game
 from marllm.evaluation.model_strategy import evaluate_exploitability
 from marllm.evaluation.round_robin import round_robin
+from marllm.games.evaluation import check_opponents, evaluate_game
 
 
 def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
-    """Print the win/draw/loss/illegal-move table of :func:`~marllm.evaluation.games.evaluate_game`, or with
+    """Print the win/draw/loss/illegal-move table of :func:`~marllm.games.evaluation.evaluate_game`, or with
     ``--round-robin`` the ratings of :func:`~marllm.evaluation.round_robin.round_robin`, or with ``--exploitability``
     each model's NashConv and exploitability (:func:`~marllm.evaluation.model_strategy.evaluate_exploitability`); and
     write it as JSON to ``--out``."""

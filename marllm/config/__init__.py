@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from marllm.config.custom_tasks import task_class
-from marllm.config.game import GAME_REPETITION_PENALTY
 from marllm.config.ignored import check_read_settings
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml  # noqa: F401 - ConfigError re-exported
 from marllm.config.paths import absolute_config_paths
 from marllm.config.train_config import TrainConfig, per_learner  # noqa: F401 - per_learner re-exported
+from marllm.games.settings import GAME_REPETITION_PENALTY
 
 CONFIG_LAYOUT = 2
 """The config layout this marllm reads (2: ``ppo`` and ``game`` in sections); a run directory records its own."""
@@ -33,7 +33,7 @@ RUN_RECORD = "run.json"
 
 def config_from_dict(data: dict[str, Any], recorded: bool = False) -> TrainConfig:
     """Build and check a :class:`TrainConfig` from plain data; errors name the offending key. A game's generation
-    defaults differ from a text task's in one setting: :data:`~marllm.config.game.GAME_REPETITION_PENALTY`. A config
+    defaults differ from a text task's in one setting: :data:`~marllm.games.settings.GAME_REPETITION_PENALTY`. A config
     a run ``recorded`` (what it trained with) is not refused for settings it would not read
     (:func:`~marllm.config.ignored.check_read_settings`): runs recorded before that check resume and evaluate."""
     data = dict(data)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from marllm.config.game import GAME_REPETITION_PENALTY, MeasurementConfig, OpponentsConfig
-from marllm.config.opponents import CATALOG as OPPONENTS
+from marllm.games.opponents import CATALOG as OPPONENTS
+from marllm.games.settings import GAME_REPETITION_PENALTY, MeasurementConfig, OpponentsConfig
 from marllm.models.generation_config import GenerationConfig
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def check_read_settings(config: TrainConfig) -> None:
     """Refuse a game setting the run would ignore: an opponent's setting with no seat of that opponent, a measurement
     setting with nothing measured, a sampling setting under an action mode that samples no token (against a game's
-    defaults: ``generation.repetition_penalty`` is :data:`~marllm.config.game.GAME_REPETITION_PENALTY`).
+    defaults: ``generation.repetition_penalty`` is :data:`~marllm.games.settings.GAME_REPETITION_PENALTY`).
 
     Raises:
         ValueError: naming the setting, its value and what would read it.

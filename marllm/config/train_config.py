@@ -14,12 +14,12 @@ from marllm.algorithms.critic_free_config import CriticFreeConfig
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import CAUSAL_LMS
 from marllm.assets.references import check_model_reference
-from marllm.config.game import GameConfig
 from marllm.config.loading import ConfigError, to_dict
 from marllm.config.prompts import check_template_fields
 from marllm.config.sections import AgentsConfig, EnvConfig, LoggingConfig, ModelConfig
 from marllm.envs.templates import check_template_keys
 from marllm.envs.turns import check_shard
+from marllm.games.settings import GameConfig
 from marllm.models.devices import resolve_device
 from marllm.tasks import TASKS, TaskConfig, has_binary_reward
 from marllm.wrappers.shared_reward import check_coefficients, cooperation_matrix

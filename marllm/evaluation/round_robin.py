@@ -1,7 +1,7 @@
 """A round-robin between models and fixed players at a two-seat game, rated by Bradley–Terry on the Elo scale.
 
 Every pair of participants plays ``games`` games with each of them in each seat (the same deals for every pair, as
-:func:`~marllm.evaluation.games.evaluate_game` deals them), and :func:`~marllm.evaluation.ratings.bradley_terry`
+:func:`~marllm.games.evaluation.evaluate_game` deals them), and :func:`~marllm.evaluation.ratings.bradley_terry`
 rates them from the scores (win 1, draw ½, loss 0; a forfeit is a loss) with bootstrap 95% intervals, the first
 participant rated 0. Participants are checkpoints (``base`` or ``RUN_DIR/checkpoints/LEARNER``) and the fixed
 players ``random``, ``minimax`` (tic-tac-toe) and ``mcts``, which anchor the scale to something that does not learn.
@@ -17,14 +17,14 @@ import numpy as np
 
 from marllm.config import TrainConfig
 from marllm.evaluation.deployed import load_deployed_model
-from marllm.evaluation.games import (
+from marllm.evaluation.ratings import Rating, bradley_terry
+from marllm.games.evaluation import (
     SELF,
     GameEvalRow,
     check_opponents,
     play_matches,
     player_source,
 )
-from marllm.evaluation.ratings import Rating, bradley_terry
 from marllm.games.model_player import ModelPlayer
 
 

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from marllm.config.game import POLICY_AVERAGES
-from marllm.envs.games.info_states import GameTree, policy_key
+from marllm.games.env.info_states import GameTree, policy_key
+from marllm.games.settings import POLICY_AVERAGES
 
 
 class AveragePolicy:

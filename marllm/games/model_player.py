@@ -13,9 +13,9 @@ from marllm.algorithms.action_catalog import action_mode
 from marllm.algorithms.actions import Collector, new_collector
 from marllm.algorithms.ppo_config import ComputeConfig, KLConfig
 from marllm.config import TrainConfig
+from marllm.games.players.fixed import FixedPlayer
 from marllm.models.policy import context_length
 from marllm.parallel.sharding import is_sharded
-from marllm.players.fixed import FixedPlayer
 
 
 class ModelPlayer(FixedPlayer):

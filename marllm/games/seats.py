@@ -1,5 +1,5 @@
 """Who sits where in a game run: each seat's slot (the env's agent id), the learner of each learner's slot, and the
-player of every slot, the opponents built by their entries of :mod:`marllm.config.opponents`, as evaluation builds
+player of every slot, the opponents built by their entries of :mod:`marllm.games.opponents`, as evaluation builds
 them.
 
 A slot's id is its player's: the learner id, or ``random``, ``minimax``, ``mcts``, ``pool-<learner>``, a referenced
@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from marllm.config.game import GameConfig, Seat
-from marllm.config.opponents import NAMED, ONLY, SeatArguments, build_opponent
+from marllm.games.opponents import NAMED, ONLY, SeatArguments, build_opponent
+from marllm.games.settings import GameConfig, Seat
 from marllm.games.strategy import learner_policy
 
 OPPONENT_SEED_OFFSET = 10_000
@@ -49,7 +49,7 @@ def make_opponent(
     game: GameConfig, seat: Seat, index: int, learners: Mapping[str, Any], seed: int, generation: Any
 ) -> Any:
     """The player of a seat that is not a learner (``index``: the seat's position, which seeds it, from the run's
-    ``seed``), built by its opponent's entry (:func:`~marllm.config.opponents.build_opponent`), with the learner it
+    ``seed``), built by its opponent's entry (:func:`~marllm.games.opponents.build_opponent`), with the learner it
     watches (the one its seat names, or the run's only one) and, for an opponent that reads it, that learner's
     tabulated policy (its answers sampled with ``generation``)."""
     entry = seat.opponent

@@ -20,7 +20,6 @@ import torch
 
 from marllm.algorithms.action_catalog import action_mode
 from marllm.algorithms.actions import Collector
-from marllm.config.game import GameConfig
 from marllm.games.average_policy import AveragePolicy
 from marllm.games.exploitability import (
     ExactGame,
@@ -29,6 +28,7 @@ from marllm.games.exploitability import (
     policy_source,
 )
 from marllm.games.model_player import ModelPlayer
+from marllm.games.settings import GameConfig
 
 
 def exact_game(game: GameConfig) -> ExactGame:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from marllm.games.report import game_rows, games_section
 from marllm.reporting.evaluation import EvalModel, eval_collapse, eval_models, sample_queries, sample_table
-from marllm.reporting.games import game_rows, games_section
 from marllm.reporting.indicators import final_means, final_window, phase_times
 from marllm.reporting.plots import (
     SMOOTHING_SPAN,
@@ -285,7 +285,7 @@ def _figure(name: str | None, title: str, why_missing: str) -> str:
 
 
 def _final_section(finals: Sequence[dict[str, Any]], final_k: int, games: Sequence[dict[str, Any]]) -> str:
-    """The final numbers' table, then the games' (:mod:`marllm.reporting.games`) for a game run."""
+    """The final numbers' table, then the games' (:mod:`marllm.games.report`) for a game run."""
     header = ["model", "iterations averaged", *(title for _, title in FINAL_METRICS)]
     rows = [
         [

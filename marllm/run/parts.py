@@ -1,5 +1,5 @@
 """What a built run is made of (:class:`Setup`), and the wrapping every run's env gets for its agents
-(:func:`wrap_for_agents`); :mod:`marllm.run.setup` builds a text run, :mod:`marllm.run.games` a game run."""
+(:func:`wrap_for_agents`); :mod:`marllm.run.setup` builds a text run, :mod:`marllm.games.training` a game run."""
 
 from __future__ import annotations
 

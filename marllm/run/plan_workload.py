@@ -88,8 +88,8 @@ def game_lengths(config: TrainConfig, tokenizer: Any) -> GameLengths:
         raise ValueError("game_lengths needs a config with a game section")
     import numpy as np
 
-    from marllm.envs.games.keys import LEGAL_MOVES, PROMPT
-    from marllm.games.parts import game_env
+    from marllm.games.build import game_env
+    from marllm.games.env.keys import LEGAL_MOVES, PROMPT
     from marllm.models.generation import encode_prompts
 
     env = game_env(game, game.batch_size, config.seed)

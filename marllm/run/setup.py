@@ -8,9 +8,9 @@ from pettingzoo import AECEnv
 from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.envs.text_env import env as text_env
+from marllm.games.training import build_game_setup
 from marllm.models.policy import load_tokenizer
 from marllm.parallel.distributed import DataParallel, reseed_sampling
-from marllm.run.games import build_game_setup
 from marllm.run.learners import learners_from_config
 from marllm.run.parts import Setup, wrap_for_agents
 from marllm.tasks.base import TaskParts
@@ -39,7 +39,7 @@ def build(config: TrainConfig, data_parallel: DataParallel | None = None) -> Set
     The model, reward model and dataset references are checked first, before anything loads. ``data_parallel``:
     this process's rank of a data-parallel run (:mod:`marllm.parallel.distributed`), which plays its slice of each
     batch. A config with a ``game`` section plays the game instead of the text env, with no task
-    (:func:`marllm.run.games.build_game_setup`).
+    (:func:`marllm.games.training.build_game_setup`).
     """
     config.check_references()
     torch.manual_seed(config.seed)

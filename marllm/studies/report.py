@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from marllm.games.study import cell_games, games_lines
 from marllm.reporting.plots import curve_colors
 from marllm.reporting.runs import load_run
 from marllm.reporting.tables import escape_cell, fmt, markdown_table
@@ -43,7 +44,6 @@ from marllm.studies.aggregate import (
 from marllm.studies.cells import MEAN, METRICS, ROLE_PREFIX, Cell, show
 from marllm.studies.figures import plot_axis, plot_curves, plot_reward_vs_kl
 from marllm.studies.files import EXPANSION_FILE, STUDY_FILE
-from marllm.studies.games import cell_games, games_lines
 
 REPORT_DIR = "report"
 

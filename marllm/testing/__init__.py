@@ -3,6 +3,7 @@
 (:mod:`.game_envs`), an action mode's collector (:mod:`.collectors`) and a player that does not learn
 (:mod:`.players`)."""
 
+from marllm.games.check import check_game_env
 from marllm.testing.collectors import check_collector
 from marllm.testing.conformance import (
     check_first_update_is_on_policy,
@@ -11,7 +12,6 @@ from marllm.testing.conformance import (
     check_resume_equals_uninterrupted,
 )
 from marllm.testing.data_parallel import check_two_ranks_equal_one_process, run_ranks
-from marllm.testing.game_envs import check_game_env
 from marllm.testing.outcomes import CheckNotApplicable
 from marllm.testing.players import check_player
 

@@ -1,4 +1,4 @@
-"""A check of a player that sits at a game without learning (:mod:`marllm.players`), marllm's or one's own:
+"""A check of a player that sits at a game without learning (:mod:`marllm.games.players`), marllm's or one's own:
 :func:`check_player`.
 
 The training loop treats an opponent as it treats a learner (the :class:`~marllm.algorithms.learner.Learner`
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from pettingzoo import AECEnv
 
-from marllm.envs.games import BatchedGameEnv, keys
+from marllm.games.env import BatchedGameEnv, keys
 from marllm.testing.outcomes import CheckNotApplicable
 
 __all__ = ["check_player"]
@@ -47,7 +47,7 @@ def check_player(
 
     Args:
         make_player: builds the player afresh.
-        make_env: builds the game env (a :class:`~marllm.envs.games.BatchedGameEnv`, wrapped or not).
+        make_env: builds the game env (a :class:`~marllm.games.env.BatchedGameEnv`, wrapped or not).
         seats: the seats the player plays (the others play random legal moves); None: every seat (self-play).
         episodes: episodes per run; at least 2 where ``resumes``.
         seed: seeds the env's deals, the other seats' moves and the global torch generator, per episode.
@@ -70,7 +70,7 @@ def check_player(
             f"{type(first).__name__} lacks {missing}"
         )
     if not isinstance(make_env().unwrapped, BatchedGameEnv):
-        raise CheckNotApplicable(f"{name}: a player is checked in a marllm.envs.games.BatchedGameEnv")
+        raise CheckNotApplicable(f"{name}: a player is checked in a marllm.games.env.BatchedGameEnv")
     run = _Run(make_env, seats, seed, legal_answers)
     answers = [run.episode(first, k) for k in range(episodes)]
     second = make_player()

@@ -1,7 +1,7 @@
 """Players of small OpenSpiel games that play a tabular policy: CFR's average policy and an exact best response.
 
 Both look the policy up at the seat's information state, rebuilt from the observation's ``history`` (the OpenSpiel
-history, chance outcomes included) in the game's solved twin (:func:`~marllm.envs.games.info_states.solved_twin`),
+history, chance outcomes included) in the game's solved twin (:func:`~marllm.games.env.info_states.solved_twin`),
 sample a move from it and answer with the move's exact name. The seat comes from ``act``'s ``role`` (``player_<i>``,
 as the loop passes it); without it, from whose turn it is (sequential games only).
 """
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from marllm.envs.games.info_states import enumerate_info_states, load_game, solved_twin
-from marllm.envs.games.keys import HISTORY, LEGAL_ACTIONS, LEGAL_MOVES
-from marllm.players.fixed import FixedPlayer
+from marllm.games.env.info_states import enumerate_info_states, load_game, solved_twin
+from marllm.games.env.keys import HISTORY, LEGAL_ACTIONS, LEGAL_MOVES
+from marllm.games.players.fixed import FixedPlayer
 
 if TYPE_CHECKING:
-    from marllm.config.opponents import SeatArguments
+    from marllm.games.opponents import SeatArguments
 
 
 class TabularPlayer(FixedPlayer):
@@ -84,7 +84,7 @@ class CFRPlayer(TabularPlayer):
     (:func:`cfr_average_policy`).
 
     Args:
-        game: as :class:`TabularPlayer`'s; it must be enumerable (:func:`~marllm.envs.games.info_states.
+        game: as :class:`TabularPlayer`'s; it must be enumerable (:func:`~marllm.games.env.info_states.
             enumerate_info_states`).
         iterations: CFR iterations.
         name: the player's id.

@@ -1,12 +1,12 @@
 """The game results of a study's cells: win, draw, loss, illegal moves, payoff, cooperation and exploitability per
 learner and seat, each seed's final value aggregated over the cell's seeds (the keys of
-:mod:`marllm.reporting.games`)."""
+:mod:`marllm.games.report`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from marllm.reporting.games import ALL_SEATS, GAME_METRICS, MEASURED_NOW_AND_THEN, game_key, game_seats
+from marllm.games.report import ALL_SEATS, GAME_METRICS, MEASURED_NOW_AND_THEN, game_key, game_seats
 from marllm.reporting.tables import escape_cell, fmt, markdown_table
 from marllm.studies.aggregate import estimate, final_value
 from marllm.studies.cells import Cell

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from pettingzoo import AECEnv
 
-from marllm.envs.games.views import GameView, Move, register_view
+from marllm.games.env.views import GameView, Move, register_view
 
 MARKS = ("X", "O")
 

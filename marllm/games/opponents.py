@@ -9,9 +9,10 @@ entry, so adding an opponent is one entry here, or none: a seat can name an oppo
 config's folder) or ``package.module:MyPlayer``.
 
 A builder is called with the seat's :class:`SeatArguments`: a class by its ``from_seat(seat)`` classmethod
-(:meth:`FixedPlayer.from_seat <marllm.players.fixed.FixedPlayer.from_seat>`, which every fixed player inherits, calls
-``cls(seat.name, seed=seat.seed)``), a function as it is. A referenced class says what it needs of the game by its
-``needs`` class attribute (names of :data:`NEEDS`), read when the config is checked (its file is loaded then).
+(:meth:`FixedPlayer.from_seat <marllm.games.players.fixed.FixedPlayer.from_seat>`, which every fixed player
+inherits, calls ``cls(seat.name, seed=seat.seed)``), a function as it is. A referenced class says what it needs of the
+game by its ``needs`` class attribute (names of :data:`NEEDS`), read when the config is checked (its file is loaded
+then).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from marllm.envs.games.catalog import TIC_TAC_TOE
-from marllm.envs.games.info_states import NotEnumerableError, enumerate_info_states
-from marllm.envs.games.openspiel import require_openspiel
+from marllm.games.env.factory import TIC_TAC_TOE
+from marllm.games.env.info_states import NotEnumerableError, enumerate_info_states
+from marllm.games.env.openspiel import require_openspiel
 from marllm.utils.imports import is_file_reference, load_reference, split_reference
 
 if TYPE_CHECKING:
-    from marllm.config.game import GameConfig
+    from marllm.games.settings import GameConfig
 
 NAMED = "named"
 """An opponent that watches the learner its seat names, ``<opponent>:<learner id>``."""
@@ -75,17 +76,19 @@ class Opponent:
 
 
 CATALOG: dict[str, Opponent] = {
-    "random": Opponent("marllm.players.fixed:RandomMover", "a uniformly random legal move"),
-    "minimax": Opponent("marllm.players.fixed:TicTacToeMinimax", "perfect tic-tac-toe", needs=("tic_tac_toe",)),
+    "random": Opponent("marllm.games.players.fixed:RandomMover", "a uniformly random legal move"),
+    "minimax": Opponent("marllm.games.players.fixed:TicTacToeMinimax", "perfect tic-tac-toe", needs=("tic_tac_toe",)),
     "mcts": Opponent(
-        "marllm.players.mcts:MCTSPlayer",
+        "marllm.games.players.mcts:MCTSPlayer",
         "OpenSpiel's MCTS",
         ("perfect_information", "openspiel"),
         ("mcts_simulations",),
     ),
-    "cfr": Opponent("marllm.players.tabular:CFRPlayer", "CFR's average policy", (SMALL_GAME,), ("cfr_iterations",)),
+    "cfr": Opponent(
+        "marllm.games.players.tabular:CFRPlayer", "CFR's average policy", (SMALL_GAME,), ("cfr_iterations",)
+    ),
     "best_response": Opponent(
-        "marllm.players.tabular:BestResponsePlayer",
+        "marllm.games.players.tabular:BestResponsePlayer",
         "an exact best response to the learner's policy",
         (SMALL_GAME,),
         ("best_response_every",),
@@ -94,7 +97,7 @@ CATALOG: dict[str, Opponent] = {
         tabulates=True,
     ),
     "snapshot_pool": Opponent(
-        "marllm.players.snapshots:OpponentPool",
+        "marllm.games.players.snapshots:OpponentPool",
         "one of the learner's last frozen snapshots, drawn per iteration",
         settings=("pool_size", "pool_every"),
         learner=NAMED,
@@ -269,7 +272,7 @@ def build_opponent(kind: str, seat: SeatArguments, where: str | None = None) -> 
     if not callable(builder):
         raise ValueError(
             f"{kind}: {target!r} has no from_seat; name a class with a from_seat(seat) classmethod (every "
-            "marllm.players.FixedPlayer has one) or a function of the seat"
+            "marllm.games.players.FixedPlayer has one) or a function of the seat"
         )
     try:
         return builder(seat)
@@ -331,7 +334,7 @@ NEEDS: dict[str, Callable[[GameConfig, str], None]] = {
 }
 """What an opponent can need of the game -> its check, ``check(game, who)`` raising ``ValueError`` naming ``who``:
 tic-tac-toe, a turn-taking game of perfect information, OpenSpiel installed, a small OpenSpiel game (one whose
-information states enumerate, :mod:`marllm.envs.games.info_states`)."""
+information states enumerate, :mod:`marllm.games.env.info_states`)."""
 
 
 def check_needs(game: GameConfig, who: str, needs: tuple[str, ...]) -> None:

@@ -1,7 +1,7 @@
 """Games by name, as a config names them: a PettingZoo classic env (``tictactoe_v3``), ``openspiel:<game string>``,
 or a game of one's own by reference (``my_game.py:env``, a zero-argument factory of an AEC env).
 
-:func:`game_factory` turns a name into the zero-argument factory :class:`~marllm.envs.games.BatchedGameEnv` takes;
+:func:`game_factory` turns a name into the zero-argument factory :class:`~marllm.games.env.BatchedGameEnv` takes;
 :func:`describe_game` builds one copy to report what a config needs to check before a run starts: the game's seats,
 its kind, and whether every seat moves in every game of a batch at every turn (``lockstep``).
 """
@@ -21,7 +21,7 @@ from typing import Any
 import pettingzoo.classic
 from pettingzoo import AECEnv
 
-from marllm.envs.games.openspiel import openspiel_factory, require_openspiel
+from marllm.games.env.openspiel import openspiel_factory, require_openspiel
 from marllm.utils.imports import load_reference
 
 OPENSPIEL_PREFIX = "openspiel:"
@@ -31,7 +31,7 @@ LOCKSTEP_GAMES = ("rps_v2",)
 """PettingZoo games in which every game of a batch lasts as many moves (the same seats, in the same order)."""
 
 TIC_TAC_TOE = ("tictactoe_v3", "openspiel:tic_tac_toe")
-"""The names under which tic-tac-toe is played (what :class:`~marllm.players.TicTacToeMinimax` plays)."""
+"""The names under which tic-tac-toe is played (what :class:`~marllm.games.players.TicTacToeMinimax` plays)."""
 
 MCTS_GAMES = {"tictactoe_v3": "tic_tac_toe", "connect_four_v3": "connect_four"}
 """PettingZoo games with an OpenSpiel twin whose action ids mean the same moves (tic-tac-toe's boards are each

@@ -7,7 +7,7 @@ learner's last K snapshots per iteration). One learner in several seats (self-pl
 (:func:`~marllm.loop.run_iteration`) rewards it in the order it acted and updates it once.
 """
 
-from marllm.players.fixed import FixedPlayer, RandomMover, TicTacToeMinimax
-from marllm.players.snapshots import FrozenSnapshot, OpponentPool
+from marllm.games.players.fixed import FixedPlayer, RandomMover, TicTacToeMinimax
+from marllm.games.players.snapshots import FrozenSnapshot, OpponentPool
 
 __all__ = ["FixedPlayer", "FrozenSnapshot", "OpponentPool", "RandomMover", "TicTacToeMinimax"]

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 from pettingzoo import AECEnv
 
-from marllm.envs.games.views import GameView, Move
+from marllm.games.env.views import GameView, Move
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Turn(NamedTuple):
 def count_cooperation(
     view: GameView, games: Sequence[AECEnv], records: Sequence[GameRecord], turns: Sequence[Turn], seat: str
 ) -> tuple[int, int] | None:
-    """(cooperative, legal) of ``seat`` over a batch (:meth:`~marllm.envs.games.BatchedGameEnv.cooperation_counts`):
+    """(cooperative, legal) of ``seat`` over a batch (:meth:`~marllm.games.env.BatchedGameEnv.cooperation_counts`):
     how many of its legal answers chose the view's cooperative move; None where the view names none."""
     cooperative = legal = 0
     named = False
@@ -77,7 +77,7 @@ def count_cooperation(
 
 
 def view_metrics(view: GameView, games: Sequence[AECEnv], seat: str, taken: Collection[str]) -> dict[str, float]:
-    """The seat's measures of the view's own (:meth:`~marllm.envs.games.GameView.metrics`), each averaged over the
+    """The seat's measures of the view's own (:meth:`~marllm.games.env.GameView.metrics`), each averaged over the
     games that report it.
 
     Raises:

@@ -1,4 +1,4 @@
-"""The keys under which :class:`~marllm.envs.games.BatchedGameEnv` reports per-game values.
+"""The keys under which :class:`~marllm.games.env.BatchedGameEnv` reports per-game values.
 
 Observation keys hold one entry per game in which the seat moves now (the rows of the move), in row order; the
 per-dialogue reward keys of :mod:`marllm.envs.info_keys` (``task_rewards``, ``batch_rewards``, ``turn_*``) are filled

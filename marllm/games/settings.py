@@ -1,7 +1,7 @@
 """The ``game`` section of a training config: a batched game in place of the text env, and who sits in each seat.
 
 A seat is a learner id (a learner the run trains; the same id in every seat is self-play) or an opponent of the
-catalog :mod:`marllm.config.opponents`: ``random``, ``minimax`` (tic-tac-toe), ``mcts`` (OpenSpiel's MCTS, on
+catalog :mod:`marllm.games.opponents`: ``random``, ``minimax`` (tic-tac-toe), ``mcts`` (OpenSpiel's MCTS, on
 turn-taking games of perfect information), ``cfr`` and ``best_response`` (on small OpenSpiel games: CFR's average
 policy, an exact best response to the learner) or ``snapshot_pool:<learner>`` (the last ``pool_size`` frozen snapshots
 of that learner, one drawn per iteration), or an opponent class by reference (``my_opponent.py:MyPlayer``). The game is
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from marllm.algorithms import action_catalog as modes
-from marllm.config.opponents import NAMED, ONLY, SMALL_GAME, Seat, check_needs, parse_seat
-from marllm.envs.games.catalog import GameInfo, describe_game
-from marllm.envs.games.checks import ILLEGAL_POLICIES
-from marllm.envs.games.parsers import PARSERS
-from marllm.envs.games.prompts import check_game_templates
+from marllm.games.env.checks import ILLEGAL_POLICIES
+from marllm.games.env.factory import GameInfo, describe_game
+from marllm.games.env.parsers import PARSERS
+from marllm.games.env.prompts import check_game_templates
+from marllm.games.opponents import NAMED, ONLY, SMALL_GAME, Seat, check_needs, parse_seat
 from marllm.utils.checks import choice
 
 __all__ = ["ActionsConfig", "GameConfig", "MeasurementConfig", "OpponentsConfig", "Seat", "parse_seat"]
@@ -165,7 +165,7 @@ class MeasurementConfig:
 
 @dataclass
 class GameConfig:
-    """A batched game (:class:`~marllm.envs.games.BatchedGameEnv`) in place of the text env.
+    """A batched game (:class:`~marllm.games.env.BatchedGameEnv`) in place of the text env.
 
     Attributes:
         name: the game: a PettingZoo classic env (``tictactoe_v3``, ``connect_four_v3``, ``rps_v2``, ...) or
@@ -174,7 +174,7 @@ class GameConfig:
             game of one's own by reference (``my_game.py:env``, relative to the config's folder: a factory of an AEC
             env, called with ``options``).
         seats: who plays each seat, in the game's seat order: a learner id, or an opponent
-            (:mod:`marllm.config.opponents`): ``random``, ``minimax`` (tic-tac-toe), ``mcts``, ``cfr``,
+            (:mod:`marllm.games.opponents`): ``random``, ``minimax`` (tic-tac-toe), ``mcts``, ``cfr``,
             ``best_response``, ``snapshot_pool:<learner>`` or a class by reference (``my_opponent.py:MyPlayer``,
             relative to the config's folder). The learners of the
             run are the learner ids named here, in order of first appearance; one id in every seat is self-play (one
@@ -217,7 +217,7 @@ class GameConfig:
     opponents: OpponentsConfig = field(default_factory=OpponentsConfig)
     measurement: MeasurementConfig = field(default_factory=MeasurementConfig)
     info: GameInfo = field(init=False, repr=False, compare=False)
-    """The game, described (:func:`~marllm.envs.games.catalog.describe_game`): its seats and kind."""
+    """The game, described (:func:`~marllm.games.env.factory.describe_game`): its seats and kind."""
     seat_values: tuple[Seat, ...] = field(init=False, repr=False, compare=False)
     """``seats``, each read once into a typed :class:`Seat` (:func:`parse_seat`) when the config is made."""
 

@@ -13,7 +13,7 @@ ILLEGAL_POLICIES = ("forfeit", "random")
 """What an answer naming no legal move gets: the player loses the game, or a random legal move is played."""
 
 DEFAULT_MAX_MOVES = 1000
-"""The move cap of a game whose view gives no bound of its own (:meth:`~marllm.envs.games.GameView.max_moves`)."""
+"""The move cap of a game whose view gives no bound of its own (:meth:`~marllm.games.env.GameView.max_moves`)."""
 
 
 def make_game(game_fn: Callable[[], AECEnv]) -> AECEnv:

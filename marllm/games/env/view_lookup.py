@@ -1,12 +1,12 @@
-"""Which view shows a game: :func:`view_for`, over the views registered in :mod:`marllm.envs.games.views` by the
+"""Which view shows a game: :func:`view_for`, over the views registered in :mod:`marllm.games.env.views` by the
 built-in view modules (imported here, so that they have registered before any lookup) and by users."""
 
 from __future__ import annotations
 
 from pettingzoo import AECEnv
 
-from marllm.envs.games import board_views, dice_views, matrix_views, openspiel, poker_views
-from marllm.envs.games.views import FALLBACKS, MATCHERS, VIEWS, GameView, game_name
+from marllm.games.env import board_views, dice_views, matrix_views, openspiel, poker_views
+from marllm.games.env.views import FALLBACKS, MATCHERS, VIEWS, GameView, game_name
 
 BUILTIN_VIEW_MODULES = (board_views, dice_views, matrix_views, poker_views, openspiel)
 """The modules whose import registers marllm's own views (named games, the matrix family, OpenSpiel's fallback)."""

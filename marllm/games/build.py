@@ -1,7 +1,7 @@
 """A game's parts built from a config's ``game`` section, the one place training and evaluation build them: the
 batched game env (:func:`game_env`) and the fixed players (:func:`fixed_player`).
 
-Training wraps the env for its learners (:func:`marllm.run.games.build_game_env`) and adds the players made from a
+Training wraps the env for its learners (:func:`marllm.games.training.build_game_env`) and adds the players made from a
 learner (a snapshot pool, a best response); evaluation and round-robins play the bare env against these players.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from marllm.config.game import GameConfig
-from marllm.config.opponents import FIXED_OPPONENTS, SeatArguments, build_opponent, is_reference, opponent
-from marllm.envs.games import BatchedGameEnv
-from marllm.envs.games.catalog import game_factory
+from marllm.games.env import BatchedGameEnv
+from marllm.games.env.factory import game_factory
+from marllm.games.opponents import FIXED_OPPONENTS, SeatArguments, build_opponent, is_reference, opponent
+from marllm.games.settings import GameConfig
 
 
 def game_env(game: GameConfig, batch_size: int, seed: int | None = None) -> BatchedGameEnv:
@@ -32,7 +32,7 @@ def game_env(game: GameConfig, batch_size: int, seed: int | None = None) -> Batc
 
 
 def fixed_player(game: GameConfig, kind: str, name: str, seed: int) -> Any:
-    """A fresh player of the opponent ``kind`` (one of :data:`~marllm.config.opponents.FIXED_OPPONENTS`, or an
+    """A fresh player of the opponent ``kind`` (one of :data:`~marllm.games.opponents.FIXED_OPPONENTS`, or an
     opponent class by reference) for ``game``, named ``name``, seeded.
 
     Raises:

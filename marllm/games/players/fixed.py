@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from marllm.envs.games.keys import HISTORY, LEGAL_ACTIONS, LEGAL_MOVES
+from marllm.games.env.keys import HISTORY, LEGAL_ACTIONS, LEGAL_MOVES
 from marllm.utils.generators import restore_generator
 
 if TYPE_CHECKING:
-    from marllm.config.opponents import SeatArguments
+    from marllm.games.opponents import SeatArguments
 
 
 class FixedPlayer:
@@ -35,7 +35,7 @@ class FixedPlayer:
     tokenizer: Any = None
     needs: ClassVar[tuple[str, ...]] = ()
     """What it needs of the game when a seat names its class by reference (names of
-    :data:`marllm.config.opponents.NEEDS`, e.g. ``("tic_tac_toe",)``), checked with the config."""
+    :data:`marllm.games.opponents.NEEDS`, e.g. ``("tic_tac_toe",)``), checked with the config."""
 
     def __init__(self, name: str):
         self.name = name
@@ -45,7 +45,7 @@ class FixedPlayer:
     @classmethod
     def from_seat(cls, seat: SeatArguments) -> FixedPlayer:
         """The player of a seat that names this class (``game.seats: [llm, my_opponent.py:MyPlayer]``, or a catalog
-        entry, :mod:`marllm.config.opponents`): ``cls(seat.name, seed=seat.seed)``, or ``cls(seat.name)`` where the
+        entry, :mod:`marllm.games.opponents`): ``cls(seat.name, seed=seat.seed)``, or ``cls(seat.name)`` where the
         constructor takes no ``seed``. A subclass whose constructor takes other arguments overrides it."""
         if "seed" in inspect.signature(cls).parameters:
             return cls(seat.name, seed=seat.seed)  # type: ignore[call-arg]

@@ -13,7 +13,7 @@ Observation
     A dict with one entry per game in which the seat moves now (its rows, in batch order): ``prompt`` (the prompt,
     rendered by the seat's template from the game view's fields), ``legal_moves`` (the legal move names, as the
     prompt lists them), ``legal_actions`` (their action ids), ``history`` (the game so far as action ids, for
-    scripted players) and ``games`` (the games' indices in the batch). See :mod:`marllm.envs.games.keys`.
+    scripted players) and ``games`` (the games' indices in the batch). See :mod:`marllm.games.env.keys`.
 Action
     One answer string per row of the observation. The parser maps an answer to a legal move (on a free-text turn, the
     view's ``free_text``, the answer itself is the move); one naming none is illegal: with ``illegal="forfeit"`` the
@@ -26,7 +26,7 @@ Info
     (what the move is trained on: payoff · γ^(the seat's later moves in that game) − ``illegal_penalty`` if the answer
     was illegal), one row per turn of the seat, each as long as that turn's observation; ``turn_discounts`` (each
     move's γ^k), ``turn_games`` (which games each turn's rows are), ``payoffs``, ``outcomes`` (+1 win, 0 draw, -1
-    loss) and ``metrics`` (:data:`~marllm.envs.games.keys.METRICS`).
+    loss) and ``metrics`` (:data:`~marllm.games.env.keys.METRICS`).
 Reward
     Zero until the episode ends; then ``rewards[seat]`` is the seat's mean payoff over the batch.
 Termination
@@ -45,15 +45,6 @@ from gymnasium.spaces import Dict as DictSpace
 from pettingzoo import AECEnv
 from pettingzoo.utils import wrappers
 
-from marllm.envs.games import keys
-from marllm.envs.games.checks import check_credit, check_max_moves, check_policy, check_seats, make_game, reset_game
-from marllm.envs.games.credit import outcomes, seat_metrics, turn_discounts, turn_rewards
-from marllm.envs.games.parsers import Parser, get_parser
-from marllm.envs.games.prompts import GameTemplate, check_game_templates, prompt_fields
-from marllm.envs.games.records import GameRecord, Turn, count_cooperation, view_metrics
-from marllm.envs.games.spaces import Rows
-from marllm.envs.games.view_lookup import view_for
-from marllm.envs.games.views import FREE_TEXT, GameView, Move
 from marllm.envs.info_keys import (
     BATCH_REWARDS,
     TASK_REWARDS,
@@ -62,6 +53,15 @@ from marllm.envs.info_keys import (
     TURN_TASK_REWARDS,
 )
 from marllm.envs.text_inputs import describe_action
+from marllm.games.env import keys
+from marllm.games.env.checks import check_credit, check_max_moves, check_policy, check_seats, make_game, reset_game
+from marllm.games.env.credit import outcomes, seat_metrics, turn_discounts, turn_rewards
+from marllm.games.env.parsers import Parser, get_parser
+from marllm.games.env.prompts import GameTemplate, check_game_templates, prompt_fields
+from marllm.games.env.records import GameRecord, Turn, count_cooperation, view_metrics
+from marllm.games.env.spaces import Rows
+from marllm.games.env.view_lookup import view_for
+from marllm.games.env.views import FREE_TEXT, GameView, Move
 from marllm.utils.errors import CheckpointError
 from marllm.utils.generators import restore_generator
 
@@ -71,22 +71,22 @@ class BatchedGameEnv(AECEnv):
 
     Args:
         game_fn: a zero-argument factory of the game, an AEC env: a PettingZoo classic env (``tictactoe_v3.env``),
-            an OpenSpiel game (:func:`~marllm.envs.games.openspiel.openspiel_factory`, or any shimmy
+            an OpenSpiel game (:func:`~marllm.games.env.openspiel.openspiel_factory`, or any shimmy
             ``OpenSpielCompatibilityV0``) or a user's own. Called once per game of the batch.
         batch_size: games per episode.
         view: how prompts show the game and name its moves; None looks it up by the game's name
-            (:func:`~marllm.envs.games.view_lookup.view_for`), falling back to the generic view.
+            (:func:`~marllm.games.env.view_lookup.view_for`), falling back to the generic view.
         templates: one template for every seat, a mapping seat -> template, or None (the default prompt): a
-            ``str.format`` string over :data:`~marllm.envs.games.prompts.FIELDS` or a callable ``(fields) -> str``.
+            ``str.format`` string over :data:`~marllm.games.env.prompts.FIELDS` or a callable ``(fields) -> str``.
         parser: a registered parser's name (``"first"``, ``"last"``, ``"exact"``) or a callable
             ``(answer, legal_move_names) -> index or None``.
         illegal: ``"forfeit"`` (an illegal answer loses the game) or ``"random"`` (a random legal move is played).
         forfeit_payoffs: (the forfeiting seat's payoff, every other seat's); None: the view's (its loss, and for a
-            zero-sum game what winning pays, else 0: :meth:`~marllm.envs.games.GameView.forfeit_payoffs`).
+            zero-sum game what winning pays, else 0: :meth:`~marllm.games.env.GameView.forfeit_payoffs`).
         discount: γ in (0, 1]; a move is credited γ^k · payoff, k the mover's later moves in the game.
         illegal_penalty: >= 0, subtracted from the trained reward of every illegal answer.
         max_moves: answers per game (every seat's) after which a game still on is ended as a draw; None: the game's
-            own bound where its view has one (:meth:`~marllm.envs.games.GameView.max_moves`), else 1000.
+            own bound where its view has one (:meth:`~marllm.games.env.GameView.max_moves`), else 1000.
         render_mode: None or ``"ansi"`` (``render()`` returns the first game's moves).
         seed: seeds the games' seeds and the random moves, as a first ``reset(seed=seed)`` would.
 
@@ -371,7 +371,7 @@ class BatchedGameEnv(AECEnv):
 
     def cooperation_counts(self, seat: str) -> tuple[int, int] | None:
         """(cooperative, legal): of the seat's legal answers in this batch (not moves played for illegal ones), how
-        many chose the view's cooperative move (:meth:`~marllm.envs.games.GameView.cooperative_move`), or None."""
+        many chose the view's cooperative move (:meth:`~marllm.games.env.GameView.cooperative_move`), or None."""
         return count_cooperation(self.view, self.games, self.records, self.turns, seat)
 
     def render(self) -> str | None:

@@ -6,7 +6,7 @@ state of its *solved twin*: the game as OpenSpiel's solvers (CFR, best response,
 turned into turn-based ones (``pyspiel.convert_to_turn_based``; the second mover does not see the first one's move),
 and a repeated game given full recall (its observation otherwise shows the last round only, so histories that a
 prompt tells apart would share a key). Action ids are the same in both. :meth:`GameTree.observation` renders the
-prompt of every information state with a view and templates, as :class:`~marllm.envs.games.BatchedGameEnv` would,
+prompt of every information state with a view and templates, as :class:`~marllm.games.env.BatchedGameEnv` would,
 and checks that every state of an information set renders the same prompt (a policy of prompts is then a policy of
 information states).
 
@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from marllm.envs.games import keys
-from marllm.envs.games.openspiel import openspiel_env, require_openspiel
-from marllm.envs.games.prompts import GameTemplate, check_game_templates, prompt_fields
-from marllm.envs.games.view_lookup import view_for
-from marllm.envs.games.views import GameView, Move
+from marllm.games.env import keys
+from marllm.games.env.openspiel import openspiel_env, require_openspiel
+from marllm.games.env.prompts import GameTemplate, check_game_templates, prompt_fields
+from marllm.games.env.view_lookup import view_for
+from marllm.games.env.views import GameView, Move
 
 MAX_INFO_STATES = 4000
 """The most information states an exact evaluation enumerates by default (each is one prompt a model answers)."""

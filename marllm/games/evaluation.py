@@ -6,7 +6,7 @@ did (:meth:`~marllm.games.model_player.ModelPlayer.of_run`: the config's action 
 free text with each answer's budget drawn from ``[min_new_tokens, max_new_tokens]``, the distribution training
 sampled). Each (model, opponent, seat) plays ``games`` games of the
 config's game, parser and illegal-answer policy, dealt from the same seeds for every model (so models are compared on
-the same deals). The opponents are those of :mod:`marllm.config.opponents` that watch no learner (``random``,
+the same deals). The opponents are those of :mod:`marllm.games.opponents` that watch no learner (``random``,
 ``minimax`` for tic-tac-toe, ``mcts``, ``cfr`` for small OpenSpiel games: CFR's average policy after
 ``game.opponents.cfr_iterations`` iterations), an opponent class by reference, and ``self`` (the model in every
 seat).
@@ -14,7 +14,7 @@ seat).
 Rates are per game (win, draw, loss) or per answer (illegal moves), with Wilson score 95% intervals; the mean payoff
 has a Student-t 95% interval over games (:mod:`marllm.utils.statistics`). Where the game's view names a cooperative
 move (a symmetric social dilemma: the prisoner's dilemma's Cooperate, see
-:meth:`~marllm.envs.games.GameView.cooperative_move`), the cooperation rate is the fraction of the model's legal
+:meth:`~marllm.games.env.GameView.cooperative_move`), the cooperation rate is the fraction of the model's legal
 answers that chose it. Answers within one game are not independent: the per-answer intervals are narrower than a
 per-game analysis would give.
 """
@@ -30,15 +30,15 @@ import numpy as np
 import torch
 
 from marllm.config import TrainConfig
-from marllm.config import opponents as catalog
-from marllm.config.game import GameConfig
-from marllm.envs.games.catalog import TIC_TAC_TOE
-from marllm.envs.games.keys import OUTCOMES, PAYOFFS
 from marllm.evaluation.deployed import load_deployed_model
+from marllm.games import opponents as catalog
+from marllm.games.build import fixed_player, game_env
+from marllm.games.env.factory import TIC_TAC_TOE
+from marllm.games.env.keys import OUTCOMES, PAYOFFS
 from marllm.games.model_player import ModelPlayer
-from marllm.games.parts import fixed_player, game_env
+from marllm.games.players.fixed import FixedPlayer
+from marllm.games.settings import GameConfig
 from marllm.loop import play_episode
-from marllm.players.fixed import FixedPlayer
 from marllm.utils.statistics import estimate
 
 Z_95 = 1.959963984540054
@@ -168,7 +168,7 @@ def _has_cooperative_move(game: GameConfig) -> bool:
 
 def check_opponents(game: GameConfig, opponents: Sequence[str]) -> None:
     """Raise ``ValueError`` naming an opponent that is unknown or does not play ``game`` (what its entry of
-    :mod:`marllm.config.opponents` needs)."""
+    :mod:`marllm.games.opponents` needs)."""
     for name in opponents:
         if name == SELF:
             continue

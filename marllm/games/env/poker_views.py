@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from pettingzoo import AECEnv
 
-from marllm.envs.games.openspiel import OpenSpielView
-from marllm.envs.games.views import Move, register_view
+from marllm.games.env.openspiel import OpenSpielView
+from marllm.games.env.views import Move, register_view
 
 RANKS = ("Jack", "Queen", "King", "Ace")
 

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from marllm.envs.games.openspiel import require_openspiel
-from marllm.players.fixed import FixedPlayer
+from marllm.games.env.openspiel import require_openspiel
+from marllm.games.players.fixed import FixedPlayer
 
 if TYPE_CHECKING:
-    from marllm.config.opponents import SeatArguments
+    from marllm.games.opponents import SeatArguments
 
 
 class MCTSPlayer(FixedPlayer):

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 
 from pettingzoo import AECEnv
 
-from marllm.envs.games.openspiel import OpenSpielView, require_openspiel
-from marllm.envs.games.views import GameView, Move, register_view
+from marllm.games.env.openspiel import OpenSpielView, require_openspiel
+from marllm.games.env.views import GameView, Move, register_view
 
 PayoffFn = Callable[[int, int], tuple[float, float]]
 """``payoff(own move, other move) -> (own payoff, other's payoff)``."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from pettingzoo import AECEnv
 
-from marllm.envs.games.views import GameView, Move, is_openspiel, register_fallback_view
+from marllm.games.env.views import GameView, Move, is_openspiel, register_fallback_view
 
 EXTRA = "marllm[games]"
 

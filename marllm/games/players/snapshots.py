@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from marllm.envs.games.keys import PROMPT
+from marllm.games.env.keys import PROMPT
+from marllm.games.players.fixed import FixedPlayer
 from marllm.models.generation import generate_responses
 from marllm.models.policy import context_length
 from marllm.models.state_dicts import check_tensors
-from marllm.players.fixed import FixedPlayer
 from marllm.utils.errors import CheckpointError
 from marllm.utils.generators import restore_generator
 
 if TYPE_CHECKING:
-    from marllm.config.opponents import SeatArguments
+    from marllm.games.opponents import SeatArguments
 
 
 class FrozenSnapshot(FixedPlayer):

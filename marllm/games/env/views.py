@@ -2,7 +2,7 @@
 
 A view is stateless: every method reads the game object (an AEC env, possibly wrapped) and the moves played so far
 in it. Views are registered here by a game's name (a PettingZoo env's ``metadata["name"]``, an OpenSpiel game's short
-name); :func:`~marllm.envs.games.view_lookup.view_for` finds a game's, and games without a view of their own get the
+name); :func:`~marllm.games.env.view_lookup.view_for` finds a game's, and games without a view of their own get the
 generic one: OpenSpiel's information-state (or observation) string through shimmy, or the PettingZoo observation as
 text, with the legal moves by name.
 """
@@ -135,7 +135,7 @@ class GameView:
 
     def max_moves(self, game: AECEnv) -> int | None:
         """The most moves a game can last, where the game says (OpenSpiel's ``max_game_length``); None here: the
-        batched env's default cap applies (:data:`~marllm.envs.games.checks.DEFAULT_MAX_MOVES`)."""
+        batched env's default cap applies (:data:`~marllm.games.env.checks.DEFAULT_MAX_MOVES`)."""
         return None
 
 

@@ -1,6 +1,6 @@
 """A game run built from a config's ``game`` section: the wrapped game env, its setup and what it measures.
 
-The env is :class:`~marllm.envs.games.BatchedGameEnv` over the game, wrapped like the text env: by
+The env is :class:`~marllm.games.env.BatchedGameEnv` over the game, wrapped like the text env: by
 :class:`~marllm.wrappers.SharedReward` over the game's seats when ``agents.reward_coefficients`` is set, then by
 :class:`~marllm.wrappers.RolePermutation`, whose agents are the *slots* of ``game.seats``: slot i starts in seat i and
 moves on to the next seat every ``agents.role_period`` iterations (never when it is null); who sits in which slot is
@@ -9,7 +9,7 @@ moves of all of them. With ``game.role_baselines`` the env is wrapped, outermost
 :class:`~marllm.wrappers.RoleBaselines`, one baseline per (learner, seat) for every learner's slots.
 
 After each iteration :func:`game_metrics` adds what the env measured of each learner's games, read from each slot's
-final info (its seat under ``role``, the seat's measures under :data:`~marllm.envs.games.keys.METRICS`):
+final info (its seat under ``role``, the seat's measures under :data:`~marllm.games.env.keys.METRICS`):
 ``<learner>/game/<seat>/<metric>`` per seat it played and ``<learner>/game/<metric>`` over them (see
 :data:`AGGREGATED`); and of each fixed opponent's, its illegal answers (:data:`OPPONENT_METRICS`, as
 ``<opponent>/game/<seat>/<metric>`` and ``<opponent>/game/<metric>``), with a warning the first time an opponent
@@ -26,13 +26,13 @@ from typing import Any
 from pettingzoo import AECEnv
 
 from marllm.config import TrainConfig
-from marllm.config.game import GameConfig
-from marllm.envs.games.keys import METRICS
-from marllm.games.parts import game_env
+from marllm.games.build import game_env
+from marllm.games.env.keys import METRICS
+from marllm.games.players import OpponentPool
 from marllm.games.seats import learner_slots, opponent_slots, seat_players, seat_slots
+from marllm.games.settings import GameConfig
 from marllm.games.strategy import ExploitabilityMetrics
 from marllm.parallel.distributed import reseed_sampling
-from marllm.players import OpponentPool
 from marllm.run.learners import learners_from_config
 from marllm.run.parts import Setup, wrap_for_agents
 from marllm.wrappers import RoleBaselines
@@ -54,7 +54,7 @@ AGGREGATED = (
     "payoff", "win_rate", "draw_rate", "loss_rate", "forfeit_rate", "capped_rate", "moves_per_game", "game_length"
 )
 """The metrics ``<learner>/game/<metric>`` averages over the seats the learner played this iteration (each seat's
-games counting once), as it does a game view's own measures (:meth:`~marllm.envs.games.GameView.metrics`, over the
+games counting once), as it does a game view's own measures (:meth:`~marllm.games.env.GameView.metrics`, over the
 seats that report them); its ``illegal_move_rate`` is over all its answers, and in a social dilemma its
 ``cooperation_rate`` over all its legal answers (not logged in an iteration where it gave none)."""
 
@@ -82,7 +82,7 @@ def game_metrics(
     Args:
         final_infos: each slot's info when its games were over (:attr:`~marllm.loop.IterationResult.final_infos`):
             its seat under ``role`` (the slot itself without a role permutation) and the seat's measures under
-            :data:`~marllm.envs.games.keys.METRICS`.
+            :data:`~marllm.games.env.keys.METRICS`.
         slots: the env's agent ids.
         owners: slot -> learner id, for the learners' slots.
         metrics: the iteration's metrics (:func:`~marllm.loop.run_iteration`'s, keyed by learner id: its ``names``

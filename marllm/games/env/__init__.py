@@ -3,14 +3,14 @@
 ``BatchedGameEnv`` (also ``raw_env``; ``env(**kwargs)`` adds the order-enforcing wrapper) plays a PettingZoo classic
 game, an OpenSpiel game (``openspiel_factory("kuhn_poker")``, through shimmy) or a user's own AEC env. Views render
 each game for a seat; parsers read an answer's move. The players that sit at it (learners, and opponents that do not
-learn) are in :mod:`marllm.players`. OpenSpiel and shimmy are optional: ``pip install 'marllm[games]'``.
+learn) are in :mod:`marllm.games.players`. OpenSpiel and shimmy are optional: ``pip install 'marllm[games]'``.
 """
 
-from marllm.envs.games.batched_env import BatchedGameEnv, env, raw_env
-from marllm.envs.games.openspiel import OpenSpielView, openspiel_env, openspiel_factory, require_openspiel
-from marllm.envs.games.parsers import PARSERS, Parser, exact_move, first_legal_move, get_parser, register_parser
-from marllm.envs.games.view_lookup import view_for
-from marllm.envs.games.views import GameView, Move, game_name, register_view
+from marllm.games.env.batched_env import BatchedGameEnv, env, raw_env
+from marllm.games.env.openspiel import OpenSpielView, openspiel_env, openspiel_factory, require_openspiel
+from marllm.games.env.parsers import PARSERS, Parser, exact_move, first_legal_move, get_parser, register_parser
+from marllm.games.env.view_lookup import view_for
+from marllm.games.env.views import GameView, Move, game_name, register_view
 
 __all__ = [
     "PARSERS",

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from marllm.envs.games.parsers import list_moves
 from marllm.envs.templates import PromptTemplate
+from marllm.games.env.parsers import list_moves
 
 if TYPE_CHECKING:
     from pettingzoo import AECEnv
 
-    from marllm.envs.games.views import GameView, Move
+    from marllm.games.env.views import GameView, Move
 
 GameTemplate = str | Callable[[Mapping[str, Any]], str]
 """A ``str.format`` template over :data:`FIELDS`, or a callable ``template(fields) -> prompt``."""

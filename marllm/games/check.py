@@ -1,7 +1,7 @@
 """A check of a game env, marllm's or one's own: :func:`check_game_env`.
 
 Any AEC env gets PettingZoo's own tests (``api_test`` and ``seed_test``). A batched game env
-(:class:`~marllm.envs.games.BatchedGameEnv`, wrapped or not) also keeps its own rules, played here over whole episodes
+(:class:`~marllm.games.env.BatchedGameEnv`, wrapped or not) also keeps its own rules, played here over whole episodes
 with a random legal answer in every row (a random message on a free-text turn):
 
 - **rows match the mask**: the observation holds one row per game its seat moves in (``games``, the games its
@@ -32,7 +32,7 @@ import numpy as np
 from pettingzoo import AECEnv
 from pettingzoo.test import api_test, seed_test
 
-from marllm.envs.games import BatchedGameEnv, keys
+from marllm.games.env import BatchedGameEnv, keys
 
 __all__ = ["check_game_env"]
 
@@ -83,7 +83,7 @@ def _check_batched_rules(make_env: Callable[[], AECEnv], episodes: int, seed: in
     """The batched game env's own rules over ``episodes`` episodes, each played twice from one seed."""
     env = make_env()
     if not isinstance(env.unwrapped, BatchedGameEnv):
-        reason = f"not run: {type(env.unwrapped).__name__} is not a marllm.envs.games.BatchedGameEnv"
+        reason = f"not run: {type(env.unwrapped).__name__} is not a marllm.games.env.BatchedGameEnv"
         return dict.fromkeys(BATCHED_RULES, reason)
     answers = 0
     for episode in range(episodes):

@@ -1,7 +1,7 @@
 """The game results of a run: win, draw and loss rates, illegal moves, payoff, cooperation and exploitability.
 
 A game run logs them per learner as ``<learner>/game/<metric>`` (over the seats it played) and per seat as
-``<learner>/game/<seat>/<metric>`` (:func:`marllm.run.games.game_metrics`); exploitability, where measured
+``<learner>/game/<seat>/<metric>`` (:func:`marllm.games.training.game_metrics`); exploitability, where measured
 (``game.measurement.exploitability_every``), as ``<learner>/game/exploitability``. :func:`game_rows` gives one row per
 run, learner and seat (``all seats`` first) with each metric's mean over the run's last ``k`` iterations, and
 :func:`games_section` the report's markdown; :mod:`marllm.studies.report` aggregates the same keys over seeds.
