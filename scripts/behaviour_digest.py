@@ -2,7 +2,7 @@
 behaviour.
 
 Trains 3 iterations of each config below (a 2-rank ``--nproc`` run of ``cory_offline``, and Kuhn poker on the embedded
-base under each of ``game.actions.mode``' four modes, its exploitability tabulated) into OUT, then writes
+base under each of ``game.actions``' four modes, its exploitability tabulated) into OUT, then writes
 ``OUT/digest.json``: per run, sha256 of ``metrics.jsonl`` with every ``time/*`` key removed, of ``samples.jsonl`` and
 of ``eval_samples.jsonl``. Run it before and after a change and compare the two files::
 
@@ -37,13 +37,16 @@ CONFIGS = {
 }
 # A game run per action mode, its exploitability tabulated at the last iteration: what a game run computes (moves
 # sampled, the tabulated policy, the update) shows in its metrics and samples.
-# exploitability_samples only where the mode's moves are sampled to tabulate them (generate, think): elsewhere its
-# policy is exact, and the setting is refused as one nothing reads.
-_KUHN = ["examples/games/kuhn_poker_offline.yaml", "game.measurement.exploitability_every=3"]
-_SAMPLED = ["game.measurement.exploitability_samples=8"]
-_MODES = {"generate": _SAMPLED, "constrained": [], "think": _SAMPLED, "score": []}
-CONFIGS.update({f"kuhn_{mode}_offline": [*_KUHN, f"game.actions.mode={mode}", *extra]
-                for mode, extra in _MODES.items()})
+# exploitability_samples is a setting of the modes whose moves are sampled to tabulate them (generate, think): the
+# others' policies are exact, and have no such setting.
+_KUHN = ["examples/games/kuhn_poker_offline.yaml", "game.exploitability.every=3"]
+_MODES = {
+    "generate": "{generate: {exploitability_samples: 8}}",
+    "constrained": "constrained",
+    "think": "{think: {exploitability_samples: 8}}",
+    "score": "score",
+}
+CONFIGS.update({f"kuhn_{mode}_offline": [*_KUHN, f"game.actions={actions}"] for mode, actions in _MODES.items()})
 ITERATIONS = 3
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 """The runs' environment: one thread, as a matrix product's float sums depend on how many threads split them (a digest

@@ -1,4 +1,4 @@
-"""game.actions.mode: constrained answers (sampling restricted to the legal moves' names, the same restriction
+"""game.actions: constrained answers (sampling restricted to the legal moves' names, the same restriction
 re-applied wherever log-probs are computed) and scored moves (a softmax over the legal moves' normalised
 log-likelihoods, action-level PPO), on tiny models built here."""
 
@@ -260,15 +260,15 @@ def test_a_learner_with_legal_actions_saves_and_restores(tokenizer, make):
 
 def test_game_actions_are_validated_naming_the_key():
     actions = r"\['generate', 'constrained', 'score', 'think'\]"
-    with pytest.raises(ValueError, match=rf"game.actions.mode must be one of {actions}"):
+    with pytest.raises(ValueError, match=rf"game.actions must be one of {actions}"):
         config_from_dict(game_config({"actions": {"mode": "sample"}}))
     with pytest.raises(ValueError, match=r"game.actions.normalization must be one of \['none', 'token', 'word'\]"):
         config_from_dict(game_config({"actions": {"mode": "score", "normalization": "mean"}}))
     assert config_from_dict(game_config({"actions": {"mode": "score"}}, agents={"algorithm": "reinforce_pp"}))
     with pytest.raises(ValueError, match="generation.stop_at_eos: true"):
         config_from_dict(game_config({"actions": {"mode": "constrained"}}, generation={"stop_at_eos": False}))
-    with pytest.raises(ValueError, match="snapshot pool plays game.actions.mode: generate only"):
-        config_from_dict(game_config({"actions": {"mode": "constrained"}, "seats": ["llm", "snapshot_pool:llm"]}))
+    with pytest.raises(ValueError, match="snapshot pool plays game.actions: generate only"):
+        config_from_dict(game_config({"actions": {"mode": "constrained"}, "seats": ["llm", "{snapshot_pool: {learner: llm}}"]}))
     assert config_from_dict(game_config({"actions": {"mode": "constrained"}}, agents={"algorithm": "reinforce_pp"}))
 
 
@@ -280,7 +280,7 @@ def test_a_kuhn_poker_run_with_legal_actions_never_answers_illegally(tmp_path, a
     """Self-play Kuhn poker on the offline base for an iteration, checkpointed, then marllm eval with the mode."""
     run_dir = tmp_path / "run"
     config = str(ROOT / "examples" / "games" / "kuhn_poker_offline.yaml")
-    overrides = ["iterations=1", "game.batch_size=2", "logging.progress=false", f"game.actions.mode={actions}"]
+    overrides = ["iterations=1", "game.batch_size=2", "logging.progress=false", f"game.actions={actions}"]
     overrides += [f"agents.algorithm={algorithm}"]
     overrides += ["game.illegal=forfeit", "game.illegal_penalty=0.0"]
     assert main(["train", config, "--run-dir", str(run_dir), *overrides]) == 0

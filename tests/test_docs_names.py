@@ -4,7 +4,7 @@ and no page says "not run yet" of a config whose results are in docs/results.
 Checked in the README and every page under docs/ (fenced code blocks aside): dotted names
 (``marllm.wrappers.RoleBaselines``, ``marllm.train(config)``), paths in the package (``marllm/run/run_dir.py``), a
 marllm class and its attributes (``ComputeConfig.micro_batch_size``, or ``RunState`` alone) and config keys
-(``ppo.compute.micro_batch_size``, ``game.actions.mode: score``), the keys against the dataclass fields of
+(``ppo.compute.micro_batch_size``, ``game.actions: score``), the keys against the dataclass fields of
 :class:`marllm.config.TrainConfig`'s sections.
 """
 
@@ -215,7 +215,7 @@ def test_no_page_says_not_run_yet_of_a_config_with_results():
         ("PPOConfig.micro_batches", ["PPOConfig.micro_batches"]),
         ("RunDir", ["RunDir"]),
         ("ppo.compute.micro_batch_size", []),
-        ("game.actions.mode: score", []),
+        ("game.actions: score", []),
         ("agents.models.llm2", []),
         ("task.reward_model", []),
         ("ppo.micro_batch", ["ppo.micro_batch"]),

@@ -29,7 +29,7 @@ def test_a_key_where_an_earlier_layout_had_it_is_answered_with_its_place(tmp_pat
         load_config(_written(tmp_path / "old.yaml", data))
     data = yaml.safe_load(KUHN.read_text())
     data["game"]["actions"] = "score"
-    with pytest.raises(ConfigError, match=r"game.actions is a section; write game.actions.mode: score"):
+    with pytest.raises(ConfigError, match=r"game.actions is a section; write game.actions: score"):
         load_config(_written(tmp_path / "old.yaml", data))
     with pytest.raises(SystemExit):  # no command converts earlier layouts
         main(["upgrade", str(KUHN)])

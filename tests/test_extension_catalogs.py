@@ -106,7 +106,7 @@ def test_an_action_mode_in_a_file_beside_the_config_trains_and_passes_its_check(
     path = project(tmp_path, "tictactoe_constrained_offline.yaml", actions={"mode": "my_mode.py:MyConstrained"})
     monkeypatch.chdir(tmp_path.parent)
     config = load_config(path)
-    mode = config.game.actions.mode
+    mode = config.game.actions
     assert mode == f"{tmp_path / 'my_mode.py'}:MyConstrained" and config.game.actions.facts.ends_with_eos
     assert main(["train", str(path)]) == 0
     rows = metrics_of(tmp_path / "run")
@@ -122,9 +122,9 @@ def test_an_action_mode_in_a_file_beside_the_config_trains_and_passes_its_check(
         ({"seats": ["llm", "my_opponent.py:Missing"]}, r"game.seats\[1\]: .*has no 'Missing'"),
         ({"seats": ["llm", "my_opponent.py:NOT_A_PLAYER"]}, r"game.seats\[1\]: .*NOT_A_PLAYER is a int"),
         ({"name": "rps_v2", "seats": ["llm", "my_opponent.py:FirstMover"]}, r"FirstMover plays tic-tac-toe only"),
-        ({"actions": {"mode": "gone.py:MyConstrained"}}, r"game.actions.mode: actions .*gone.py.* does not exist"),
+        ({"actions": {"mode": "gone.py:MyConstrained"}}, r"game.actions: actions .*gone.py.* does not exist"),
         ({"actions": {"mode": "my_mode.py:NotACollector"}}, r"NotACollector'>, not a collector class"),
-        ({"actions": {"mode": "sample"}}, r"game.actions.mode must be one of \['generate', .* or a collector class"),
+        ({"actions": {"mode": "sample"}}, r"game.actions must be one of \['generate', .* or a collector class"),
     ],
 )
 def test_a_bad_reference_is_a_config_error_naming_its_key(tmp_path, game, message):

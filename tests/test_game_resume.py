@@ -18,13 +18,13 @@ CONFIG = str(ROOT / "examples" / "games" / "kuhn_poker_offline.yaml")
 @pytest.mark.parametrize("actions", ["generate", "constrained", "score"])
 def test_a_resumed_game_run_goes_on_as_the_uninterrupted_one(tmp_path, actions):
     overrides = [
-        f"game.actions.mode={actions}",
+        f"game.actions={actions}",
         "game.batch_size=4",
         "logging.progress=false",
         "ppo.batching.ppo_epochs=2",
     ]
     if actions != "generate":  # exact under legal-move policies; sampled under free text (not worth it here)
-        overrides += ["game.measurement.exploitability_every=1", "game.illegal_penalty=0.0"]
+        overrides += ["game.exploitability.every=1", "game.illegal_penalty=0.0"]
     uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
     assert main(["train", CONFIG, "--run-dir", str(uninterrupted), "iterations=4", *overrides]) == 0
     assert main(["train", CONFIG, "--run-dir", str(resumed), "iterations=2", *overrides]) == 0

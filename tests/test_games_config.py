@@ -78,7 +78,7 @@ def test_a_game_config_names_its_learners_and_shares_rewards_over_its_seats():
         ({"seats": ["llm", "self"]}, {}, r"game.seats\[1\]: 'self' is not a seat"),
         ({"seats": ["player_1", "random"]}, {}, r"learner id\(s\) \['player_1'\] are also names of the game's seats"),
         ({"name": "connect_four_v3", "seats": ["llm", "minimax"]}, {}, r"game.seats\[1\]: minimax plays tic-tac-toe"),
-        ({"seats": ["llm", "snapshot_pool:llm2"]}, {}, r"takes snapshots of learner 'llm2', which sits in no seat"),
+        ({"seats": ["llm", "{snapshot_pool: {learner: llm2}}"]}, {}, r"takes snapshots of learner 'llm2', which sits in no seat"),
         ({"name": "rps_v2", "seats": ["llm", "mcts"]}, {}, "mcts searches the whole state of a turn-taking game"),
         ({"parser": "middle"}, {}, r"game.parser must be one of \['first', 'last', 'exact'[^]]*\], got 'middle'"),
         ({"illegal": "pass"}, {}, r"game.illegal must be one of \['forfeit', 'random'\], got 'pass'"),
@@ -88,8 +88,8 @@ def test_a_game_config_names_its_learners_and_shares_rewards_over_its_seats():
         ({"role_baselines": 1.0}, {}, r"game.role_baselines must be a decay in \[0, 1\)"),
         ({"opponents": {"pool_size": 0}}, {}, "game.opponents.pool_size must be an integer >= 1, got 0"),
         ({"opponents": {"mcts_iterations": 9}}, {}, r"unknown config key 'game.opponents.mcts_iterations' \(did you"),
-        ({"measurement": {"exploitability_every": 0}}, {}, "game.measurement.exploitability_every must be an integer"),
-        ({"measurement": {"policy_average": "last"}}, {}, r"game.measurement.policy_average must be one of"),
+        ({"measurement": {"exploitability_every": 0}}, {}, "game.exploitability.every must be an integer"),
+        ({"measurement": {"policy_average": "last"}}, {}, r"game.exploitability.average must be one of"),
         ({"colour": "red"}, {}, r"unknown config key 'game.colour'; valid keys here: "),
         ({"templates": "{board}"}, {}, r"game.templates: .*board"),
         ({"templates": {"player_1": "{state}"}}, {}, r"game.templates: .*missing \['player_2'\]"),
@@ -139,14 +139,14 @@ def test_a_key_outside_its_game_section_is_answered_with_its_place(old, new):
 
 
 def test_an_action_mode_given_as_the_whole_actions_section_is_refused_naming_its_key():
-    written = r"game.actions is a section; write game.actions.mode: score \(keys of game.actions: \['mode', 'norm"
+    written = r"game.actions is a section; write game.actions: score \(keys of game.actions: \['mode', 'norm"
     with pytest.raises(ConfigError, match=written):
         config_from_dict(game_config({"actions": "score"}))
     with pytest.raises(ConfigError, match=written):
         load_config(ROOT / "examples" / "games" / "tictactoe_offline.yaml", ["game.actions=score"])
     with pytest.raises(ConfigError, match="game.actions must be a mapping, got list"):
         config_from_dict(game_config({"actions": ["score"]}))
-    assert config_from_dict(game_config({"actions": {"mode": "score"}})).game.actions.mode == "score"
+    assert config_from_dict(game_config({"actions": {"mode": "score"}})).game.actions == "score"
 
 
 def test_a_game_section_needs_its_name_and_seats():
@@ -207,7 +207,7 @@ def test_the_command_line_reports_a_bad_game_as_a_config_error(capsys):
 
 
 def test_seats_read_and_slot_ids():
-    seats = [parse_seat(spec, "s") for spec in ["llm", "random", "llm", "snapshot_pool:llm", "random"]]
+    seats = [parse_seat(spec, "s") for spec in ["llm", "random", "llm", "{snapshot_pool: {learner: llm}}", "random"]]
     assert [s.kind for s in seats] == ["learner", "random", "learner", "snapshot_pool", "random"]
     assert seat_slots(seats) == ["llm", "random", "llm#2", "pool-llm", "random#2"]
 

@@ -81,7 +81,7 @@ def test_scored_moves_refuse_a_name_that_begins_another(tokenizer, normalization
     from marllm.models.packed_moves import scored_move_tokens
 
     tokenizer.padding_side = "left"
-    with pytest.raises(ValueError, match=r"row 1: .*'1' is the beginning of '10'.*game.actions.mode: constrained"):
+    with pytest.raises(ValueError, match=r"row 1: .*'1' is the beginning of '10'.*game.actions: constrained"):
         scored_move_tokens(tokenizer, ["pick", "pick"], [["a", "b"], ["10", "1", "2"]], False)
     options = AlgorithmOptions(actions="score", action_normalization=normalization)
     learner = build_learner(

@@ -21,11 +21,11 @@ KUHN = str(Path(__file__).resolve().parents[1] / "examples" / "games" / "kuhn_po
         (["game.opponents.pool_size=2"], "pool_size: 2 is a setting of a snapshot_pool seat, and game.seats"),
         (["game.opponents.pool_every=2"], "pool_every: 2 is a setting of a snapshot_pool seat"),
         (["game.opponents.best_response_every=2"], "best_response_every: 2 is a setting of a best_response seat"),
-        (["game.measurement.policy_average=linear"], "policy_average: linear weighs the policies measured every"),
-        (["game.actions.mode=score", "generation.temperature=0.5"], "generation.temperature: 0.5 would be ignored"),
-        (["game.actions.mode=score", "generation.top_k=5"], "generation.top_k: 5 would be ignored"),
-        (["game.actions.mode=score", "generation.logprobs_from=sampling"], "logprobs_from: sampling would be ignored"),
-        (["game.actions.mode=score", "generation.repetition_penalty=1.1"], "repetition_penalty: 1.1 would be ignored"),
+        (["game.exploitability.average=linear"], "policy_average: linear weighs the policies measured every"),
+        (["game.actions=score", "generation.temperature=0.5"], "generation.temperature: 0.5 would be ignored"),
+        (["game.actions=score", "generation.top_k=5"], "generation.top_k: 5 would be ignored"),
+        (["game.actions=score", "generation.logprobs_from=sampling"], "logprobs_from: sampling would be ignored"),
+        (["game.actions=score", "generation.repetition_penalty=1.1"], "repetition_penalty: 1.1 would be ignored"),
     ],
 )
 def test_a_setting_nothing_reads_is_refused_naming_what_reads_it(overrides, message):
@@ -36,13 +36,13 @@ def test_a_setting_nothing_reads_is_refused_naming_what_reads_it(overrides, mess
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["game.seats=[llm,snapshot_pool:llm]", "game.opponents.pool_size=2"],
+        ["game.seats=[llm,{snapshot_pool: {learner: llm}}]", "game.opponents.pool_size=2"],
         ["game.opponents.cfr_iterations=5"],  # marllm eval plays a cfr opponent, whatever the seats
         ["game.measurement.exploitability_samples=8"],  # marllm eval --exploitability tabulates with it
-        ["game.measurement.exploitability_every=2", "game.measurement.policy_average=linear"],
-        ["game.actions.mode=score", "game.measurement.exploitability_every=3"],
-        ["game.actions.mode=score", "generation.min_new_tokens=1", "generation.max_new_tokens=3"],
-        ["game.actions.mode=constrained", "generation.temperature=0.5"],  # constrained moves are sampled
+        ["game.exploitability.every=2", "game.exploitability.average=linear"],
+        ["game.actions=score", "game.exploitability.every=3"],
+        ["game.actions=score", "generation.min_new_tokens=1", "generation.max_new_tokens=3"],
+        ["game.actions=constrained", "generation.temperature=0.5"],  # constrained moves are sampled
         ["game.opponents.cfr_iterations=100", "game.actions.normalization=token"],  # defaults, as a run records them
     ],
 )
@@ -53,14 +53,14 @@ def test_what_the_run_reads_and_the_defaults_pass(overrides):
 @pytest.mark.parametrize(
     ("overrides", "refusal"),
     [
-        (["game.actions.mode=constrained", "game.parser=last"], r"game.parser: last would be ignored"),
-        (["game.actions.mode=score", "game.parser=last"], r"game.parser: last would be ignored"),
+        (["game.actions=constrained", "game.parser=last"], r"game.parser: last would be ignored"),
+        (["game.actions=score", "game.parser=last"], r"game.parser: last would be ignored"),
         (
-            ["game.actions.mode=score", "game.measurement.exploitability_samples=8"],
+            ["game.actions=score", "game.measurement.exploitability_samples=8"],
             r"exploitability_samples: 8 would be ignored",
         ),
         (
-            ["game.actions.mode=constrained", "game.measurement.exploitability_samples=8"],
+            ["game.actions=constrained", "game.measurement.exploitability_samples=8"],
             r"exploitability_samples: 8 would be ignored",
         ),
         (
@@ -79,7 +79,7 @@ def test_a_setting_the_mode_or_the_model_never_meets_is_refused(overrides, refus
     [
         ["game.parser=last"],
         ["game.measurement.exploitability_samples=8"],
-        ["game.actions.mode=think", "game.measurement.exploitability_samples=8"],
+        ["game.actions=think", "game.measurement.exploitability_samples=8"],
     ],
 )
 def test_the_same_settings_pass_where_they_are_read(overrides):

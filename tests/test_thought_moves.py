@@ -1,4 +1,4 @@
-"""``game.actions.mode: think``: a free-text thought, a forced ``THOUGHT_END``, then a legal move restricted token by
+"""``game.actions: think``: a free-text thought, a forced ``THOUGHT_END``, then a legal move restricted token by
 token, credited as one response whose log-probs are those of the distributions its tokens were drawn from."""
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ def test_thought_and_move_log_probs_are_those_sampled(tokenizer, monkeypatch, pp
 
 
 def test_think_is_validated_and_its_probabilities_are_not_exact(tokenizer):
-    assert config_from_dict(game_config({"actions": {"mode": "think"}})).game.actions.mode == "think"
-    with pytest.raises(ValueError, match="game.actions.mode: think ends each answer with EOS"):
+    assert config_from_dict(game_config({"actions": {"mode": "think"}})).game.actions == "think"
+    with pytest.raises(ValueError, match="game.actions: think ends each answer with EOS"):
         config_from_dict(game_config({"actions": {"mode": "think"}}, generation={"stop_at_eos": False}))
     with pytest.raises(ValueError, match="set ppo.compute.rollout_from_generate to auto or false"):
         think_learner(tokenizer, rollout_from_generate=True)

@@ -1,4 +1,4 @@
-"""An action mode for games that talk (``game.actions.mode: talk.py:TalkOrPropose``): free text on a message turn (a
+"""An action mode for games that talk (``game.actions: talk.py:TalkOrPropose``): free text on a message turn (a
 turn whose view lists no legal move, :meth:`marllm.games.env.GameView.free_text`), a legal move restricted token by
 token on every other turn (``constrained``).
 

@@ -15,7 +15,7 @@ class AlgorithmOptions:
 
     Attributes:
         algorithm: the algorithm of every learner, or learner id -> algorithm (``ppo`` where not named): a name of
-            :data:`~marllm.algorithms.catalog.CATALOG` or a reference to a learner class (see
+            :data:`~marllm.algorithms.catalog.ALGORITHM_REGISTRY` or a reference to a learner class (see
             :mod:`marllm.algorithms.catalog`).
         critic_free: the critic-free learners' settings (None: their defaults).
         group_size: the env's group size, the answers to one query that GRPO and RLOO compare.

@@ -8,7 +8,7 @@ from typing import Any, NotRequired, TypedDict
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from marllm.algorithms.action_catalog import action_mode
+from marllm.algorithms.action_modes import action_mode
 from marllm.algorithms.kl_controller import KLController
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.stochastic_rounding import StochasticRoundingAdam
@@ -105,7 +105,7 @@ def check_learner_settings(
 def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
     """Refuse a mode whose answers end with EOS (constrained, thought-then-move) without an EOS to end them, and
     ``ppo.compute.rollout_from_generate: true`` with a mode it does not fit (a thought and its move are two generate
-    calls), as the mode's facts say (:func:`~marllm.algorithms.action_catalog.action_mode`; an unknown mode is
+    calls), as the mode's facts say (:func:`~marllm.algorithms.action_modes.action_mode`; an unknown mode is
     refused)."""
     mode = action_mode(actions, f"learner {name!r}")
     if mode.ends_with_eos:

@@ -111,7 +111,7 @@ def add_eval(commands: Any) -> None:
         action="store_true",
         help="a small OpenSpiel game config (Kuhn, Leduc poker, matrix games, small repeated games): each model's "
         "NashConv and exploitability, its policy tabulated at every information state "
-        "(game.measurement.exploitability_samples answers per state under game.actions.mode: generate)",
+        "(the mode's exploitability_samples answers per state under game.actions: generate or think)",
     )
     evaluate.add_argument("--out", default=None, help="also write the results as JSON here")
     evaluate.set_defaults(handler=run_eval)

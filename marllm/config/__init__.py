@@ -19,23 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from marllm.config.custom_tasks import task_class
-from marllm.config.ignored import check_read_settings
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml  # noqa: F401 - ConfigError re-exported
 from marllm.config.paths import absolute_config_paths
 from marllm.config.train_config import TrainConfig, per_learner  # noqa: F401 - per_learner re-exported
 from marllm.games.settings import GAME_REPETITION_PENALTY
 
-CONFIG_LAYOUT = 2
-"""The config layout this marllm reads (2: ``ppo`` and ``game`` in sections); a run directory records its own."""
+CONFIG_LAYOUT = 3
+"""The config layout this marllm reads (3: a game's seats and action mode written with their own settings; 2:
+``ppo`` and ``game`` in sections); a run directory records its own."""
 RUN_RECORD = "run.json"
 """The file beside a run directory's ``config.yaml`` that says marllm wrote both, and in which layout."""
 
 
-def config_from_dict(data: dict[str, Any], recorded: bool = False) -> TrainConfig:
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     """Build and check a :class:`TrainConfig` from plain data; errors name the offending key. A game's generation
-    defaults differ from a text task's in one setting: :data:`~marllm.games.settings.GAME_REPETITION_PENALTY`. A config
-    a run ``recorded`` (what it trained with) is not refused for settings it would not read
-    (:func:`~marllm.config.ignored.check_read_settings`): runs recorded before that check resume and evaluate."""
+    defaults differ from a text task's in one setting: :data:`~marllm.games.settings.GAME_REPETITION_PENALTY`."""
     data = dict(data)
     generation = data.get("generation")
     if data.get("game") is not None and (generation is None or isinstance(generation, Mapping)):
@@ -44,14 +42,7 @@ def config_from_dict(data: dict[str, Any], recorded: bool = False) -> TrainConfi
     if isinstance(task, dict):
         kind = task.get("name", "sentiment")
         data["task"] = build(task_class(kind), {**task, "name": kind}, "task")
-    config = build(TrainConfig, data)
-    if recorded:
-        return config
-    try:
-        check_read_settings(config)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    return config
+    return build(TrainConfig, data)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -67,7 +58,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
         raise ConfigError(other_layout(Path(path).parent, recorded))
     data = apply_overrides(data, overrides)
     folder = Path(path).resolve().parent
-    return config_from_dict(absolute_config_paths(data, folder, overrides), recorded=recorded is not None)
+    return config_from_dict(absolute_config_paths(data, folder, overrides))
 
 
 def run_layout(run_dir: Path) -> int | None:
@@ -134,7 +125,7 @@ def resume_differences(saved: Mapping[str, Any], config: TrainConfig) -> list[st
     """
     # not readable by this version (a key since removed, a device this machine lacks): compare what it holds
     with contextlib.suppress(ValueError):
-        saved = config_from_dict(dict(saved), recorded=True).to_dict()
+        saved = config_from_dict(dict(saved)).to_dict()
     now_sections = config.to_dict()
     before, now = flatten(saved), flatten(now_sections)
     missing = object()

@@ -7,9 +7,10 @@ files from anywhere: ``marllm eval RUN_DIR/config.yaml`` and ``--resume`` work f
 
 The paths: ``run_dir``, ``model.name_or_path``, each of ``agents.models``, ``task.dataset``, ``task.eval_dataset``,
 ``task.reward_model``, and the files that ``task.name``, ``task.reward``, ``agents.algorithm``, ``game.name``,
-``game.seats`` and ``game.actions.mode`` name (``file.py:name``). A value that is
-not a local path is left as it is: a hub id (``imdb``, ``gpt2-large``), a ``marllm:`` asset, an importable module.
-A dataset or model counts as a local path when it exists there (or, for a dataset, when it ends in a data-file suffix).
+``game.seats`` and ``game.actions`` name (``file.py:name``, also as the key of a seat's or a mode's settings). A
+value that is not a local path is left as it is: a hub id (``imdb``, ``gpt2-large``), a ``marllm:`` asset, an
+importable module. A dataset or model counts as a local path when it exists there (or, for a dataset, when it ends in
+a data-file suffix).
 """
 
 from __future__ import annotations
@@ -49,7 +50,15 @@ def _reference(value: Any, base: Path) -> Any:
     if isinstance(value, dict):
         return {role: absolute_reference(each, base) for role, each in value.items()}
     if isinstance(value, list):
-        return [absolute_reference(each, base) for each in value]
+        return [_named(each, base) for each in value]
+    return absolute_reference(value, base)
+
+
+def _named(value: Any, base: Path) -> Any:
+    """An extension named alone (``file.py:Class``) or with its settings (``{file.py:Class: {...}}``): the
+    reference made absolute, the settings kept."""
+    if isinstance(value, dict):
+        return {absolute_reference(key, base): settings for key, settings in value.items()}
     return absolute_reference(value, base)
 
 
@@ -65,7 +74,7 @@ PATH_KEYS: dict[str, Callable[[Any, Path], Any]] = {
     "agents.algorithm": absolute_reference,  # a mapping per learner: below, entry by entry
     "game.name": absolute_reference,
     "game.seats": _reference,
-    "game.actions.mode": absolute_reference,
+    "game.actions": _named,
 }
 
 

@@ -157,10 +157,10 @@ class AgentsConfig:
             ``model.name_or_path``, whose tokenizer also cuts the task's queries. Agents of different bases talk
             through text only.
         algorithm: how every learner learns, ``ppo``, ``grpo``, ``rloo`` or ``reinforce_pp``
-            (:data:`marllm.algorithms.catalog.CATALOG`) or a learner class by reference (``my_learner.py:MyPPO``,
-            relative to the config's folder, or ``package.module:MyPPO``), or a mapping learner id -> algorithm
-            (learners not named use ``ppo``). The ``ppo`` section's optimisation settings apply to
-            all; ``critic_free`` holds the GRPO family's own.
+            (:data:`marllm.algorithms.catalog.ALGORITHM_REGISTRY`) or a learner class by reference
+            (``my_learner.py:MyPPO``, relative to the config's folder, or ``package.module:MyPPO``), or a mapping
+            learner id -> algorithm (learners not named use ``ppo``). The ``ppo`` section's optimisation settings
+            apply to all; ``critic_free`` holds the GRPO family's own.
         devices: one agent per device: a list of device names in ``learners`` order, or a mapping learner id ->
             device (learners not named use ``model.device``). Each learner's policy lives on its device; learners
             on distinct devices update concurrently. Learners sharing one LoRA base share its device.

@@ -19,7 +19,7 @@ from marllm.config.prompts import check_template_fields
 from marllm.config.sections import AgentsConfig, EnvConfig, LoggingConfig, ModelConfig
 from marllm.envs.templates import check_template_keys
 from marllm.envs.turns import check_shard
-from marllm.games.settings import GameConfig
+from marllm.games.settings import GAME_REPETITION_PENALTY, GameConfig
 from marllm.models.devices import resolve_device
 from marllm.tasks import TASKS, TaskConfig, has_binary_reward
 from marllm.wrappers.shared_reward import check_coefficients, cooperation_matrix
@@ -130,13 +130,25 @@ class TrainConfig:
                     "moves come in no such groups: use ppo or reinforce_pp"
                 )
         self.game.check_actions(self.generation.stop_at_eos)
-        unfit = self.game.actions.facts.rollout_from_generate  # why the mode does not take it
+        facts = self.game.actions.facts
+        unfit = facts.rollout_from_generate  # why the mode does not take it
         if unfit is not None and self.ppo.compute.rollout_from_generate is True:
             raise ValueError(
                 "ppo.compute.rollout_from_generate: true takes the rollout's log-probs from generate, and "
-                f"game.actions.mode: {self.game.actions.mode} {unfit}; leave ppo.compute.rollout_from_generate at auto "
-                "(or false), or use game.actions.mode: generate"
+                f"game.actions: {self.game.actions.mode} {unfit}; leave ppo.compute.rollout_from_generate at auto "
+                "(or false), or use game.actions: generate"
             )
+        # The one rule that joins the generation section and the mode: sampling settings the mode's answers never
+        # read (a game's repetition penalty defaults to GAME_REPETITION_PENALTY).
+        defaults = {**to_dict(GenerationConfig()), "repetition_penalty": GAME_REPETITION_PENALTY}
+        for name in facts.ignores_sampling:
+            value = getattr(self.generation, name)
+            if value != defaults[name]:
+                raise ValueError(
+                    f"generation.{name}: {value} would be ignored: under game.actions: {self.game.actions.mode} (its "
+                    f"answer: {facts.summary}) no token is sampled; leave generation.{name} at its default "
+                    f"({defaults[name]}), or use a mode that samples tokens"
+                )
         if self.logging.pass_at_k is not None:
             raise ValueError(
                 "logging.pass_at_k measures answers to a task's problems; a game config has none (marllm eval "

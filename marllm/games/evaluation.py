@@ -8,7 +8,7 @@ sampled). Each (model, opponent, seat) plays ``games`` games of the
 config's game, parser and illegal-answer policy, dealt from the same seeds for every model (so models are compared on
 the same deals). The opponents are those of :mod:`marllm.games.opponents` that watch no learner (``random``,
 ``minimax`` for tic-tac-toe, ``mcts``, ``cfr`` for small OpenSpiel games: CFR's average policy after
-``game.opponents.cfr_iterations`` iterations), an opponent class by reference, and ``self`` (the model in every
+its settings' ``iterations``), an opponent class by reference, and ``self`` (the model in every
 seat).
 
 Rates are per game (win, draw, loss) or per answer (illegal moves), with Wilson score 95% intervals; the mean payoff

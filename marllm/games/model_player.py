@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from marllm.algorithms.action_catalog import action_mode
 from marllm.algorithms.actions import Collector, new_collector
 from marllm.algorithms.ppo_config import ComputeConfig, KLConfig
 from marllm.config import TrainConfig
@@ -36,7 +35,7 @@ class ModelPlayer(FixedPlayer):
         tokenizer: Any,
         generation: Any,
         actions: str = "generate",
-        normalization: str = "token",
+        normalization: str | None = None,
         collector: Collector | None = None,
         compute: ComputeConfig | None = None,
     ):
@@ -73,13 +72,14 @@ class ModelPlayer(FixedPlayer):
 
 
 def _model_collector(
-    name: str, model: Any, tokenizer: Any, generation: Any, actions: str, normalization: str, compute: ComputeConfig
+    name: str, model: Any, tokenizer: Any, generation: Any, actions: str, normalization: str | None,
+    compute: ComputeConfig,
 ) -> Collector:
     """The collector of ``actions`` (``score``'s ``normalization``) that plays ``model`` for the player ``name``."""
     return new_collector(
         actions,
         owner=name,
-        options={"normalization": normalization} if "normalization" in action_mode(actions).options else None,
+        options={"normalization": normalization} if normalization is not None else None,
         name=name,
         player=name,
         model=model,

@@ -1,115 +1,188 @@
-"""The opponents a game's seat can name (``game.seats``), in one list, without importing torch.
+"""The opponents a game's seat can name (``game.seats``): :data:`OPPONENT_REGISTRY`, torch-free, and the typed
+:class:`Seat` each entry of ``game.seats`` is read into once.
 
-Each name maps to its builder as a reference (``module:Class`` or ``module:function``), imported only when the seat's
-player is built, and to what it needs: of the game (tic-tac-toe, a turn-taking game of perfect information, a small
-OpenSpiel game), of the run (a learner it watches) and of ``game.opponents`` (its settings). The config checks a seat
-by its entry (:func:`check_needs`) and the seat builder (:func:`marllm.games.seats.seat_players`) builds it by its
-entry, so adding an opponent is one entry here, or none: a seat can name an opponent class by reference, as
-``agents.algorithm`` names a learner, ``game.seats: [llm, my_opponent.py:MyPlayer]`` (a file relative to the
-config's folder) or ``package.module:MyPlayer``.
+Each built-in opponent is an :class:`Opponent` registered by name: what it needs of the game (tic-tac-toe, a
+turn-taking game of perfect information, a small OpenSpiel game) and of the run (a learner it watches), its own
+settings as a dataclass written with its seat (``game.seats: [llm, {cfr: {iterations: 200}}]``; a seat that names
+it alone takes their defaults), and its player's builder as ``implementation``, imported only when the seat's player
+is built. A seat can also name an opponent class by reference, as ``agents.algorithm`` names a learner, ``game.seats:
+[llm, my_opponent.py:MyPlayer]`` (a file relative to the config's folder) or ``package.module:MyPlayer``, with
+settings of its own where the class declares them (its ``Settings`` dataclass): ``{my_opponent.py:MyPlayer: {depth:
+2}}``.
 
 A builder is called with the seat's :class:`SeatArguments`: a class by its ``from_seat(seat)`` classmethod
 (:meth:`FixedPlayer.from_seat <marllm.games.players.fixed.FixedPlayer.from_seat>`, which every fixed player
-inherits, calls ``cls(seat.name, seed=seat.seed)``), a function as it is. A referenced class says what it needs of the
-game by its ``needs`` class attribute (names of :data:`NEEDS`), read when the config is checked (its file is loaded
-then).
+inherits, calls ``cls(seat.name, seed=seat.seed)``), a function as it is. A referenced class says what it needs of
+the game by its ``needs`` class attribute (names of :data:`NEEDS`), read when the config is checked (its file is
+loaded then).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from marllm.games.env.factory import TIC_TAC_TOE
 from marllm.games.env.info_states import NotEnumerableError, enumerate_info_states
 from marllm.games.env.openspiel import require_openspiel
-from marllm.utils.imports import is_file_reference, load_reference, split_reference
+from marllm.utils.dataclass_tree import build, to_dict
+from marllm.utils.registry import Extension, Registry
 
 if TYPE_CHECKING:
     from marllm.games.settings import GameConfig
 
 NAMED = "named"
-"""An opponent that watches the learner its seat names, ``<opponent>:<learner id>``."""
+"""An opponent that watches the learner its seat names (its settings' ``learner``)."""
 ONLY = "only"
 """An opponent that watches the run's only learner."""
 SMALL_GAME = "small_game"
 """The need of a game whose information states enumerate (checked once for every seat and measurement needing it)."""
 
-REFERENCE_FORMS = "my_opponent.py:MyPlayer relative to the config's folder, or package.module:MyPlayer"
 
-
-@dataclass(frozen=True)
-class Opponent:
-    """One entry of :data:`CATALOG`.
+class Opponent(Extension):
+    """An opponent's facts.
 
     Attributes:
-        builder: ``module:Class`` (built by its ``from_seat``) or ``module:function`` that builds its player.
-        summary: what it plays, in a line.
         needs: what it needs of the game, names of :data:`NEEDS`, checked in this order.
-        settings: its keys of ``game.opponents``.
-        learner: the learner it watches: :data:`NAMED` (its seat names one), :data:`ONLY` (the run's only one) or
-            None (none: it plays in evaluation too).
+        learner: the learner it watches: :data:`NAMED` (its settings name one, ``learner``), :data:`ONLY` (the run's
+            only one) or None (none: it plays in evaluation too).
         watching: how it watches its learner, in words (for messages).
         player_id: its player's id (its seat's slot), formatted with ``name`` (its own) and ``learner``.
         plays_mode: the action mode its answers are in, which the run's learners must play (None: any).
         tabulates: whether it reads its learner's policy tabulated at every information state (the seat builder
             gives it as :attr:`SeatArguments.learner_policy`).
-        snapshots: whether it keeps ``game.opponents.pool_size`` frozen copies of its learner's model (what a
-            memory plan counts).
+        snapshots: whether it keeps ``size`` frozen copies of its learner's model (what a memory plan counts).
     """
 
-    builder: str
-    summary: str
-    needs: tuple[str, ...] = ()
-    settings: tuple[str, ...] = ()
-    learner: str | None = None
-    watching: str = "watches"
-    player_id: str = "{name}"
-    plays_mode: str | None = None
-    tabulates: bool = False
-    snapshots: bool = False
+    needs: ClassVar[tuple[str, ...]] = ()
+    learner: ClassVar[str | None] = None
+    watching: ClassVar[str] = "watches"
+    player_id: ClassVar[str] = "{name}"
+    plays_mode: ClassVar[str | None] = None
+    tabulates: ClassVar[bool] = False
+    snapshots: ClassVar[bool] = False
 
 
-CATALOG: dict[str, Opponent] = {
-    "random": Opponent("marllm.games.players.fixed:RandomMover", "a uniformly random legal move"),
-    "minimax": Opponent("marllm.games.players.fixed:TicTacToeMinimax", "perfect tic-tac-toe", needs=("tic_tac_toe",)),
-    "mcts": Opponent(
-        "marllm.games.players.mcts:MCTSPlayer",
-        "OpenSpiel's MCTS",
-        ("perfect_information", "openspiel"),
-        ("mcts_simulations",),
-    ),
-    "cfr": Opponent(
-        "marllm.games.players.tabular:CFRPlayer", "CFR's average policy", (SMALL_GAME,), ("cfr_iterations",)
-    ),
-    "best_response": Opponent(
-        "marllm.games.players.tabular:BestResponsePlayer",
-        "an exact best response to the learner's policy",
-        (SMALL_GAME,),
-        ("best_response_every",),
-        learner=ONLY,
-        watching="answers",
-        tabulates=True,
-    ),
-    "snapshot_pool": Opponent(
-        "marllm.games.players.snapshots:OpponentPool",
-        "one of the learner's last frozen snapshots, drawn per iteration",
-        settings=("pool_size", "pool_every"),
-        learner=NAMED,
-        watching="takes snapshots of",
-        player_id="pool-{learner}",
-        plays_mode="generate",
-        snapshots=True,
-    ),
-}
+OPPONENT_REGISTRY: Registry[type[Opponent]] = Registry("opponent", Opponent, "my_opponent.py:MyPlayer")
 """Opponent name -> :class:`Opponent`: the opponents ``game.seats`` names (besides references)."""
 
-FIXED_OPPONENTS = tuple(name for name, entry in CATALOG.items() if entry.learner is None)
+
+def _at_least_one(owner: str, settings: Any) -> None:
+    for key, value in vars(settings).items():
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"{owner}.{key} must be an integer >= 1, got {value}")
+
+
+@OPPONENT_REGISTRY.register("random")
+class RandomOpponent(Opponent):
+    implementation = "marllm.games.players.fixed:RandomMover"
+    summary = "a uniformly random legal move"
+
+
+@OPPONENT_REGISTRY.register("minimax")
+class MinimaxOpponent(Opponent):
+    implementation = "marllm.games.players.fixed:TicTacToeMinimax"
+    summary = "perfect tic-tac-toe"
+    needs = ("tic_tac_toe",)
+
+
+@dataclass(frozen=True)
+class MCTSSettings:
+    """An ``mcts`` seat's settings. Attributes: simulations: per move."""
+
+    simulations: int = 100
+
+    def __post_init__(self) -> None:
+        _at_least_one("mcts", self)
+
+
+@OPPONENT_REGISTRY.register("mcts")
+class MCTSOpponent(Opponent):
+    implementation = "marllm.games.players.mcts:MCTSPlayer"
+    summary = "OpenSpiel's MCTS"
+    needs = ("perfect_information", "openspiel")
+    Settings = MCTSSettings
+
+
+@dataclass(frozen=True)
+class CFRSettings:
+    """A ``cfr`` seat's settings. Attributes: iterations: CFR's, solved once when the run starts (its
+    exploitability shrinks as O(1/√iterations): Kuhn poker about 0.015 after 50, Leduc about 0.2 s an iteration)."""
+
+    iterations: int = 100
+
+    def __post_init__(self) -> None:
+        _at_least_one("cfr", self)
+
+
+@OPPONENT_REGISTRY.register("cfr")
+class CFROpponent(Opponent):
+    implementation = "marllm.games.players.tabular:CFRPlayer"
+    summary = "CFR's average policy"
+    needs = (SMALL_GAME,)
+    Settings = CFRSettings
+
+
+@dataclass(frozen=True)
+class BestResponseSettings:
+    """A ``best_response`` seat's settings. Attributes: every: iterations between two readings of the learner's
+    policy (each tabulates the learner at every information state: exact under ``score`` and ``constrained``, the
+    mode's ``exploitability_samples`` answers per state under ``generate`` and ``think``)."""
+
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        _at_least_one("best_response", self)
+
+
+@OPPONENT_REGISTRY.register("best_response")
+class BestResponseOpponent(Opponent):
+    implementation = "marllm.games.players.tabular:BestResponsePlayer"
+    summary = "an exact best response to the learner's policy"
+    needs = (SMALL_GAME,)
+    learner = ONLY
+    watching = "answers"
+    tabulates = True
+    Settings = BestResponseSettings
+
+
+@dataclass(frozen=True)
+class SnapshotPoolSettings:
+    """A ``snapshot_pool`` seat's settings.
+
+    Attributes:
+        learner: the learner id whose snapshots it keeps.
+        size: K, the snapshots it keeps (each a copy of the learner's model).
+        every: iterations between two snapshots.
+    """
+
+    learner: str
+    size: int = 4
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        _at_least_one("snapshot_pool", self)
+        if not _LEARNER_ID.fullmatch(self.learner):
+            raise ValueError(f"snapshot_pool.learner must be a learner id, got {self.learner!r}")
+
+
+@OPPONENT_REGISTRY.register("snapshot_pool")
+class SnapshotPoolOpponent(Opponent):
+    implementation = "marllm.games.players.snapshots:OpponentPool"
+    summary = "one of the learner's last frozen snapshots, drawn per iteration"
+    learner = NAMED
+    watching = "takes snapshots of"
+    player_id = "pool-{learner}"
+    plays_mode = "generate"
+    snapshots = True
+    Settings = SnapshotPoolSettings
+
+
+FIXED_OPPONENTS = tuple(name for name, entry in OPPONENT_REGISTRY.builtins().items() if entry.learner is None)
 """The opponents that watch no learner: those an evaluation plays a model against."""
 
 
@@ -118,13 +191,14 @@ class SeatArguments:
     """What an opponent's builder gets.
 
     Attributes:
-        game: the config's ``game`` section (the game, ``game.opponents``' settings).
+        game: the config's ``game`` section.
         name: the player's id.
         seed: seeds its draws.
         learner: the learner it watches (its entry's ``learner``), or None.
         learner_id: that learner's id, or None.
         learner_policy: gives that learner's policy tabulated at every information state, for an opponent whose
             entry ``tabulates`` (a best response); else None.
+        settings: its seat's settings (an instance of its ``Settings``), or None where it has none.
     """
 
     game: GameConfig
@@ -133,6 +207,7 @@ class SeatArguments:
     learner: Any = None
     learner_id: str | None = None
     learner_policy: Callable[[], Any] | None = None
+    settings: Any = None
 
 
 LEARNER = "learner"
@@ -146,18 +221,69 @@ _LEARNER_ID = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 
 @dataclass(frozen=True)
 class Seat:
-    """One entry of ``game.seats``, read.
+    """One entry of ``game.seats``, read once when the config is made (:meth:`from_config`).
 
     Attributes:
-        spec: as written.
-        kind: ``learner``, an opponent's name in :data:`CATALOG`, or an opponent's
-            reference (``module:Class``).
+        kind: ``learner``, an opponent's name in :data:`OPPONENT_REGISTRY`, or an opponent's reference
+            (``module:Class``).
         learner: the learner id (a learner's own, or the one its opponent watches); None for the others.
+        settings: the opponent's settings (an instance of its ``Settings``), or None.
     """
 
-    spec: str
     kind: str
     learner: str | None = None
+    settings: Any = None
+
+    @classmethod
+    def from_config(cls, value: Any, path: str) -> Seat:
+        """Read a seat as written: a learner id, an opponent's name or reference, or ``{opponent: {settings}}``."""
+        if isinstance(value, Seat):
+            return value
+        if isinstance(value, Mapping):
+            if len(value) != 1:
+                raise ValueError(f"{path}: a seat with settings is one opponent and its settings, got {dict(value)}")
+            [(kind, given)] = value.items()
+            return cls._opponent(str(kind), given, path)
+        if not isinstance(value, str):
+            raise ValueError(f"{path}: {value!r} is not a seat; a seat is {_valid_seats()}")
+        if value in OPPONENT_REGISTRY or OPPONENT_REGISTRY.is_reference(value):
+            return cls._opponent(value, None, path)
+        if value == SELF or not _LEARNER_ID.fullmatch(value):
+            raise ValueError(
+                f"{path}: {value!r} is not a seat; a seat is {_valid_seats()} (a learner id starts with a letter and "
+                "has letters, digits, '_', '.' and '-' only)"
+            )
+        return cls(LEARNER, value)
+
+    @classmethod
+    def _opponent(cls, kind: str, given: Any, path: str) -> Seat:
+        prefix = kind.partition(":")[0]
+        if ":" in kind and prefix in OPPONENT_REGISTRY:  # the old `snapshot_pool:<learner>` grammar
+            raise ValueError(f"{path}: write {{{prefix}: {{learner: {kind.partition(':')[2]}}}}} for {kind!r}")
+        try:
+            OPPONENT_REGISTRY.check(kind, path)
+        except ValueError as error:
+            raise ValueError(f"{error}; a seat is {_valid_seats()}") from None
+        settings_class = OPPONENT_REGISTRY.entry(kind, path).Settings if OPPONENT_REGISTRY.is_reference(kind) else (
+            OPPONENT_REGISTRY.builtins()[kind].Settings
+        )
+        if settings_class is None:
+            if given:
+                raise ValueError(f"{path}: the opponent {kind} has no settings, got {given!r}")
+            return cls(kind)
+        settings = build(settings_class, {} if given is None else given, f"{path}.{kind}")
+        return cls(kind, getattr(settings, "learner", None), settings)
+
+    def to_config(self) -> Any:
+        """The seat as a config writes it."""
+        if self.is_learner:
+            return self.learner
+        return self.kind if self.settings is None else {self.kind: to_dict(self.settings)}
+
+    @property
+    def spec(self) -> str:
+        """The seat in one word, for messages: the learner id or the opponent's kind."""
+        return self.learner if self.is_learner else self.kind  # type: ignore[return-value]
 
     @property
     def is_learner(self) -> bool:
@@ -165,9 +291,9 @@ class Seat:
         return self.kind == LEARNER
 
     @property
-    def opponent(self) -> Opponent | None:
+    def opponent(self) -> type[Opponent] | None:
         """The opponent's entry (a reference's loaded), or None for a learner's seat."""
-        return None if self.is_learner else opponent(self.kind)
+        return None if self.is_learner else OPPONENT_REGISTRY.entry(self.kind, "game.seats")
 
     @property
     def player_id(self) -> str:
@@ -176,82 +302,37 @@ class Seat:
         if self.is_learner:
             assert self.learner is not None
             return self.learner
-        if self.kind in CATALOG:
-            return CATALOG[self.kind].player_id.format(name=self.kind, learner=self.learner)
-        return split_reference(self.kind)[1]
+        if self.kind in OPPONENT_REGISTRY:
+            return OPPONENT_REGISTRY.builtins()[self.kind].player_id.format(name=self.kind, learner=self.learner)
+        return self.kind.rpartition(":")[2]
 
 
 def _valid_seats() -> str:
-    plain = [name for name, entry in CATALOG.items() if entry.learner != NAMED]
-    named = [f"{name}:<learner id>" for name, entry in CATALOG.items() if entry.learner == NAMED]
     return (
-        f"a learner id (e.g. llm), a fixed opponent: {', '.join(plain)} or {' or '.join(named)}, or an opponent "
-        f"class by reference ({REFERENCE_FORMS})"
+        f"a learner id (e.g. llm), an opponent: {', '.join(OPPONENT_REGISTRY.names())} (with its settings: "
+        "{cfr: {iterations: 200}}, {snapshot_pool: {learner: llm}}), or an opponent class by reference "
+        "(package.module:Class, or file.py:Class relative to the config's folder)"
     )
 
 
-def parse_seat(spec: str, where: str) -> Seat:
-    """Read one seat (``where`` names it in errors, e.g. ``game.seats[1]``). A reference is checked for its file or
-    module, not loaded."""
-    name, colon, learner = spec.partition(":")
-    entry = CATALOG.get(name)
-    if entry is not None and bool(colon) == (entry.learner == NAMED):
-        if colon and not _LEARNER_ID.fullmatch(learner):
-            raise ValueError(
-                f"{where}: {spec!r} must name a learner id after {name + ':'!r}; a seat is {_valid_seats()}"
-            )
-        return Seat(spec, name, learner or None)
-    if is_reference(spec):
-        why = check_reference(spec)
-        if why is not None:
-            raise ValueError(f"{where}: {spec!r} is not a seat; a seat is {_valid_seats()} ({why})")
-        return Seat(spec, spec)
-    if spec == SELF or not _LEARNER_ID.fullmatch(spec):
-        raise ValueError(
-            f"{where}: {spec!r} is not a seat; a seat is {_valid_seats()} (a learner id starts with a letter and has "
-            "letters, digits, '_', '.' and '-' only)"
-        )
-    return Seat(spec, LEARNER, spec)
-
-
-def is_reference(spec: str) -> bool:
-    """Whether ``spec`` names an opponent by reference rather than by catalog name (with or without a learner)."""
-    return ":" in spec and spec.partition(":")[0] not in CATALOG
-
-
-def check_reference(spec: str) -> str | None:
-    """Why ``spec`` (a reference) cannot name an opponent without loading it (a missing file, no such module), or
-    None."""
-    try:
-        module, _ = split_reference(spec)
-    except ValueError as error:
-        return str(error)
-    if is_file_reference(spec):
-        return None if Path(module).expanduser().is_file() else f"it names the file {module}, which does not exist"
-    top = module.partition(".")[0]
-    try:
-        found = importlib.util.find_spec(top) is not None
-    except (ImportError, ValueError):
-        found = False
-    return None if found else f"no module named {top!r} can be found"
-
-
-def opponent(kind: str) -> Opponent:
-    """The entry of ``kind``: a catalog name, or a reference (loaded, its ``needs`` read).
+def opponent(kind: str) -> type[Opponent]:
+    """The entry of ``kind``: a registered name, or a reference (loaded, its ``needs`` read).
 
     Raises:
         ValueError: a reference that does not load, names no class or function, or needs what :data:`NEEDS` lacks.
     """
-    if kind in CATALOG:
-        return CATALOG[kind]
-    target = load_reference(kind)
-    if not callable(target):
-        raise ValueError(f"{kind} is a {type(target).__name__}; name an opponent class or a builder function")
-    needs = tuple(getattr(target, "needs", ()))
-    unknown = [need for need in needs if need not in NEEDS]
+    entry = OPPONENT_REGISTRY.entry(kind, "game.seats")
+    if not callable(OPPONENT_REGISTRY.implementation(kind, "game.seats")):
+        raise ValueError(f"{kind} is not callable; name an opponent class or a builder function")
+    unknown = [need for need in entry.needs if need not in NEEDS]
     if unknown:
         raise ValueError(f"{kind} needs {unknown}, which are not needs; they are {list(NEEDS)}")
-    return Opponent(kind, (getattr(target, "__doc__", None) or "").strip().partition("\n")[0], needs)
+    return entry
+
+
+def is_reference(kind: str) -> bool:
+    """Whether ``kind`` names an opponent by reference rather than by a registered name."""
+    return OPPONENT_REGISTRY.is_reference(kind)
 
 
 def build_opponent(kind: str, seat: SeatArguments, where: str | None = None) -> Any:
@@ -266,8 +347,8 @@ def build_opponent(kind: str, seat: SeatArguments, where: str | None = None) -> 
         ValueError: the builder is not callable, or it raised (the message names the opponent, what named it, where
             it is defined and the line that raised; the builder's error is the cause).
     """
-    builder_reference = opponent(kind).builder
-    target = load_reference(builder_reference)
+    builder_reference = opponent(kind).implementation
+    target = OPPONENT_REGISTRY.implementation(kind, where or "game.seats")
     builder = getattr(target, "from_seat", None) if isinstance(target, type) else target
     if not callable(builder):
         raise ValueError(

@@ -2,7 +2,7 @@
 
 A game run logs them per learner as ``<learner>/game/<metric>`` (over the seats it played) and per seat as
 ``<learner>/game/<seat>/<metric>`` (:func:`marllm.games.training.game_metrics`); exploitability, where measured
-(``game.measurement.exploitability_every``), as ``<learner>/game/exploitability``. :func:`game_rows` gives one row per
+(``game.exploitability``), as ``<learner>/game/exploitability``. :func:`game_rows` gives one row per
 run, learner and seat (``all seats`` first) with each metric's mean over the run's last ``k`` iterations, and
 :func:`games_section` the report's markdown; :mod:`marllm.studies.report` aggregates the same keys over seeds.
 """
@@ -32,7 +32,7 @@ GAME_METRICS = {
 """The game metrics a report shows, as (metric, column header); a column no row has is left out."""
 
 MEASURED_NOW_AND_THEN = ("exploitability", "exploitability_average")
-"""The metrics measured every ``game.measurement.exploitability_every`` iterations only: a report shows their last
+"""The metrics measured every ``game.exploitability.every`` iterations only: a report shows their last
 measurement."""
 
 ALL_SEATS = "all seats"
@@ -66,7 +66,7 @@ def game_seats(runs: Sequence[Run], learner: str) -> list[str]:
 def game_rows(runs: Sequence[Run], final_k: int) -> list[dict[str, Any]]:
     """One row per run, learner and seat that logged game metrics: ``run``, ``learner``, ``seat`` and each of
     :data:`GAME_METRICS`, the mean over the run's last ``final_k`` iterations (None where it was not logged there;
-    the exploitabilities, measured every ``game.measurement.exploitability_every`` iterations only, are their last
+    the exploitabilities, measured every ``game.exploitability.every`` iterations only, are their last
     measurement)."""
     rows = []
     for run in runs:

@@ -34,14 +34,14 @@ def seat_slots(seats: Sequence[Seat]) -> list[str]:
 
 def learner_slots(game: GameConfig) -> dict[str, str]:
     """slot -> learner id, for the slots of ``game.seats`` that a learner plays."""
-    seats = game.parsed_seats()
+    seats = game.seats
     return {slot: seat.learner for slot, seat in zip(seat_slots(seats), seats, strict=True) if seat.is_learner}
 
 
 def opponent_slots(game: GameConfig) -> dict[str, str]:
     """slot -> the opponent's id (its player's: ``random``, ``pool-<learner>``, a referenced class's name), for the
     slots of ``game.seats`` that a fixed opponent plays; an opponent in several seats is one id."""
-    seats = game.parsed_seats()
+    seats = game.seats
     return {slot: seat.player_id for slot, seat in zip(seat_slots(seats), seats, strict=True) if not seat.is_learner}
 
 
@@ -59,7 +59,7 @@ def make_opponent(
     learner = learners[learner_id] if learner_id is not None else None
     policy = learner_policy(game, generation, learner_id, learner) if entry.tabulates and learner_id else None
     seed = seed + OPPONENT_SEED_OFFSET + index
-    arguments = SeatArguments(game, seat.player_id, seed, learner, learner_id, policy)
+    arguments = SeatArguments(game, seat.player_id, seed, learner, learner_id, policy, seat.settings)
     return build_opponent(seat.kind, arguments, f"game.seats[{index}]")
 
 
@@ -69,7 +69,7 @@ def seat_players(
     """``(players by slot, fixed opponents by id)``: the loop's mapping (the learners' slots first, so that a
     snapshot pool, updated after its learner, snapshots the updated weights) and the opponents, one per id, seeded
     from the run's ``seed`` (a best response's target sampled with ``generation``)."""
-    seats = game.parsed_seats()
+    seats = game.seats
     slots = seat_slots(seats)
     opponents: dict[str, Any] = {}
     for index, seat in enumerate(seats):

@@ -4,7 +4,7 @@ seat and the training metric ``<learner>/game/exploitability`` run (:mod:`marllm
 A model's policy is tabulated with the config's prompts (``game.templates``), parser and illegal-answer policy. A
 player or learner with ``move_probabilities(prompts, legal_moves)`` under an action mode with exact move
 probabilities (:attr:`~marllm.algorithms.action_modes.ActionMode.exact_policy`: ``score``, ``constrained``) is
-tabulated exactly; otherwise the model answers ``game.measurement.exploitability_samples`` times per information
+tabulated exactly; otherwise the model answers the mode's ``exploitability_samples`` times per information
 state with the config's generation settings (the ``generate`` mode) and its answers' frequencies are tabulated. A
 learner is sampled in eval mode (no dropout) from the global torch generator, so a run that measures draws other
 samples afterwards than one that does not (each is still reproducible from its seed).
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from marllm.algorithms.action_catalog import action_mode
+from marllm.algorithms.action_modes import action_mode
 from marllm.algorithms.actions import Collector
 from marllm.games.average_policy import AveragePolicy
 from marllm.games.exploitability import (
@@ -48,7 +48,7 @@ def game_policy_source(game: GameConfig, player: Any, batch_size: int = 256) -> 
     probabilities = getattr(player, "move_probabilities", None)
     if game.actions.facts.exact_policy is not None and callable(probabilities):
         return ExactProbabilities(torch.no_grad()(probabilities))
-    samples = game.measurement.exploitability_samples
+    samples = game.actions.exploitability_samples
     return policy_source(player, game.parser, samples, game.illegal, batch_size, exact=False)
 
 
@@ -93,22 +93,22 @@ def learner_policy(game: GameConfig, generation: Any, name: str, learner: Any) -
 
 
 class ExploitabilityMetrics:
-    """An iteration's metrics hook that adds, every ``game.measurement.exploitability_every`` iterations (counting from
+    """An iteration's metrics hook that adds, every ``game.exploitability.every`` iterations (counting from
     1, read from the metrics' ``iteration``), ``<learner>/game/nash_conv``, ``<learner>/game/exploitability`` (NaN
     where the game is not two-player zero-sum) and, for a sampled policy,
     ``<learner>/game/exploitability_illegal_rate``; and the same of the average of the policies measured so far
     (:class:`~marllm.games.average_policy.AveragePolicy`: what self-play converges to where its last iterate cycles;
-    weighted by ``game.measurement.policy_average``),
+    weighted by ``game.exploitability.average``),
     ``<learner>/game/nash_conv_average`` and ``<learner>/game/exploitability_average``. The averages are saved and
     restored with the run's checkpoints."""
 
     def __init__(self, game: GameConfig, generation: Any, learners: Mapping[str, Any], inner: Callable[..., dict]):
-        if game.measurement.exploitability_every is None:
-            raise ValueError("ExploitabilityMetrics measures every game.measurement.exploitability_every iterations")
-        self.every, self.inner, self.game = game.measurement.exploitability_every, inner, game
+        if game.exploitability is None:
+            raise ValueError("ExploitabilityMetrics measures what game.exploitability asks; it is null")
+        self.every, self.inner, self.game = game.exploitability.every, inner, game
         self.exact = exact_game(game)
         self.players = {name: learner_player(game, generation, name, learners[name]) for name in game.learner_ids}
-        self.averages = {name: AveragePolicy(self.exact.tree, game.measurement.policy_average) for name in self.players}
+        self.averages = {name: AveragePolicy(self.exact.tree, game.exploitability.average) for name in self.players}
 
     def __call__(self, metrics: dict[str, Any], final_infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         merged = self.inner(metrics, final_infos)

@@ -44,7 +44,7 @@ def build_game_env(config: TrainConfig) -> AECEnv:
     game = config.game
     if game is None:
         raise ValueError("build_game_env needs a config with a game section")
-    env = wrap_for_agents(game_env(game, game.batch_size, config.seed), config, seat_slots(game.parsed_seats()))
+    env = wrap_for_agents(game_env(game, game.batch_size, config.seed), config, seat_slots(game.seats))
     if game.role_baselines is not None:
         env = RoleBaselines(env, game.role_baselines, learner_slots(game))
     return env
@@ -206,7 +206,7 @@ def game_metrics_hook(game: GameConfig) -> Callable[[dict[str, Any], Mapping[str
     """:func:`game_metrics` as a run calls it after each iteration, ``hook(metrics, final_infos)``: the learners'
     and the fixed opponents' slots of ``game.seats``, each opponent warned about its illegal answers once in the
     run."""
-    slots = seat_slots(game.parsed_seats())
+    slots = seat_slots(game.seats)
     warned: set[str] = set()
 
     def hook(metrics: dict[str, Any], final_infos: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -218,9 +218,9 @@ def game_metrics_hook(game: GameConfig) -> Callable[[dict[str, Any], Mapping[str
 
 
 def metrics_hook(config: TrainConfig, learners: Mapping[str, Any], hook: Any) -> Any:
-    """``hook``, with the learners' exploitability added every ``game.measurement.exploitability_every`` iterations if
+    """``hook``, with the learners' exploitability added every ``game.exploitability.every`` iterations if
     it is set (:class:`~marllm.games.strategy.ExploitabilityMetrics`)."""
     game = config.game
-    if game is None or game.measurement.exploitability_every is None:
+    if game is None or game.exploitability is None:
         return hook
     return ExploitabilityMetrics(game, config.generation, learners, hook)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from marllm.algorithms.action_catalog import DEFAULT_MODE
+from marllm.algorithms.action_modes import DEFAULT_MODE
 from marllm.algorithms.catalog import AlgorithmOptions, build_learner
 from marllm.algorithms.learner import Learner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
@@ -72,8 +72,7 @@ def algorithm_options(config: TrainConfig) -> AlgorithmOptions:
         critic_free=config.critic_free,
         group_size=config.env.group_size,
         actions=game.actions.mode if game is not None else DEFAULT_MODE,
-        # The normalisation is its mode's option (score's); the config refuses another value with another mode.
-        action_normalization=game.actions.options.get("normalization") if game is not None else None,
+        action_normalization=game.actions.normalization if game is not None else None,  # score's own setting
     )
 
 
@@ -101,7 +100,8 @@ def make_learners(
     ``algorithm``: an algorithm name for all, a mapping learner id -> name (``ppo`` where not named), or
     :class:`~marllm.algorithms.catalog.AlgorithmOptions` with the options only some algorithms read (the
     critic-free settings, the env's group size, a game's actions); each learner's class comes from
-    :data:`marllm.algorithms.catalog.CATALOG` or a reference (:func:`~marllm.algorithms.catalog.build_learner`).
+    :data:`marllm.algorithms.catalog.ALGORITHM_REGISTRY` or a reference
+    (:func:`~marllm.algorithms.catalog.build_learner`).
     ``placement``: where and how the models are loaded (:class:`ModelPlacement`; None: its defaults).
     ``tokenizer`` (optional) is the tokenizer of a single ``model``; with several bases each loads its own.
     """

@@ -4,7 +4,7 @@ mode's fact (:class:`~marllm.algorithms.action_modes.ActionMode`)."""
 
 from __future__ import annotations
 
-from marllm.algorithms.action_catalog import DEFAULT_MODE, action_mode
+from marllm.algorithms.action_modes import DEFAULT_MODE, action_mode
 from marllm.config import TrainConfig
 
 
@@ -20,15 +20,15 @@ def exploitability_measure(config: TrainConfig) -> str | None:
     game = config.game
     if game is None:
         return None
-    tabulated = any(seat.opponent.tabulates for seat in game.parsed_seats() if not seat.is_learner)
-    if game.measurement.exploitability_every is None and not tabulated:
+    tabulated = any(seat.opponent.tabulates for seat in game.seats if not seat.is_learner)
+    if game.exploitability is None and not tabulated:
         return None
     exact = game.actions.facts.exact_policy
     if exact is not None:
         return f"the policy that plays: {exact}"
     return (
-        f"the policy that plays, estimated: the frequencies of game.measurement.exploitability_samples = "
-        f"{game.measurement.exploitability_samples} {game.actions.mode} answers per information state, each with a "
+        f"the policy that plays, estimated: the frequencies of game.actions.{game.actions.mode}.exploitability_samples "
+        f"= {game.actions.exploitability_samples} {game.actions.mode} answers per information state, each with a "
         f"budget drawn from [generation.min_new_tokens, generation.max_new_tokens] = "
         f"[{config.generation.min_new_tokens}, {config.generation.max_new_tokens}] as in training"
     )

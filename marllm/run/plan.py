@@ -21,7 +21,7 @@ and responses, plus ``generation.max_new_tokens``, over ``env.batch_size`` rows.
 section): its own prompts, measured: a batch of ``game.batch_size`` games is played to its end with random legal
 moves, every prompt rendered as the learners would read it and tokenized by the model's tokenizer; the rollout's rows
 are the game's batch, an update's the learner's moves of the iteration; a game has no task and so no reward model,
-and each ``snapshot_pool`` seat keeps ``game.opponents.pool_size`` copies of its learner's model. Each figure is an
+and each ``snapshot_pool`` seat keeps its ``size`` copies of its learner's model. Each figure is an
 estimate; ``benchmarks/bench_plan.py`` and ``benchmarks/bench_plan_levers.py`` set it beside the measured peak.
 """
 
@@ -235,7 +235,7 @@ def _kept(
                  "the process: Python, torch, transformers" if device == "cpu" else "not counted on CUDA"),
     ]  # fmt: skip
     if workload.snapshots:
-        note = f"{workload.snapshots} copies of the model (snapshot_pool seats × game.opponents.pool_size)"
+        note = f"{workload.snapshots} copies of the model (each snapshot_pool seat's size)"
         lines.insert(5, PlanLine("snapshots", workload.snapshots * snapshot, note))
     return lines
 

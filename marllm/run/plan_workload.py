@@ -116,7 +116,7 @@ def game_lengths(config: TrainConfig, tokenizer: Any) -> GameLengths:
     encoded = encode_prompts(tokenizer, sorted(prompts), config.generation.chat_template, "marllm plan")
     move = max((len(tokenizer(name, add_special_tokens=False)["input_ids"]) for name in moves), default=1)
     held = {learner: 0 for learner in game.learner_ids}
-    for seat in game.parsed_seats():
+    for seat in game.seats:
         if seat.is_learner:
             held[seat.learner] += 1
     # Seats rotate between slots (agents.role_period): a learner of k seats may answer in the k busiest.
@@ -192,10 +192,10 @@ def plan_workload(config: TrainConfig, shape: ModelShape, path: str, prompt_leng
             prompt, source = prompt_length, "--prompt-tokens"
         else:
             prompt, source = lengths.prompt, f"measured on a batch of {game.batch_size} {game.name} games"
-        pools = sum(1 for seat in game.parsed_seats() if not seat.is_learner and seat.opponent.snapshots)
+        pools = [getattr(seat.settings, "size", 1) for seat in game.seats if seat.opponent and seat.opponent.snapshots]
         workload = Workload(
             lengths.widest_turn, prompt, new_tokens, lengths.learner_rows, source, generates=answer != "nothing",
-            snapshots=pools * game.opponents.pool_size,
+            snapshots=sum(pools),
         )  # fmt: skip
     _check_context(workload, context_tokens(shape), prompt_length is not None, game is not None)
     return workload

@@ -11,7 +11,7 @@ mini-batch of it under the updated policy (``rescore``) the same way, so that an
 =============== ========================================================== ==========================================
 
 The names, and each mode's facts (its options, what its KL is, whether its answers end with EOS, whether it has exact
-move probabilities), are in the torch-free catalog :mod:`marllm.algorithms.action_catalog`, which a config reads; a
+move probabilities), are in the torch-free registry :mod:`marllm.algorithms.action_modes`, which a config reads; a
 collector class of one's own is named by reference there. A learner owns one collector (:func:`new_collector`) and
 its loss of a mini-batch is its objective of what :meth:`~.base.Collector.rescore` returns. A model outside training
 plays through one too (:meth:`~.base.Collector.play`; :class:`~marllm.games.model_player.ModelPlayer`), so each mode
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from marllm.algorithms.action_catalog import CATALOG, collector_class, modes_taking
+from marllm.algorithms.action_modes import ACTION_MODE_REGISTRY, collector_class
 from marllm.algorithms.actions.base import Collector, Rescored
 from marllm.algorithms.actions.constrained import ConstrainedCollector
 from marllm.algorithms.actions.score import ScoreCollector
@@ -41,13 +41,13 @@ __all__ = [
     "new_collector",
 ]
 
-COLLECTORS: dict[str, type[Collector]] = {name: collector_class(name, "actions") for name in CATALOG}
-"""Built-in action mode name (``game.actions.mode``) -> its collector class."""
+COLLECTORS: dict[str, type[Collector]] = {name: collector_class(name, "actions") for name in ACTION_MODE_REGISTRY}
+"""Built-in action mode name (``game.actions``) -> its collector class."""
 
 
 def new_collector(actions: str, *, owner: str, options: dict[str, Any] | None = None, **parts: Any) -> Collector:
     """The collector of ``actions`` (a catalog name or a collector class by reference,
-    :mod:`~marllm.algorithms.action_catalog`) on a learner's ``parts`` (:class:`~.base.Collector`'s attributes), with
+    :mod:`~marllm.algorithms.action_modes`) on a learner's ``parts`` (:class:`~.base.Collector`'s attributes), with
     the mode's own ``options`` (``normalization`` for ``score``).
 
     Raises:
@@ -58,5 +58,6 @@ def new_collector(actions: str, *, owner: str, options: dict[str, Any] | None = 
     own = {f.name for f in fields(cls)} - shared
     for option in options or {}:
         if option not in own:
-            raise ValueError(f"{owner}: {option} applies to actions {modes_taking(option)} only, not {actions!r}")
+            takers = [name for name, mode in COLLECTORS.items() if option in {f.name for f in fields(mode)} - shared]
+            raise ValueError(f"{owner}: {option} applies to actions {takers} only, not {actions!r}")
     return cls(**parts, **(options or {}))

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from tianshou.data import Batch
 
-from marllm.algorithms.action_modes import ScoreMode
+from marllm.algorithms.action_modes import ScoreMode, ScoreSettings
 from marllm.algorithms.actions.base import Collector, Rescored
 from marllm.algorithms.rollout import Rollout
 from marllm.models.devices import autocast_for
@@ -57,12 +57,10 @@ class ScoreCollector(ScoreMode, Collector):
     normalization: str = "token"
 
     def __post_init__(self) -> None:
-        normalizations = self.options["normalization"]
-        if self.normalization not in normalizations:
-            raise ValueError(
-                f"{self.owner}: game.actions.normalization must be one of {list(normalizations)}, got "
-                f"{self.normalization!r}"
-            )
+        try:
+            ScoreSettings(self.normalization)
+        except ValueError as error:
+            raise ValueError(f"{self.owner}: {error}") from None
         if self.compute.logits_chunk_rows is not None:
             # Scored moves project the vocabulary only at the moves' own few tokens: there is nothing to chunk, and a
             # setting this mode would not read is refused rather than accepted.

@@ -52,9 +52,9 @@ class MCTSPlayer(FixedPlayer):
 
     @classmethod
     def from_seat(cls, seat: SeatArguments) -> MCTSPlayer:
-        """An ``mcts`` seat's player: the game's MCTS twin, ``game.opponents.mcts_simulations`` per move."""
+        """An ``mcts`` seat's player: the game's MCTS twin, its settings' ``simulations`` per move."""
         game = seat.game
-        return cls(game.info.mcts_game(), seat.name, simulations=game.opponents.mcts_simulations, seed=seat.seed)
+        return cls(game.info.mcts_game(), seat.name, simulations=seat.settings.simulations, seed=seat.seed)
 
     def choose(self, names: Sequence[str], actions: Sequence[int], history: Sequence[int]) -> str:
         state = self.game.new_initial_state()

@@ -115,10 +115,10 @@ class OpponentPool(FixedPlayer):
 
     @classmethod
     def from_seat(cls, seat: SeatArguments) -> OpponentPool:
-        """A ``snapshot_pool:<learner>`` seat's player: ``game.opponents.pool_size`` snapshots of the seat's learner,
-        one every ``pool_every`` iterations."""
-        opponents = seat.game.opponents
-        return cls(seat.learner, opponents.pool_size, opponents.pool_every, name=seat.name, seed=seat.seed)
+        """A ``snapshot_pool`` seat's player: ``size`` snapshots of the seat's learner, one every ``every``
+        iterations (its settings)."""
+        settings = seat.settings
+        return cls(seat.learner, settings.size, settings.every, name=seat.name, seed=seat.seed)
 
     def take_snapshot(self) -> FrozenSnapshot:
         """Add a snapshot of the learner as it is now (dropping the oldest beyond ``size``)."""

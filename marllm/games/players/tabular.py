@@ -98,8 +98,8 @@ class CFRPlayer(TabularPlayer):
 
     @classmethod
     def from_seat(cls, seat: SeatArguments) -> CFRPlayer:
-        """A ``cfr`` seat's player: CFR's average policy after ``game.opponents.cfr_iterations`` iterations."""
-        return cls(seat.game.info.openspiel, seat.game.opponents.cfr_iterations, seat.name, seed=seat.seed)
+        """A ``cfr`` seat's player: CFR's average policy after its settings' ``iterations``."""
+        return cls(seat.game.info.openspiel, seat.settings.iterations, seat.name, seed=seat.seed)
 
     def policy(self, player: int) -> Any:
         return self.average_policy
@@ -146,9 +146,9 @@ class BestResponsePlayer(TabularPlayer):
     @classmethod
     def from_seat(cls, seat: SeatArguments) -> BestResponsePlayer:
         """A ``best_response`` seat's player: a best response to the watched learner's tabulated policy
-        (``seat.learner_policy``), read every ``game.opponents.best_response_every`` iterations."""
+        (``seat.learner_policy``), read every ``every`` iterations (its settings)."""
         assert seat.learner_policy is not None  # the seat builder tabulates the learner of an opponent that reads it
-        every = seat.game.opponents.best_response_every
+        every = seat.settings.every
         return cls(seat.game.info.openspiel, seat.learner_policy, every, seat.name, seed=seat.seed)
 
     def policy(self, player: int) -> Any:
