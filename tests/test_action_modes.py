@@ -259,17 +259,18 @@ def test_a_learner_with_legal_actions_saves_and_restores(tokenizer, make):
 
 
 def test_game_actions_are_validated_naming_the_key():
-    actions = r"\['generate', 'constrained', 'score', 'think'\]"
-    with pytest.raises(ValueError, match=rf"game.actions must be one of {actions}"):
-        config_from_dict(game_config({"actions": {"mode": "sample"}}))
-    with pytest.raises(ValueError, match=r"game.actions.normalization must be one of \['none', 'token', 'word'\]"):
-        config_from_dict(game_config({"actions": {"mode": "score", "normalization": "mean"}}))
-    assert config_from_dict(game_config({"actions": {"mode": "score"}}, agents={"algorithm": "reinforce_pp"}))
+    actions = r"\['generate', 'constrained', 'think', 'score'\]"
+    with pytest.raises(ValueError, match=rf"game.actions: unknown action mode 'sample'; one of {actions}"):
+        config_from_dict(game_config({"actions": "sample"}))
+    with pytest.raises(ValueError, match=r"normalization must be one of \['none', 'token', 'word'\]"):
+        config_from_dict(game_config({"actions": {"score": {"normalization": "mean"}}}))
+    assert config_from_dict(game_config({"actions": "score"}, agents={"algorithm": "reinforce_pp"}))
     with pytest.raises(ValueError, match="generation.stop_at_eos: true"):
-        config_from_dict(game_config({"actions": {"mode": "constrained"}}, generation={"stop_at_eos": False}))
+        config_from_dict(game_config({"actions": "constrained"}, generation={"stop_at_eos": False}))
     with pytest.raises(ValueError, match="snapshot pool plays game.actions: generate only"):
-        config_from_dict(game_config({"actions": {"mode": "constrained"}, "seats": ["llm", "{snapshot_pool: {learner: llm}}"]}))
-    assert config_from_dict(game_config({"actions": {"mode": "constrained"}}, agents={"algorithm": "reinforce_pp"}))
+        pool = {"snapshot_pool": {"learner": "llm"}}
+        config_from_dict(game_config({"actions": "constrained", "seats": ["llm", pool]}))
+    assert config_from_dict(game_config({"actions": "constrained"}, agents={"algorithm": "reinforce_pp"}))
 
 
 @needs_openspiel

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from marllm.algorithms.catalog import CATALOG, AlgorithmOptions, build_learner
+from marllm.algorithms.catalog import ALGORITHM_REGISTRY, AlgorithmOptions, build_learner
 from marllm.cli import main
 from marllm.config import ConfigError, load_config
 from tests.conftest import make_tiny_gpt2
@@ -110,7 +110,7 @@ def test_a_learner_class_in_a_file_beside_the_config_trains(project, tiny_lm_dir
 @pytest.mark.parametrize(
     ("algorithm", "message"),
     [
-        ("ppo2", r"unknown algorithm 'ppo2'; one of \['ppo', 'grpo', 'rloo', 'reinforce_pp'\], or a learner class"),
+        ("ppo2", r"unknown algorithm 'ppo2'; one of \['ppo', 'grpo', 'rloo', 'reinforce_pp'\], or one by reference"),
         (":SignPPO", "names no module or no object"),
     ],
 )
@@ -146,7 +146,7 @@ def test_a_reference_whose_signature_does_not_take_the_catalogs_arguments_is_one
 
 
 def test_every_catalog_entry_builds_a_learner_of_its_algorithm(tokenizer):
-    for name in CATALOG:
+    for name in ALGORITHM_REGISTRY:
         model, reference = make_tiny_gpt2(tokenizer), make_tiny_gpt2(tokenizer)
         options = AlgorithmOptions(group_size=2)
         learner = build_learner(name, "llm", options, model=model, tokenizer=tokenizer, reference=reference)

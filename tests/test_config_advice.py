@@ -20,14 +20,14 @@ def test_an_empty_section_means_its_defaults(tmp_path, empty):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(data))
     assert load_config(path).game.actions == load_config(KUHN).game.actions
-    assert load_config(KUHN, ["game.actions=null"]).game.actions == "generate"
+    assert load_config(KUHN, ["game.actions=null"]).game.actions.mode == "generate"
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("game.opponents.exploitability_every=1", "'exploitability_every' is 'game.exploitability.every'"),
-        ("game.mode=score", "'mode' is 'game.actions': write it there"),
+        ("game.every=1", "'every' is 'game.exploitability.every'"),
+        ("game.average=linear", "'average' is 'game.exploitability.average': write it there"),
         ("actions.mode=score", "'actions' is 'game.actions': write it there"),
         ("ppo.mini_batch=2", "did you mean"),  # no such key anywhere: the near spelling
     ],

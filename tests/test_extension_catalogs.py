@@ -1,5 +1,5 @@
-"""The opponents and action-mode catalogs: one list each, read by the config checks and the builders alike, without
-torch; an opponent or an action mode of one's own is one file named by reference, trains with no other edit and
+"""The opponents and action-mode registries (one mechanism, :mod:`marllm.utils.registry`), read by the config
+checks and the builders alike, without torch; an opponent or an action mode of one's own is one file named by reference, trains with no other edit and
 passes its public check (marllm.testing)."""
 
 from __future__ import annotations
@@ -14,17 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from marllm.algorithms.action_catalog import CATALOG as MODES
-from marllm.algorithms.action_catalog import collector_class
-from marllm.algorithms.action_modes import ActionMode
+from marllm.algorithms.action_modes import ACTION_MODE_REGISTRY as MODES
+from marllm.algorithms.action_modes import ActionMode, collector_class
 from marllm.cli import main
 from marllm.config import ConfigError, load_config
 from marllm.games.env import BatchedGameEnv
 from marllm.games.env.factory import game_factory
-from marllm.games.opponents import CATALOG as OPPONENTS
 from marllm.games.opponents import NEEDS
-from marllm.games.settings import OpponentsConfig
-from marllm.models.legal_moves import NORMALIZATIONS
+from marllm.games.opponents import OPPONENT_REGISTRY as OPPONENTS
 from marllm.testing import check_collector, check_player
 from marllm.utils.imports import load_reference
 from tests.test_collector_check import OBSERVATION
@@ -94,19 +91,19 @@ def test_an_opponent_class_in_a_file_beside_the_config_trains_and_passes_its_che
     path = project(tmp_path, "tictactoe_offline.yaml", seats=["llm", "my_opponent.py:FirstMover"])
     monkeypatch.chdir(tmp_path.parent)  # the reference is relative to the config's folder, not the working directory
     config = load_config(path)
-    assert config.game.seats[1] == f"{tmp_path / 'my_opponent.py'}:FirstMover"
+    assert config.game.seats[1].kind == f"{tmp_path / 'my_opponent.py'}:FirstMover"
     assert main(["train", str(path)]) == 0
-    player = load_reference(config.game.seats[1])
+    player = load_reference(config.game.seats[1].kind)
     assert player.built == [("FirstMover", config.seed + 10_001)]  # seeded as a built-in opponent of seat 1
     assert len(metrics_of(tmp_path / "run")) == 1
     check_player(lambda: player("first", seed=0), lambda: BatchedGameEnv(game_factory("tictactoe_v3"), 3))
 
 
 def test_an_action_mode_in_a_file_beside_the_config_trains_and_passes_its_check(tmp_path, monkeypatch):
-    path = project(tmp_path, "tictactoe_constrained_offline.yaml", actions={"mode": "my_mode.py:MyConstrained"})
+    path = project(tmp_path, "tictactoe_constrained_offline.yaml", actions="my_mode.py:MyConstrained")
     monkeypatch.chdir(tmp_path.parent)
     config = load_config(path)
-    mode = config.game.actions
+    mode = config.game.actions.mode
     assert mode == f"{tmp_path / 'my_mode.py'}:MyConstrained" and config.game.actions.facts.ends_with_eos
     assert main(["train", str(path)]) == 0
     rows = metrics_of(tmp_path / "run")
@@ -120,11 +117,11 @@ def test_an_action_mode_in_a_file_beside_the_config_trains_and_passes_its_check(
     [
         ({"seats": ["llm", "gone.py:FirstMover"]}, r"game.seats\[1\]: '.*gone.py:FirstMover' is not a seat.*does not"),
         ({"seats": ["llm", "my_opponent.py:Missing"]}, r"game.seats\[1\]: .*has no 'Missing'"),
-        ({"seats": ["llm", "my_opponent.py:NOT_A_PLAYER"]}, r"game.seats\[1\]: .*NOT_A_PLAYER is a int"),
+        ({"seats": ["llm", "my_opponent.py:NOT_A_PLAYER"]}, r"game.seats\[1\]: .*NOT_A_PLAYER is not callable"),
         ({"name": "rps_v2", "seats": ["llm", "my_opponent.py:FirstMover"]}, r"FirstMover plays tic-tac-toe only"),
-        ({"actions": {"mode": "gone.py:MyConstrained"}}, r"game.actions: actions .*gone.py.* does not exist"),
-        ({"actions": {"mode": "my_mode.py:NotACollector"}}, r"NotACollector'>, not a collector class"),
-        ({"actions": {"mode": "sample"}}, r"game.actions must be one of \['generate', .* or a collector class"),
+        ({"actions": "gone.py:MyConstrained"}, r"game.actions: '.*gone.py.* names the file .*gone.py, which does not"),
+        ({"actions": "my_mode.py:NotACollector"}, r"NotACollector' is not a collector class"),
+        ({"actions": "sample"}, r"game.actions: unknown action mode 'sample'; one of \['generate', .* by reference"),
     ],
 )
 def test_a_bad_reference_is_a_config_error_naming_its_key(tmp_path, game, message):
@@ -132,25 +129,24 @@ def test_a_bad_reference_is_a_config_error_naming_its_key(tmp_path, game, messag
         load_config(project(tmp_path, "tictactoe_offline.yaml", **game))
 
 
-def test_every_collector_class_has_its_catalog_entrys_facts():
-    facts = [name for name in vars(ActionMode) if not name.startswith("_")]
-    for name, entry in MODES.items():
+def test_every_collector_class_has_its_registered_modes_facts():
+    facts = [name for name in vars(ActionMode) if not name.startswith("_") and name not in ("name", "implementation")]
+    for name, entry in MODES.builtins().items():
         cls = collector_class(name, "test")
-        assert issubclass(cls, entry.facts) and cls.actions == name
-        assert {fact: getattr(cls, fact) for fact in facts} == {fact: getattr(entry.facts, fact) for fact in facts}
-    assert MODES["score"].facts.options == {"normalization": NORMALIZATIONS}
+        assert issubclass(cls, entry) and cls.actions == name
+        assert {fact: getattr(cls, fact) for fact in facts} == {fact: getattr(entry, fact) for fact in facts}
+    assert [f.name for f in fields(MODES.builtins()["score"].Settings)] == ["normalization"]
 
 
-def test_every_opponent_entry_builds_from_its_reference_and_names_known_settings_and_needs():
-    settings = {f.name for f in fields(OpponentsConfig)}
-    for entry in OPPONENTS.values():
-        assert callable(getattr(load_reference(entry.builder), "from_seat", None))
-        assert set(entry.settings) <= settings and set(entry.needs) <= set(NEEDS)
-    assert settings == {key for entry in OPPONENTS.values() for key in entry.settings}
+def test_every_opponent_entry_builds_from_its_implementation_and_needs_known_needs():
+    for entry in OPPONENTS.builtins().values():
+        assert callable(getattr(load_reference(entry.implementation), "from_seat", None))
+        assert set(entry.needs) <= set(NEEDS)
+        assert entry.Settings is None or all(f.default is not None for f in fields(entry.Settings))
 
 
-def test_the_catalogs_load_no_torch():
-    code = "import sys, marllm.algorithms.action_catalog, marllm.games.opponents; print('torch' in sys.modules)"
+def test_the_registries_load_no_torch():
+    code = "import sys, marllm.algorithms.action_modes, marllm.games.opponents; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
@@ -160,7 +156,7 @@ def test_no_module_dispatches_on_a_seat_kind_or_an_action_mode_by_its_name():
     illegal-answer policy, not an opponent)."""
     names = "|".join(sorted({*OPPONENTS, *MODES, "learner"}))
     compared = re.compile(rf"(==|!=) *[\"']({names})[\"']|\bin \([^)]*[\"']({names})[\"']")
-    catalogs = {"algorithms/action_catalog.py", "algorithms/action_modes.py", "config/opponents.py"}
+    catalogs = {"algorithms/action_modes.py", "games/opponents.py"}
     found = [
         f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
         for path in sorted(PACKAGE.rglob("*.py"))

@@ -17,7 +17,7 @@ from marllm.config import ConfigError, config_from_dict, load_config
 from marllm.games.env import BatchedGameEnv
 from marllm.games.players import OpponentPool, RandomMover, TicTacToeMinimax
 from marllm.games.seats import seat_players, seat_slots
-from marllm.games.settings import parse_seat
+from marllm.games.settings import Seat
 from marllm.games.training import build_game_env, game_metrics
 from marllm.loop import run_iteration
 from marllm.wrappers import RoleBaselines, RolePermutation, SharedReward
@@ -55,7 +55,7 @@ def test_every_game_example_loads(path):
         pytest.skip("needs open_spiel")
     config = load_config(path)
     assert config.game is not None and config.learner_ids
-    assert config.to_dict()["game"]["seats"] == config.game.seats
+    assert config.to_dict()["game"]["seats"] == [seat.to_config() for seat in config.game.seats]
     assert config_from_dict(config.to_dict()).to_dict() == config.to_dict()  # what config.yaml reads back
 
 
@@ -78,18 +78,18 @@ def test_a_game_config_names_its_learners_and_shares_rewards_over_its_seats():
         ({"seats": ["llm", "self"]}, {}, r"game.seats\[1\]: 'self' is not a seat"),
         ({"seats": ["player_1", "random"]}, {}, r"learner id\(s\) \['player_1'\] are also names of the game's seats"),
         ({"name": "connect_four_v3", "seats": ["llm", "minimax"]}, {}, r"game.seats\[1\]: minimax plays tic-tac-toe"),
-        ({"seats": ["llm", "{snapshot_pool: {learner: llm2}}"]}, {}, r"takes snapshots of learner 'llm2', which sits in no seat"),
+        ({"seats": ["llm", {"snapshot_pool": {"learner": "llm2"}}]}, {}, r"takes snapshots of learner 'llm2'"),
         ({"name": "rps_v2", "seats": ["llm", "mcts"]}, {}, "mcts searches the whole state of a turn-taking game"),
-        ({"parser": "middle"}, {}, r"game.parser must be one of \['first', 'last', 'exact'[^]]*\], got 'middle'"),
+        ({"actions": {"generate": {"parser": "middle"}}}, {}, r"parser must be one of \['first', 'last'"),
         ({"illegal": "pass"}, {}, r"game.illegal must be one of \['forfeit', 'random'\], got 'pass'"),
         ({"discount": 0.0}, {}, r"game.discount must be a number in \(0, 1\]"),
         ({"illegal_penalty": -1.0}, {}, "game.illegal_penalty must be a finite number >= 0"),
         ({"batch_size": 0}, {}, "game.batch_size must be an integer >= 1"),
         ({"role_baselines": 1.0}, {}, r"game.role_baselines must be a decay in \[0, 1\)"),
-        ({"opponents": {"pool_size": 0}}, {}, "game.opponents.pool_size must be an integer >= 1, got 0"),
-        ({"opponents": {"mcts_iterations": 9}}, {}, r"unknown config key 'game.opponents.mcts_iterations' \(did you"),
-        ({"measurement": {"exploitability_every": 0}}, {}, "game.exploitability.every must be an integer"),
-        ({"measurement": {"policy_average": "last"}}, {}, r"game.exploitability.average must be one of"),
+        ({"seats": ["llm", {"snapshot_pool": {"learner": "llm", "size": 0}}]}, {}, "snapshot_pool.size must be an"),
+        ({"seats": ["llm", {"mcts": {"iterations": 9}}]}, {}, r"unknown config key 'game.seats\[1\].mcts.iterations'"),
+        ({"exploitability": {"every": 0}}, {}, "game.exploitability.every must be an integer"),
+        ({"exploitability": {"average": "last"}}, {}, r"game.exploitability.average must be one of"),
         ({"colour": "red"}, {}, r"unknown config key 'game.colour'; valid keys here: "),
         ({"templates": "{board}"}, {}, r"game.templates: .*board"),
         ({"templates": {"player_1": "{state}"}}, {}, r"game.templates: .*missing \['player_2'\]"),
@@ -121,32 +121,23 @@ def test_bad_game_settings_are_refused_naming_the_key(game, sections, message):
         config_from_dict(game_config(game, **sections))
 
 
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [
-        ("pool_size", "opponents.pool_size"),
-        ("best_response_every", "opponents.best_response_every"),
-        ("exploitability_every", "measurement.exploitability_every"),
-        ("policy_average", "measurement.policy_average"),
-        ("action_normalization", "actions.normalization"),
-    ],
-)
-def test_a_key_outside_its_game_section_is_answered_with_its_place(old, new):
-    key = old if old != "action_normalization" else "normalization"
+@pytest.mark.parametrize(("key", "new"), [("average", "exploitability.average"), ("every", "exploitability.every")])
+def test_a_key_outside_its_game_section_is_answered_with_its_place(key, new):
     written = rf"unknown config key 'game.{key}' \('{key}' is 'game.{new}': write it there\)"
     with pytest.raises(ConfigError, match=written):
         config_from_dict(game_config({key: 2}))
 
 
-def test_an_action_mode_given_as_the_whole_actions_section_is_refused_naming_its_key():
-    written = r"game.actions is a section; write game.actions: score \(keys of game.actions: \['mode', 'norm"
-    with pytest.raises(ConfigError, match=written):
-        config_from_dict(game_config({"actions": "score"}))
-    with pytest.raises(ConfigError, match=written):
-        load_config(ROOT / "examples" / "games" / "tictactoe_offline.yaml", ["game.actions=score"])
-    with pytest.raises(ConfigError, match="game.actions must be a mapping, got list"):
+def test_an_action_mode_is_its_name_or_its_name_and_settings():
+    assert config_from_dict(game_config({"actions": "score"})).game.actions.mode == "score"
+    scored = load_config(ROOT / "examples" / "games" / "tictactoe_offline.yaml", ["game.actions={score: {}}"])
+    assert scored.game.actions.normalization == "token"
+    with pytest.raises(ConfigError, match=r"game.actions must be one of \['generate'"):
         config_from_dict(game_config({"actions": ["score"]}))
-    assert config_from_dict(game_config({"actions": {"mode": "score"}})).game.actions == "score"
+    with pytest.raises(ConfigError, match="one action mode and its settings"):
+        config_from_dict(game_config({"actions": {"score": {}, "generate": {}}}))
+    with pytest.raises(ConfigError, match="unknown action mode 'mode'"):
+        config_from_dict(game_config({"actions": {"mode": "score"}}))
 
 
 def test_a_game_section_needs_its_name_and_seats():
@@ -197,7 +188,7 @@ def test_without_open_spiel_an_openspiel_game_names_the_extra(monkeypatch):
 def test_the_command_line_reports_a_bad_game_as_a_config_error(capsys):
     config = str(ROOT / "examples/games/tictactoe_offline.yaml")
     assert main(["train", config, "game.seats=[llm, 'random:7']"]) == 2
-    assert "marllm: config error: game: game.seats[1]: 'random:7' is not a seat" in capsys.readouterr().err
+    assert "marllm: config error: game.seats[1]: 'random:7' is not a seat" in capsys.readouterr().err
     assert main(["eval", config, "--opponent", "chess_engine"]) == 2
     assert "--opponent: unknown opponent 'chess_engine'" in capsys.readouterr().err
     assert main(["eval", config, "--pass-k", "1"]) == 2
@@ -207,7 +198,8 @@ def test_the_command_line_reports_a_bad_game_as_a_config_error(capsys):
 
 
 def test_seats_read_and_slot_ids():
-    seats = [parse_seat(spec, "s") for spec in ["llm", "random", "llm", "{snapshot_pool: {learner: llm}}", "random"]]
+    written = ["llm", "random", "llm", {"snapshot_pool": {"learner": "llm"}}, "random"]
+    seats = [Seat.from_config(seat, "s") for seat in written]
     assert [s.kind for s in seats] == ["learner", "random", "learner", "snapshot_pool", "random"]
     assert seat_slots(seats) == ["llm", "random", "llm#2", "pool-llm", "random#2"]
 
@@ -278,7 +270,7 @@ def test_role_baselines_wrap_the_env_over_the_learners_slots(seats):
     result = run_iteration(env, players, seed=0)
     played = {"player_1", "player_2"} if seats[1] == "llm" else {"player_1"}
     assert {player for player, _ in env.values} == {"llm"} and {role for _, role in env.values} == played
-    metrics = game_metrics(result.final_infos, seat_slots(config.game.parsed_seats()), {"llm": "llm"}, {})
+    metrics = game_metrics(result.final_infos, seat_slots(config.game.seats), {"llm": "llm"}, {})
     assert "llm/game/player_1/win_rate" in metrics
     fresh = build_game_env(config)
     fresh.load_state_dict(*env.state_dict())

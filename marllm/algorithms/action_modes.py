@@ -209,7 +209,12 @@ def action_mode(mode: str, owner: str = "game.actions") -> type[ActionMode]:
         ValueError: an unknown name, a reference that does not load, or one that names no collector class.
     """
     facts = ACTION_MODE_REGISTRY.entry(mode, owner)
-    if not hasattr(facts, "actions"):
+    if ACTION_MODE_REGISTRY.is_reference(mode):
+        target = ACTION_MODE_REGISTRY.implementation(mode, owner)
+        fits = isinstance(target, type) and issubclass(target, ActionMode) and hasattr(target, "actions")
+    else:
+        fits = True
+    if not fits:
         raise ValueError(
             f"{owner}: {mode!r} is not a collector class (a subclass of marllm.algorithms.actions.Collector with an "
             "'actions' name)"

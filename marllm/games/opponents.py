@@ -30,7 +30,7 @@ from marllm.games.env.factory import TIC_TAC_TOE
 from marllm.games.env.info_states import NotEnumerableError, enumerate_info_states
 from marllm.games.env.openspiel import require_openspiel
 from marllm.utils.dataclass_tree import build, to_dict
-from marllm.utils.registry import Extension, Registry
+from marllm.utils.registry import Extension, Registry, reference_problem
 
 if TYPE_CHECKING:
     from marllm.games.settings import GameConfig
@@ -257,13 +257,15 @@ class Seat:
 
     @classmethod
     def _opponent(cls, kind: str, given: Any, path: str) -> Seat:
-        prefix = kind.partition(":")[0]
-        if ":" in kind and prefix in OPPONENT_REGISTRY:  # the old `snapshot_pool:<learner>` grammar
-            raise ValueError(f"{path}: write {{{prefix}: {{learner: {kind.partition(':')[2]}}}}} for {kind!r}")
-        try:
-            OPPONENT_REGISTRY.check(kind, path)
-        except ValueError as error:
-            raise ValueError(f"{error}; a seat is {_valid_seats()}") from None
+        prefix, colon, learner = kind.partition(":")
+        if colon and prefix in OPPONENT_REGISTRY:  # an opponent's name, then a colon: not a reference
+            if OPPONENT_REGISTRY.builtins()[prefix].learner == NAMED:  # the grammar `snapshot_pool:<learner>`
+                raise ValueError(f"{path}: write {{{prefix}: {{learner: {learner}}}}} for {kind!r}")
+            raise ValueError(f"{path}: {kind!r} is not a seat; a seat is {_valid_seats()}")
+        if kind not in OPPONENT_REGISTRY:
+            why = reference_problem(kind) if OPPONENT_REGISTRY.is_reference(kind) else "no opponent has that name"
+            if why is not None:
+                raise ValueError(f"{path}: {kind!r} is not a seat; a seat is {_valid_seats()} ({why})")
         settings_class = OPPONENT_REGISTRY.entry(kind, path).Settings if OPPONENT_REGISTRY.is_reference(kind) else (
             OPPONENT_REGISTRY.builtins()[kind].Settings
         )
@@ -293,7 +295,7 @@ class Seat:
     @property
     def opponent(self) -> type[Opponent] | None:
         """The opponent's entry (a reference's loaded), or None for a learner's seat."""
-        return None if self.is_learner else OPPONENT_REGISTRY.entry(self.kind, "game.seats")
+        return None if self.is_learner else opponent(self.kind)
 
     @property
     def player_id(self) -> str:

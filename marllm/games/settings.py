@@ -67,7 +67,7 @@ class ActionsConfig:
         """Read ``actions`` as written: a mode's name, or ``{mode: {settings}}``."""
         if isinstance(value, ActionsConfig):
             return value
-        if value is None:
+        if value is None or value == {}:
             value = modes.DEFAULT_MODE
         if isinstance(value, Mapping):
             if len(value) != 1:

@@ -27,9 +27,8 @@ _ROOT: ContextVar[type | None] = ContextVar("config_root", default=None)
 def build(cls: type[T], data: Any, path: str = "") -> T:
     """Construct dataclass ``cls`` from a mapping, recursively and strictly.
 
-    A dataclass may name the field a scalar given for the whole section was meant for (``SCALAR_FIELD``: ``game.actions:
-    score`` is answered with ``game.actions.mode``). An unknown key that is a key of another section
-    (``ppo.mini_batch_size``, ``game.mode``) is answered with its places.
+    An unknown key that is a key of another section (``ppo.mini_batch_size``, ``game.every``) is answered with its
+    places.
     """
     if path:
         return _build(cls, data, path)
@@ -44,12 +43,6 @@ def _build(cls: type[T], data: Any, path: str) -> T:
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
-        scalar_field = getattr(cls, "SCALAR_FIELD", None)
-        if scalar_field is not None and not isinstance(data, list):
-            raise ConfigError(
-                f"{path} is a section; write {_join(path, scalar_field)}: {data} (keys of {path}: "
-                f"{[f.name for f in dataclasses.fields(cls) if f.init]})"
-            )
         raise ConfigError(f"{path or 'config'} must be a mapping, got {type(data).__name__} {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [key for key in data if key not in fields]
@@ -127,7 +120,7 @@ def _all_places(root: type, prefix: str) -> list[tuple[str, str]]:
     hints = typing.get_type_hints(root)
     for field in dataclasses.fields(root):
         annotation = hints.get(field.name)
-        if field.init and dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        if field.init and _is_section(annotation):
             dotted = _join(prefix, field.name)
             found += [(f.name, _join(dotted, f.name)) for f in dataclasses.fields(annotation) if f.init]
     return found
@@ -146,9 +139,16 @@ def _places(root: type, key: str, prefix: str = "") -> list[str]:
         annotation = hints[field.name]
         members = typing.get_args(annotation) if typing.get_origin(annotation) in (Union, types.UnionType) else ()
         for section in [annotation, *members]:
-            if dataclasses.is_dataclass(section) and isinstance(section, type):
+            if _is_section(section):
                 places += _places(section, key, dotted)
     return places
+
+
+def _is_section(annotation: Any) -> bool:
+    """Whether ``annotation`` is a section of keys (a dataclass that does not read its own shape)."""
+    return dataclasses.is_dataclass(annotation) and isinstance(annotation, type) and not hasattr(
+        annotation, "from_config"
+    )
 
 
 def _convert_union(annotation: Any, args: tuple[Any, ...], value: Any, path: str) -> Any:

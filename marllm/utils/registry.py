@@ -110,7 +110,7 @@ class Registry(Generic[E]):
             raise ValueError(f"{where}: unknown {self.kind} {spec!r}; {self.valid()}")
         why = reference_problem(str(spec))
         if why is not None:
-            raise ValueError(f"{where}: {spec!r} is not a {self.kind}: {why}")
+            raise ValueError(f"{where}: {spec!r} {why}")
 
     def entry(self, spec: str, where: str) -> E:
         """The facts of ``spec``: a built-in's registered class, or for a reference, the class it names where that
@@ -163,10 +163,10 @@ def reference_problem(spec: str) -> str | None:
     except ValueError as error:
         return str(error)
     if is_file_reference(spec):
-        return None if Path(module).expanduser().is_file() else f"it names the file {module}, which does not exist"
+        return None if Path(module).expanduser().is_file() else f"names the file {module}, which does not exist"
     top = module.partition(".")[0]
     try:
         found = importlib.util.find_spec(top) is not None
     except (ImportError, ValueError):
         found = False
-    return None if found else f"no module named {top!r} can be found"
+    return None if found else f"names the module {top!r}, which cannot be found"
