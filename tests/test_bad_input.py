@@ -493,7 +493,7 @@ def test_a_flat_list_or_array_of_rewards_is_fine(values):
 
 
 def failing_build(error: Exception):
-    def build(config, data_parallel=None):
+    def build(config, placement=None):
         raise error
 
     return build
@@ -544,7 +544,7 @@ def stub_setup(monkeypatch, failures: list[bool]):
         env=SimpleNamespace(), learners={}, players={}, concurrent_updates=False, metric_names=None,
         iteration_metrics=lambda m, infos: m,
     )
-    monkeypatch.setattr(train_module, "build", lambda config, data_parallel=None: setup)
+    monkeypatch.setattr(train_module, "build", lambda config, placement=None: setup)
     steps = iter(failures)
 
     def run_iteration(env, learners, seed=None, concurrent_updates=False, names=None):

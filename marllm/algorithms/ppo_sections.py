@@ -3,11 +3,15 @@ batching, the KL control, the compute and the guards, each validated when built.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from marllm.utils.checks import choice, non_negative, positive
+
+if TYPE_CHECKING:
+    from marllm.parallel.placement import Placement
 
 __all__ = [
     "AUTO_MICRO_BATCH_SIZE",
@@ -220,20 +224,19 @@ class ComputeConfig:
                 f"ppo.compute.rollout_from_generate must be true, false or 'auto', got {self.rollout_from_generate!r}"
             )
 
-    def passes_of(self, sharded: bool) -> int | None:
-        """Rows per forward/backward pass of a mini-batch (None: the whole mini-batch in one untrimmed pass) for a
-        whole or a ``sharded`` model (see ``micro_batch_size``)."""
-        if self.micro_batch_size == "auto":
-            return None if sharded else AUTO_MICRO_BATCH_SIZE
-        return self.micro_batch_size
-
-    def rollout_from_generate_for(self, sharded: bool) -> bool:
-        """Whether a whole or a ``sharded`` model's rollout takes generate's own forwards (see
-        ``rollout_from_generate``)."""
-        return not sharded if self.rollout_from_generate == "auto" else bool(self.rollout_from_generate)
+    def settled(self, placement: Placement | type[Placement]) -> ComputeConfig:
+        """These settings with ``micro_batch_size`` and ``rollout_from_generate`` concrete: ``"auto"`` resolved by
+        ``placement`` (:meth:`~marllm.parallel.placement.Placement.rows_per_pass`,
+        :meth:`~marllm.parallel.placement.Placement.rollout_from_generate`), once, when a learner is built."""
+        return dataclasses.replace(
+            self,
+            micro_batch_size=placement.rows_per_pass(self.micro_batch_size, AUTO_MICRO_BATCH_SIZE),
+            rollout_from_generate=placement.rollout_from_generate(self.rollout_from_generate),
+        )
 
     def whole_model_settings(self) -> list[str]:
-        """The settings made here that a sharded model (``model.fsdp``) cannot take, each with why."""
+        """The settings made here that need whole models on each process (``model.fsdp`` shards them), each with
+        why."""
         reasons = []
         if isinstance(self.micro_batch_size, int):
             reasons.append(
