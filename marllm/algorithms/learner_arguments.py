@@ -70,7 +70,7 @@ def check_learner_arguments(
             f"{type(kl_controller).__name__}"
         )
     if not placement.whole_models and adapter is not None:
-        raise ValueError(f"learner {name!r}: a sharded (FSDP) model trains as a full model: give no adapter")
+        raise ValueError(f"learner {name!r}: an FSDP model (model.fsdp) trains as a full model: give no adapter")
 
 
 def check_learner_settings(
@@ -91,7 +91,7 @@ def check_learner_settings(
     whole_model_only = [] if placement.whole_models else config.compute.whole_model_settings()
     if whole_model_only:
         raise ValueError(
-            f"learner {name!r}: {'; '.join(whole_model_only)}: leave these at their defaults for a sharded model"
+            f"learner {name!r}: {'; '.join(whole_model_only)}: leave these at their defaults with model.fsdp"
         )
     check_chat_template(tokenizer, generation.chat_template, f"learner {name!r}")
     check_actions(config, name, actions, tokenizer, generation)
@@ -158,8 +158,8 @@ def prepare_networks(model: PreTrainedModel, reference: PreTrainedModel | None, 
 
 
 def new_value_head(model: PreTrainedModel, device: torch.device, placement: Placement) -> ValueHead:
-    """A value head for ``model`` on ``device``, prepared by ``placement`` as the policy was (sharded like it, so
-    that every trained parameter of a sharded learner is a DTensor whose gradient FSDP reduces)."""
+    """A value head for ``model`` on ``device``, prepared by ``placement`` as the policy was (under FSDP split
+    like it, so that every trained parameter is a DTensor whose gradient FSDP reduces)."""
     return placement.prepare(ValueHead(model.config.hidden_size).to(device))
 
 
@@ -183,7 +183,7 @@ def new_optimizer(
     if check_full_precision(name, trainable, adapter):
         if not placement.stochastic_rounding:
             raise ValueError(
-                f"learner {name!r}: a sharded (model.fsdp) bfloat16 model is not trained with stochastic rounding; "
+                f"learner {name!r}: a model.fsdp bfloat16 model is not trained with stochastic rounding; "
                 "use model.dtype: float32 with model.fsdp_compute_dtype: bfloat16"
             )
         return StochasticRoundingAdam(

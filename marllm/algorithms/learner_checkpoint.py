@@ -264,7 +264,7 @@ class LearnerCheckpoint:
 
 
 def _laid_out_like_parameters(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """An optimiser ``state`` of full tensors with each parameter-shaped one laid out as its parameter: sharded
+    """An optimiser ``state`` of full tensors with each parameter-shaped one laid out as its parameter: split
     where the parameter is (FSDP), whole otherwise (then unchanged)."""
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     laid_out = {

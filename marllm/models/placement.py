@@ -31,7 +31,7 @@ class ModelPlacement:
         load_in_4bit: load a LoRA base in 4 bits (needs CUDA and bitsandbytes).
         trust_remote_code: let transformers run the Python code a hub model ships with (only for code you trust).
         processes: where the models live across processes (:mod:`marllm.parallel.placement`), handed to every
-            learner: each policy and reference is loaded where it says and prepared by it (sharded over the ranks by
+            learner: each policy and reference is loaded where it says and prepared by it (split over the ranks by
             :class:`~marllm.parallel.placement.Sharded`, full models only, on each rank's device).
     """
 

@@ -20,7 +20,7 @@ from marllm.tasks.base import TaskParts
 def run_placement(config: TrainConfig) -> Placement:
     """The placement this process trains under, chosen once from the launcher's ranks and ``model.fsdp`` (the
     config checked against the number of ranks first): whole models on one process, data-parallel whole models, or
-    models sharded over the ranks. Joins the ranks' process group (:meth:`Placement.close` leaves it).
+    FSDP models split over the ranks. Joins the ranks' process group (:meth:`Placement.close` leaves it).
 
     Raises:
         ConfigError: the config does not fit the number of ranks.

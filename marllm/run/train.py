@@ -99,7 +99,7 @@ def train(
     Started by torchrun with several processes (``marllm train --nproc N``), it joins their process group and trains
     data-parallel under the placement chosen at setup (:func:`~marllm.run.setup.run_placement`): each rank plays
     its slice of every batch, and rank 0 alone writes the run directory; with whole models it alone evaluates at the
-    end, and the others return a result without evaluation. With ``model.fsdp`` the models are sharded over the ranks
+    end, and the others return a result without evaluation. With ``model.fsdp`` the models are split over the ranks
     (:class:`~marllm.parallel.placement.Sharded`), whose ranks run in lockstep: every rank joins the gathering of the
     states rank 0 writes and the end-of-run evaluation's forwards. A stop signal stops every rank after the same
     iteration.
@@ -332,7 +332,7 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
     stop.graceful = False
     if _stop_requested(run, stop):  # a signal during that save, on any rank
         _stop_gracefully(run, stop)
-    # Ranks in lockstep (sharded models) all join the forwards and gathers: all export and evaluate, rank 0 writes.
+    # Ranks in lockstep (FSDP models) all join the forwards and gathers: all export and evaluate, rank 0 writes.
     if not run.writes and not setup.placement.lockstep:
         return
     if config.logging.save_checkpoint:
@@ -340,13 +340,17 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
             learner.save(run_dir / EXPORT_DIR / learner_id)
     if config.logging.eval_queries > 0 and setup.task is not None:  # a game is evaluated by marllm eval
         run.result.eval_rows = evaluate_alone(
-            config, setup.task, setup.learners, config.logging.eval_queries, config.seed
+            config, setup.task, setup.learners, config.logging.eval_queries, config.seed, setup.placement
         )
         if run.writes:
             write_atomic(run_dir / EVAL_FILE, "".join(json.dumps(row) + "\n" for row in run.result.eval_rows))
     if config.logging.pass_at_k is not None:
         results = evaluate_pass_at_k_alone(
-            config, setup.learners, progress=config.logging.progress and run.writes, task=setup.task
+            config,
+            setup.learners,
+            progress=config.logging.progress and run.writes,
+            task=setup.task,
+            placement=setup.placement,
         )
         if run.writes:
             write_atomic(run_dir / PASS_AT_K_FILE, json.dumps(results, indent=2))
