@@ -36,7 +36,8 @@ from marllm.assets import resolve_model
 from marllm.loop import run_iteration
 from marllm.models.placement import ModelPlacement
 from marllm.models.policy import load_tokenizer
-from marllm.parallel.distributed import close_data_parallel, init_data_parallel
+from marllm.parallel.distributed import join_ranks
+from marllm.parallel.placement import DataParallel, Placement, Sharded
 from marllm.run.learners import make_learners
 
 MIB = 2**20
@@ -67,8 +68,9 @@ def model_state(learners: dict[str, Any]) -> dict[str, int]:
 
 def measure(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, Any] | None:
     """Train ``args.iterations`` CORY iterations on this rank; rank 0 returns every rank's figures."""
-    data_parallel = init_data_parallel(args.device)
-    rank, world = (0, 1) if data_parallel is None else (data_parallel.rank, data_parallel.world_size)
+    ranks = join_ranks(args.device)
+    placement = Placement() if ranks is None else Sharded(ranks) if mode == "sharded" else DataParallel(ranks)
+    rank, world = placement.rank, placement.world_size
     tokenizer = load_tokenizer(model_dir)
     queries = random_queries(tokenizer, 4 * args.batch_size, 8)
     env = chain_env(queries, 2, args.batch_size, shard=(rank, world))
@@ -77,7 +79,7 @@ def measure(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
         ["llm1", "llm2"],
         PPOConfig.from_flat(mini_batch_size=args.batch_size // 2, ppo_epochs=1),
         GenerationConfig(min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens, stop_at_eos=False),
-        placement=ModelPlacement(device=args.device, fsdp=mode == "sharded", data_parallel=data_parallel),
+        placement=ModelPlacement(device=args.device, processes=placement),
         tokenizer=tokenizer,
     )
     seconds, phases = [], {phase: [] for phase in PHASES}
@@ -95,12 +97,12 @@ def measure(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
         "sd": float(np.std(seconds[1:])),
         **{phase: float(np.mean(values[1:])) for phase, values in phases.items()},
     }
-    everyone = [figures] if data_parallel is None else data_parallel_gather(figures, world)
-    close_data_parallel(data_parallel)
+    everyone = [figures] if ranks is None else gather_figures(figures, world)
+    placement.close()
     return {"mode": mode, "ranks": everyone} if rank == 0 else None
 
 
-def data_parallel_gather(figures: dict[str, Any], world: int) -> list[dict[str, Any]]:
+def gather_figures(figures: dict[str, Any], world: int) -> list[dict[str, Any]]:
     everyone: list[Any] = [None] * world
     torch.distributed.all_gather_object(everyone, figures)
     return everyone

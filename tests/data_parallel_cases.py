@@ -9,6 +9,7 @@ fresh sharded learners and export to ``OUT/export-<case>``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -20,8 +21,9 @@ from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import PPOLearner, Rollout
 from marllm.models.generation import generate_responses
 from marllm.models.generation_config import GenerationConfig
-from marllm.parallel.distributed import DataParallel
-from marllm.parallel.sharding import full_tensor, shard_module
+from marllm.parallel.distributed import Ranks
+from marllm.parallel.placement import DataParallel, Sharded
+from marllm.parallel.sharding import full_tensor
 from marllm.testing.data_parallel import rank_slice as one_rank_slice
 from tests.conftest import make_tiny_gpt2, make_tokenizer
 from tests.test_ppo_learner import make_learner
@@ -62,19 +64,18 @@ SHARDED_CASES = ("ppo", "ppo_clipped", "grpo_kl_in_loss")
 RATIO_SKIPS = {"ratio_threshold": 1.02}  # low enough that some mini-batches of the second epoch run over it
 
 
-def build_learner(case: str, tokenizer: Any, data_parallel: Any = None, sharded: bool = False) -> PPOLearner:
-    """The learner of ``case`` on a tiny GPT-2 seeded alike on every process, with the adaptive KL controller;
-    ``sharded``: its models sharded over the ranks of ``data_parallel``."""
+def build_learner(case: str, tokenizer: Any, placement: Any = None) -> PPOLearner:
+    """The learner of ``case`` on a tiny GPT-2 seeded alike on every process, with the adaptive KL controller, under
+    ``placement`` (None: whole models on one process; a Sharded one shards its models over the ranks)."""
     spec = CASES[case]
-    extra: dict[str, Any] = {"data_parallel": data_parallel, "actions": spec.get("actions", "generate")}
+    extra: dict[str, Any] = {"actions": spec.get("actions", "generate")}
     learner_class = PPOLearner
     if "algorithm" in spec:
         learner_class = CriticFreeLearner
         settings = CriticFreeConfig(**spec.get("critic_free", {}))
         extra.update(algorithm=spec["algorithm"], group_size=2, settings=settings)
-    shard_over = data_parallel if sharded else None
     return make_learner(
-        tokenizer, 0, learner_class, extra, shard_over, init_kl_coef=0.05, kl_control="adaptive", **spec["ppo"]
+        tokenizer, 0, learner_class, extra, placement, init_kl_coef=0.05, kl_control="adaptive", **spec["ppo"]
     )
 
 
@@ -126,29 +127,31 @@ def step_gradients(learner: PPOLearner) -> list[torch.Tensor]:
 GENERATION_PROMPTS = (("this movie was", "the story is"), ("i hated the", "what a"))  # one pair per rank
 
 
-def generated(model: Any, tokenizer: Any, rank: int) -> tuple[str, ...]:
-    """Responses of ``model`` to rank ``rank``'s prompts, sampled from a seed of the rank's own: the ranks'
-    responses end at different lengths."""
+def generated(model: Any, tokenizer: Any, rank: int, placement: Any = None) -> tuple[str, ...]:
+    """Responses of ``model`` to rank ``rank``'s prompts, sampled from a seed of the rank's own (the ranks'
+    responses end at different lengths), in ``placement``'s generating block (None: none)."""
     torch.manual_seed(5 + rank)
-    return generate_responses(model, tokenizer, GENERATION_PROMPTS[rank], 8, GenerationConfig(1, 8)).texts
+    with placement.generating(model) if placement is not None else contextlib.nullcontext():
+        return generate_responses(model, tokenizer, GENERATION_PROMPTS[rank], 8, GenerationConfig(1, 8)).texts
 
 
-def sharded_generation(tokenizer: Any, data_parallel: Any) -> dict[str, Any]:
+def sharded_generation(tokenizer: Any, ranks: Ranks) -> dict[str, Any]:
     """Each rank's responses from a sharded tiny GPT-2, gathered whole for generation and left sharded, and whether
     its parameters are shards again afterwards."""
     found: dict[str, Any] = {}
     for gather in (True, False):
-        model = shard_module(make_tiny_gpt2(tokenizer, seed=0), data_parallel, gather_for_generation=gather)
-        found[f"gathered={gather}"] = generated(model, tokenizer, data_parallel.rank)
+        placement = Sharded(ranks, gather_for_generation=gather)
+        model = placement.prepare(make_tiny_gpt2(tokenizer, seed=0))
+        found[f"gathered={gather}"] = generated(model, tokenizer, ranks.rank, placement)
         found[f"sharded_after/gathered={gather}"] = all(isinstance(p, DTensor) for p in model.parameters())
     return found
 
 
-def sharded_bfloat16(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict[str, Any]:
+def sharded_bfloat16(tokenizer: Any, ranks: Ranks, part: Rollout) -> dict[str, Any]:
     """The ``ppo`` case's update with the sharded models computing in bfloat16 over float32 shards, and the dtypes
     the first decoder layer computed in."""
-    learner = make_learner(tokenizer, 0, PPOLearner, {"data_parallel": data_parallel}, data_parallel, torch.bfloat16,
-                           init_kl_coef=0.05, kl_control="adaptive", **PPO)
+    learner = make_learner(tokenizer, 0, PPOLearner, None, Sharded(ranks, torch.bfloat16), init_kl_coef=0.05,
+                           kl_control="adaptive", **PPO)  # fmt: skip
     computed = set()
     learner.model.transformer.h[0].register_forward_hook(lambda module, args, output: computed.add(output[0].dtype))
     result = state_after_update(learner, part)
@@ -156,14 +159,13 @@ def sharded_bfloat16(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict[
     return result
 
 
-def sharded_agreement(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict[str, Any]:
+def sharded_agreement(tokenizer: Any, ranks: Ranks, part: Rollout) -> dict[str, Any]:
     """Sharded learners where ranks must agree to skip: mini-batches over a low ratio threshold (forwards with no
     backward), and a non-finite loss (rank 1's shard of one weight set to NaN, which the all-gather spreads)."""
     found = {}
     for name, overrides in {"ratio": RATIO_SKIPS, "nonfinite": {"on_nonfinite": "skip"}}.items():
-        learner = make_learner(tokenizer, 0, PPOLearner, {"data_parallel": data_parallel}, data_parallel,
-                               **{**PPO, **overrides})
-        if name == "nonfinite" and data_parallel.rank == 1:
+        learner = make_learner(tokenizer, 0, PPOLearner, None, Sharded(ranks), **{**PPO, **overrides})
+        if name == "nonfinite" and ranks.rank == 1:
             with torch.no_grad():
                 learner.model.transformer.ln_f.weight.to_local().fill_(float("nan"))
         before = [full_tensor(p.detach()).clone() for p in learner._trained_parameters()]
@@ -173,13 +175,13 @@ def sharded_agreement(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict
     return found
 
 
-def micro_batches_nonfinite(tokenizer: Any, data_parallel: Any, part: Rollout) -> dict[str, Any]:
+def micro_batches_nonfinite(tokenizer: Any, ranks: Ranks, part: Rollout) -> dict[str, Any]:
     """The ``ppo_micro_batches`` case with ``on_nonfinite: skip`` where only rank 1's (whole) model is NaN: its first
     pass fails while rank 0's passes run on; both ranks must skip the same step and go on in step."""
     settings = {**CASES["ppo_micro_batches"]["ppo"], "on_nonfinite": "skip"}
-    learner = make_learner(tokenizer, 0, PPOLearner, {"data_parallel": data_parallel}, init_kl_coef=0.05,
+    learner = make_learner(tokenizer, 0, PPOLearner, None, DataParallel(ranks), init_kl_coef=0.05,
                            kl_control="adaptive", **settings)  # fmt: skip
-    if data_parallel.rank == 1:
+    if ranks.rank == 1:
         with torch.no_grad():
             learner.model.transformer.ln_f.weight.fill_(float("nan"))
     before = [p.detach().clone() for p in learner._trained_parameters()]
@@ -189,32 +191,32 @@ def micro_batches_nonfinite(tokenizer: Any, data_parallel: Any, part: Rollout) -
     return found
 
 
-def on_rank(out_dir: str, data_parallel: DataParallel) -> None:
+def on_rank(out_dir: str, ranks: Ranks) -> None:
     """One rank (:func:`marllm.testing.run_ranks`): every case's update on its slice of ``OUT/rollouts.pt``, into
     ``OUT/rank<r>.pt``."""
     torch.set_num_threads(1)
     tokenizer = make_tokenizer()
     rollouts = torch.load(f"{out_dir}/rollouts.pt", weights_only=False)
     results = {}
-    ranks = (data_parallel.rank, data_parallel.world_size)
+    place = (ranks.rank, ranks.world_size)
     for case in CASES:
-        learner = build_learner(case, tokenizer, data_parallel)
-        part = rank_slice(rollouts[case], *ranks)
+        learner = build_learner(case, tokenizer, DataParallel(ranks))
+        part = rank_slice(rollouts[case], *place)
         results[case] = state_after_update(learner, part)
     results["micro/nonfinite"] = micro_batches_nonfinite(
-        tokenizer, data_parallel, rank_slice(rollouts["ppo_micro_batches"], *ranks)
+        tokenizer, ranks, rank_slice(rollouts["ppo_micro_batches"], *place)
     )
     for case in SHARDED_CASES:
-        learner = build_learner(case, tokenizer, data_parallel, sharded=True)
-        part = rank_slice(rollouts[case], *ranks)
+        learner = build_learner(case, tokenizer, Sharded(ranks))
+        part = rank_slice(rollouts[case], *place)
         results[f"fsdp/{case}"] = result = state_after_update(learner, part)
         held = [*learner._trained_parameters(), *learner.reference.parameters()]
         result["elements_held"] = sum(p.to_local().numel() for p in held)  # this rank's shards
-        fresh = build_learner(case, tokenizer, data_parallel, sharded=True)
+        fresh = build_learner(case, tokenizer, Sharded(ranks))
         fresh.load_state_dict(*learner.state_dict())
         result["restored"] = fresh.state_dict()[0]
         learner.save(f"{out_dir}/export-{case}")
-    results["fsdp/bfloat16"] = sharded_bfloat16(tokenizer, data_parallel, rank_slice(rollouts["ppo"], *ranks))
-    results["fsdp/generation"] = sharded_generation(tokenizer, data_parallel)
-    results["fsdp/agreement"] = sharded_agreement(tokenizer, data_parallel, rank_slice(rollouts["ppo"], *ranks))
-    torch.save(results, f"{out_dir}/rank{data_parallel.rank}.pt")
+    results["fsdp/bfloat16"] = sharded_bfloat16(tokenizer, ranks, rank_slice(rollouts["ppo"], *place))
+    results["fsdp/generation"] = sharded_generation(tokenizer, ranks)
+    results["fsdp/agreement"] = sharded_agreement(tokenizer, ranks, rank_slice(rollouts["ppo"], *place))
+    torch.save(results, f"{out_dir}/rank{ranks.rank}.pt")

@@ -55,8 +55,8 @@ def test_a_device_this_machine_lacks_is_named_before_anything_loads(tiny_lm_dir,
 
 def test_devices_and_data_parallel_exclude_each_other():
     with pytest.raises(ConfigError, match="leave them unset with --nproc"):
-        cory(devices=["cpu", "cpu"]).check_data_parallel(2)
-    cory(devices=["cpu", "cpu"]).check_data_parallel(1)  # one process: fine
+        cory(devices=["cpu", "cpu"]).check_placement(2)
+    cory(devices=["cpu", "cpu"]).check_placement(1)  # one process: fine
 
 
 def test_placed_learners_and_reference(tiny_lm_dir, tiny_classifier_dir, reviews_file):

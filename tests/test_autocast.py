@@ -71,4 +71,4 @@ def test_autocast_dtype_is_checked():
         PPOConfig.from_flat(autocast_dtype="float16")
     with pytest.raises(ConfigError, match="ppo.compute.autocast_dtype is mixed precision for whole models"):
         config = load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["ppo.compute.autocast_dtype=bfloat16"])
-        config.check_data_parallel(8)
+        config.check_placement(8)

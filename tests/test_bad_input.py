@@ -38,6 +38,7 @@ from marllm.config.loading import ConfigError, parse_yaml
 from marllm.envs.text_env import RewardFunctionError, SequentialTextEnv
 from marllm.loop import IterationResult
 from marllm.models.policy import load_causal_lm, load_tokenizer
+from marllm.parallel.placement import Placement
 from marllm.tasks import base as base_module
 from marllm.tasks.gsm8k import load_gsm8k
 from marllm.tasks.math import MathTask
@@ -493,7 +494,7 @@ def test_a_flat_list_or_array_of_rewards_is_fine(values):
 
 
 def failing_build(error: Exception):
-    def build(config, data_parallel=None):
+    def build(config, placement=None):
         raise error
 
     return build
@@ -542,9 +543,10 @@ def stub_setup(monkeypatch, failures: list[bool]):
     """build() returns a stand-in; each iteration fails or logs one line, in the order of ``failures``."""
     setup = SimpleNamespace(
         env=SimpleNamespace(), learners={}, players={}, concurrent_updates=False, metric_names=None,
+        placement=Placement(),
         iteration_metrics=lambda m, infos: m,
     )
-    monkeypatch.setattr(train_module, "build", lambda config, data_parallel=None: setup)
+    monkeypatch.setattr(train_module, "build", lambda config, placement=None: setup)
     steps = iter(failures)
 
     def run_iteration(env, learners, seed=None, concurrent_updates=False, names=None):

@@ -247,9 +247,9 @@ def after_update_and_reference(single, case):
 
 def test_fsdp_config_is_checked_before_anything_starts():
     config = load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml")
-    config.check_data_parallel(8)
+    config.check_placement(8)
     with pytest.raises(ConfigError, match="model.fsdp shards the models over the processes"):
-        config.check_data_parallel(1)
+        config.check_placement(1)
     with pytest.raises(ConfigError, match="model.fsdp shards full models"):
         load_config(ROOT / "examples" / "cory_gsm8k.yaml", ["model.fsdp=true"])
     with pytest.raises(ConfigError, match="model.fsdp_compute_dtype applies to sharded models"):

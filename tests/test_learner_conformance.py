@@ -57,7 +57,7 @@ def maker(algorithm: str, actions: str, micro_batch_size: int | None, from_gener
 
 
 def tiny_learner(
-    data_parallel=None, algorithm="ppo", actions="generate", micro_batch_size=None, from_generate=False
+    placement=None, algorithm="ppo", actions="generate", micro_batch_size=None, from_generate=False
 ):
     """The matrix's learner: a tiny GPT-2 policy and reference, seeded alike on every call (and every rank)."""
     config = PPOConfig.from_flat(
@@ -73,48 +73,48 @@ def tiny_learner(
     torch.manual_seed(0)
     return build_learner(
         algorithm, "llm", options, model=model, tokenizer=tokenizer, reference=reference, config=config,
-        generation=GENERATION, data_parallel=data_parallel,
+        generation=GENERATION, placement=placement,
     )  # fmt: skip
 
 
-def failing_on_rank_one(data_parallel=None, **options):
+def failing_on_rank_one(placement=None, **options):
     """A learner whose second rank cannot be built (the first then waits for it in the update's collectives)."""
-    if data_parallel is not None and data_parallel.rank == 1:
+    if placement is not None and placement.rank == 1:
         raise RuntimeError("rank one cannot build its learner")
-    return tiny_learner(data_parallel, **options)
+    return tiny_learner(placement, **options)
 
 
-def hanging_on_rank_one(data_parallel=None, **options):
+def hanging_on_rank_one(placement=None, **options):
     """A learner whose second rank never comes to the update."""
-    if data_parallel is not None and data_parallel.rank == 1:
+    if placement is not None and placement.rank == 1:
         time.sleep(3600)
-    return tiny_learner(data_parallel, **options)
+    return tiny_learner(placement, **options)
 
 
-def summing_ranks(directory, data_parallel):
+def summing_ranks(directory, ranks):
     """Each rank sums its rank + 1 over the group and writes what it got."""
-    total = data_parallel.all_reduce_sum(torch.tensor([data_parallel.rank + 1.0]))
-    Path(directory, f"sum{data_parallel.rank}.txt").write_text(str(float(total)))
+    total = ranks.all_reduce_sum(torch.tensor([ranks.rank + 1.0]))
+    Path(directory, f"sum{ranks.rank}.txt").write_text(str(float(total)))
 
 
-def failing_rank_one(directory, data_parallel):
-    if data_parallel.rank == 1:
+def failing_rank_one(directory, ranks):
+    if ranks.rank == 1:
         raise RuntimeError("rank one fails")
-    data_parallel.barrier()
+    ranks.barrier()
 
 
-def stuck_rank_one(directory, data_parallel):
-    data_parallel.barrier()
-    if data_parallel.rank == 1:
+def stuck_rank_one(directory, ranks):
+    ranks.barrier()
+    if ranks.rank == 1:
         time.sleep(3600)
-    data_parallel.barrier()
+    ranks.barrier()
 
 
-def without_gradient_sums(data_parallel=None, **options):
+def without_gradient_sums(placement=None, **options):
     """A learner whose ranks never sum their gradients: each steps on its own half of every mini-batch."""
-    learner = tiny_learner(data_parallel, **options)
-    if data_parallel is not None:
-        object.__setattr__(data_parallel, "sum_gradients_", lambda parameters: None)  # a frozen dataclass
+    learner = tiny_learner(placement, **options)
+    if placement is not None:
+        object.__setattr__(placement, "sum_gradients_", lambda parameters: None)  # a frozen dataclass
     return learner
 
 

@@ -14,6 +14,7 @@ from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import PPOLearner
 from marllm.algorithms.ppo_config import AUTO_MICRO_BATCH_SIZE, ComputeConfig, PPOConfig
 from marllm.algorithms.ppo_steps import trim_padding
+from marllm.parallel.placement import Placement, Sharded
 from tests.test_ppo_learner import make_learner
 
 PROMPTS = ("this movie was", "what a", "the actors in this movie were all", "i think", "a long and slow film") * 2
@@ -144,10 +145,10 @@ def test_micro_batch_size_is_checked_and_auto_by_default():
     with pytest.raises(ValueError, match="micro_batch_size"):
         PPOConfig.from_flat(micro_batch_size=0)
     assert PPOConfig().compute.micro_batch_size == "auto"
-    assert PPOConfig().compute.passes_of(sharded=False) == AUTO_MICRO_BATCH_SIZE == 32
-    assert PPOConfig().compute.passes_of(sharded=True) is None  # a sharded model takes the whole mini-batch in one pass
-    assert ComputeConfig(micro_batch_size=None).passes_of(sharded=False) is None
-    assert ComputeConfig(micro_batch_size=4).passes_of(sharded=False) == 4
+    assert PPOConfig().compute.settled(Placement).micro_batch_size == AUTO_MICRO_BATCH_SIZE == 32
+    assert PPOConfig().compute.settled(Sharded).micro_batch_size is None  # sharded: the whole mini-batch in one pass
+    assert ComputeConfig(micro_batch_size=None).settled(Placement).micro_batch_size is None
+    assert ComputeConfig(micro_batch_size=4).settled(Placement).micro_batch_size == 4
 
 
 def test_a_pass_no_larger_than_the_mini_batch_is_still_trimmed_to_its_rows(tokenizer):

@@ -7,23 +7,22 @@ import torch
 from marllm.algorithms import GenerationConfig, NonFiniteLossError, PPOConfig, PPOLearner
 from marllm.models.generation import PromptTooLongError
 from marllm.models.policy import ReferencePool
-from marllm.parallel.sharding import shard_module
 from tests.conftest import make_tiny_gpt2
 
 
 def make_learner(
-    tokenizer, seed=0, learner_class=PPOLearner, learner_kwargs=None, shard_over=None, compute_dtype=None, **ppo
+    tokenizer, seed=0, learner_class=PPOLearner, learner_kwargs=None, placement=None, **ppo
 ):
     """A ``learner_class`` (PPO by default; ``learner_kwargs`` for its own arguments) on a tiny GPT-2, with a fixed
-    η and a learning rate that moves it within a few updates; ``ppo`` overrides the PPO settings. ``shard_over`` (a
-    DataParallel) shards the policy and the reference over its ranks (FSDP), computing in ``compute_dtype``."""
+    η and a learning rate that moves it within a few updates; ``ppo`` overrides the PPO settings. ``placement``
+    (None: whole models on one process) prepares the policy and the reference (a Sharded one shards them over its
+    ranks) and is handed to the learner."""
     settings = {"mini_batch_size": 8, "learning_rate": 3e-3, "init_kl_coef": 0.01, "kl_control": "fixed"}
     settings.update(ppo)
     model = make_tiny_gpt2(tokenizer, seed=seed)
     reference = make_tiny_gpt2(tokenizer, seed=seed).requires_grad_(False).eval()
-    if shard_over is not None:
-        shard_module(model, shard_over, compute_dtype)
-        shard_module(reference, shard_over, compute_dtype)
+    if placement is not None:
+        model, reference = placement.prepare(model), placement.prepare(reference)
     return learner_class(
         "llm1",
         model=model,
@@ -32,6 +31,7 @@ def make_learner(
         config=PPOConfig.from_flat(**settings),
         generation=GenerationConfig(4, 8),
         seed=seed,
+        placement=placement,
         **(learner_kwargs or {}),
     )
 

@@ -16,6 +16,7 @@ from marllm.algorithms.ppo_config import ComputeConfig, GenerationConfig, PPOCon
 from marllm.config import ConfigError, load_config
 from marllm.models.generation import generate_responses
 from marllm.models.policy import position_ids_for, ready_for_generation, response_forward
+from marllm.parallel.placement import Placement, Sharded
 from tests.conftest import make_tiny_gpt2
 from tests.test_ppo_learner import make_learner
 
@@ -128,15 +129,15 @@ def test_critic_free_rollout_from_generate_has_no_values_to_take(tokenizer):
 
 def test_rollout_from_generate_is_on_by_default_for_whole_models_and_refused_with_fsdp_when_asked():
     assert PPOConfig().compute.rollout_from_generate == "auto"
-    assert PPOConfig().compute.rollout_from_generate_for(sharded=False) is True
-    assert PPOConfig().compute.rollout_from_generate_for(sharded=True) is False
-    assert ComputeConfig(rollout_from_generate=False).rollout_from_generate_for(sharded=False) is False
+    assert PPOConfig().compute.settled(Placement).rollout_from_generate is True
+    assert PPOConfig().compute.settled(Sharded).rollout_from_generate is False
+    assert ComputeConfig(rollout_from_generate=False).settled(Placement).rollout_from_generate is False
     with pytest.raises(ValueError, match="ppo.compute.rollout_from_generate must be true, false or 'auto'"):
         PPOConfig.from_flat(rollout_from_generate="yes")
-    load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml").check_data_parallel(8)  # the defaults suit sharding
+    load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml").check_placement(8)  # the defaults suit sharding
     with pytest.raises(ConfigError, match="ppo.compute.rollout_from_generate takes one logit per sampled token"):
         config = load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", ["ppo.compute.rollout_from_generate=true"])
-        config.check_data_parallel(8)
+        config.check_placement(8)
 
 
 def test_every_whole_model_setting_is_named_when_refused_with_fsdp():
@@ -152,4 +153,4 @@ def test_every_whole_model_setting_is_named_when_refused_with_fsdp():
     with pytest.raises(
         ConfigError, match="ppo.compute.micro_batch_size splits.*; ppo.compute.rollout_from_generate takes"
     ):
-        load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", overrides).check_data_parallel(8)
+        load_config(ROOT / "examples" / "cory_gsm8k_fsdp.yaml", overrides).check_placement(8)

@@ -26,7 +26,7 @@ def check_buildable(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], 
     raise ValueError(
         f"{owner}: {reference} cannot be built with the catalog's arguments ({reason}); a learner class takes "
         "PolicyGradientLearner's arguments (name, *, model, tokenizer, reference, config, generation, seed, adapter, "
-        "kl_controller, data_parallel, actions, normalization) or overrides from_options to take its own, and a "
+        "kl_controller, placement, actions, normalization) or overrides from_options to take its own, and a "
         "builder function takes (learner_id, algorithm, options, **learner_kwargs)"
     )
 

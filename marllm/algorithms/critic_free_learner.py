@@ -48,7 +48,7 @@ class CriticFreeLearner(PolicyGradientLearner):
         normalization: the ``score`` mode's normalisation of move scores (see :class:`PolicyGradientLearner`).
         **learner_kwargs: :class:`PolicyGradientLearner`'s other arguments (:class:`LearnerArguments`: ``model``,
             ``tokenizer``, ``reference``, ``config``, ``generation``, ``seed``, ``adapter``, ``kl_controller``,
-            ``data_parallel``). ``config`` holds the optimiser, epoch, mini-batch, clip-range, KL-coefficient and
+            ``placement``). ``config`` holds the optimiser, epoch, mini-batch, clip-range, KL-coefficient and
             score-transform settings, which it shares with PPO (its value-function settings are not used);
             data-parallel, each rank's slice of the batch must hold whole groups.
 

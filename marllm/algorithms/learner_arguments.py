@@ -18,8 +18,7 @@ from marllm.models.generation import check_chat_template
 from marllm.models.legal_moves import check_constrained
 from marllm.models.lora import adapter_parameters
 from marllm.models.policy import ValueHead
-from marllm.parallel.distributed import DataParallel
-from marllm.parallel.sharding import compute_dtype_of, shard_module
+from marllm.parallel.placement import Placement
 
 
 class LearnerArguments(TypedDict):
@@ -35,7 +34,7 @@ class LearnerArguments(TypedDict):
         seed: seeds the response-length sampler and the mini-batch shuffling.
         adapter: the LoRA adapter of ``model`` that the learner trains; None: all of ``model``'s trainable parameters.
         kl_controller: the KL coefficient controller; None builds it from ``config``.
-        data_parallel: this process's rank of a data-parallel run; None for one process.
+        placement: where the models live across processes; None: whole models on one process.
     """
 
     model: PreTrainedModel
@@ -46,7 +45,7 @@ class LearnerArguments(TypedDict):
     seed: NotRequired[int]
     adapter: NotRequired[str | None]
     kl_controller: NotRequired[KLController | None]
-    data_parallel: NotRequired[DataParallel | None]
+    placement: NotRequired[Placement | None]
 
 
 def check_learner_arguments(
@@ -55,11 +54,10 @@ def check_learner_arguments(
     reference: Any,
     adapter: str | None,
     kl_controller: Any,
-    sharded: bool,
-    data_parallel: Any,
+    placement: Placement,
 ) -> None:
     """Refuse a learner without a reference (nor an adapter whose base serves as one), a KL controller without
-    ``value`` and ``update``, and a sharded model outside a data-parallel run or with an adapter.
+    ``value`` and ``update``, and an adapter under a placement that does not hold whole models.
 
     Raises:
         ValueError / TypeError: naming the learner and what is wrong.
@@ -71,38 +69,35 @@ def check_learner_arguments(
             f"learner {name!r}: kl_controller must have a value and an update(kl, n_steps) method, got "
             f"{type(kl_controller).__name__}"
         )
-    if sharded and (data_parallel is None or adapter is not None):
-        raise ValueError(
-            f"learner {name!r}: a sharded (FSDP) model trains data-parallel as a full model: give data_parallel, "
-            "and no adapter"
-        )
+    if not placement.whole_models and adapter is not None:
+        raise ValueError(f"learner {name!r}: an FSDP model (model.fsdp) trains as a full model: give no adapter")
 
 
 def check_learner_settings(
-    learner: Any,
     name: str,
     config: PPOConfig,
     generation: GenerationConfig,
     tokenizer: Any,
     actions: str,
-    sharded: bool,
+    placement: Placement,
 ) -> None:
-    """Refuse, in this order, settings a sharded model cannot train with, a chat template the tokenizer cannot apply,
-    and ``actions`` that cannot be played with these settings (:func:`check_actions`).
+    """Refuse, in this order, settings that need whole models under a placement that does not hold them, a chat
+    template the tokenizer cannot apply, and ``actions`` that cannot be played with these settings
+    (:func:`check_actions`).
 
     Raises:
         ValueError: naming the learner and what is wrong.
     """
-    whole_model_only = config.compute.whole_model_settings() if sharded else []
+    whole_model_only = [] if placement.whole_models else config.compute.whole_model_settings()
     if whole_model_only:
         raise ValueError(
-            f"learner {name!r}: {'; '.join(whole_model_only)}: leave these at their defaults for a sharded model"
+            f"learner {name!r}: {'; '.join(whole_model_only)}: leave these at their defaults with model.fsdp"
         )
     check_chat_template(tokenizer, generation.chat_template, f"learner {name!r}")
-    check_actions(learner, name, actions, tokenizer, generation)
+    check_actions(config, name, actions, tokenizer, generation)
 
 
-def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
+def check_actions(config: PPOConfig, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
     """Refuse a mode whose answers end with EOS (constrained, thought-then-move) without an EOS to end them, and
     ``ppo.compute.rollout_from_generate: true`` with a mode it does not fit (a thought and its move are two generate
     calls), as the mode's facts say (:func:`~marllm.algorithms.action_modes.action_mode`; an unknown mode is
@@ -110,7 +105,7 @@ def check_actions(learner: Any, name: str, actions: str, tokenizer: Any, generat
     mode = action_mode(actions, f"learner {name!r}")
     if mode.ends_with_eos:
         check_constrained(tokenizer, generation, f"learner {name!r}")
-    if mode.rollout_from_generate is not None and learner.config.compute.rollout_from_generate is True:
+    if mode.rollout_from_generate is not None and config.compute.rollout_from_generate is True:
         raise ValueError(
             f"learner {name!r}: game.actions.mode: {actions} {mode.rollout_from_generate}; set "
             "ppo.compute.rollout_from_generate to auto or false"
@@ -162,15 +157,10 @@ def prepare_networks(model: PreTrainedModel, reference: PreTrainedModel | None, 
         enable_gradient_checkpointing(model)
 
 
-def new_value_head(
-    model: PreTrainedModel, device: torch.device, sharded: bool, data_parallel: DataParallel | None
-) -> ValueHead:
-    """A value head for ``model`` on ``device``; for a ``sharded`` model, sharded like it over ``data_parallel``'s
-    ranks, so that every trained parameter is a DTensor whose gradient FSDP reduces."""
-    value_head = ValueHead(model.config.hidden_size).to(device)
-    if sharded:
-        shard_module(value_head, data_parallel, compute_dtype_of(model))
-    return value_head
+def new_value_head(model: PreTrainedModel, device: torch.device, placement: Placement) -> ValueHead:
+    """A value head for ``model`` on ``device``, prepared by ``placement`` as the policy was (under FSDP split
+    like it, so that every trained parameter is a DTensor whose gradient FSDP reduces)."""
+    return placement.prepare(ValueHead(model.config.hidden_size).to(device))
 
 
 def new_optimizer(
@@ -179,7 +169,7 @@ def new_optimizer(
     adapter: str | None,
     value_head: ValueHead | None,
     config: PPOConfig,
-    sharded: bool,
+    placement: Placement,
     seed: int = 0,
 ) -> torch.optim.Optimizer:
     """Adam over the trained parameters, in this order: ``adapter``'s (or every trainable one of ``model``), then the
@@ -191,9 +181,9 @@ def new_optimizer(
         trainable = [p for p in model.parameters() if p.requires_grad]
     parameters = trainable + (list(value_head.parameters()) if value_head is not None else [])
     if check_full_precision(name, trainable, adapter):
-        if sharded:
+        if not placement.stochastic_rounding:
             raise ValueError(
-                f"learner {name!r}: a sharded (model.fsdp) bfloat16 model is not trained with stochastic rounding; "
+                f"learner {name!r}: a model.fsdp bfloat16 model is not trained with stochastic rounding; "
                 "use model.dtype: float32 with model.fsdp_compute_dtype: bfloat16"
             )
         return StochasticRoundingAdam(
@@ -203,7 +193,7 @@ def new_optimizer(
         parameters,
         lr=config.optimiser.learning_rate,
         eps=config.optimiser.adam_eps,
-        fused=True if config.compute.fused_kernels and not sharded else None,
+        fused=True if config.compute.fused_kernels and placement.fused_optimizer else None,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,8 @@ from marllm.models.state_dicts import (
     optimizer_state_dict,
     write_tensors,
 )
-from marllm.parallel.sharding import gathered, load_full_state_, local_part
+from marllm.parallel.placement import Placement
+from marllm.parallel.sharding import load_full_state_, local_part
 from marllm.utils.errors import CheckpointError
 from marllm.utils.files import write_directory_manifest, write_json
 from marllm.utils.generators import restore_generator
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
     from marllm.algorithms.kl_controller import KLController
     from marllm.models.policy import ValueHead
-    from marllm.parallel.distributed import DataParallel
 
 LEARNER_STATE_TENSORS = "learner_state.safetensors"
 EXPORT_FORMAT = "marllm-learner-export"
@@ -57,8 +57,8 @@ class LearnerCheckpoint:
         rng: the learner's generator (response lengths, mini-batch shuffles).
         num_updates: the updates the learner has made (saved; restored by the restoring methods' return value).
         pending: the rollouts the learner holds and has not trained on yet; saving refuses while there are any.
-        sharded: whether ``model`` is sharded (FSDP): its tensors are gathered whole to save them.
-        data_parallel: this process's rank of a data-parallel run, or None.
+        placement: where the models live across processes: it gathers full tensors to save and says whether this
+            rank writes.
     """
 
     name: str
@@ -72,8 +72,7 @@ class LearnerCheckpoint:
     rng: np.random.Generator
     num_updates: int = 0
     pending: int = 0
-    sharded: bool = False
-    data_parallel: DataParallel | None = None
+    placement: Placement = field(default_factory=Placement)
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Everything that changes as this learner trains, as (tensors, JSON-able meta), for a checkpoint.
@@ -88,14 +87,14 @@ class LearnerCheckpoint:
             RuntimeError: the learner holds a rollout it has not trained on yet (save between iterations).
         """
         tensors, meta = self._state_tensors()
-        # A sharded learner's tensors are gathered whole onto the CPU: each other rank of its run must call this or
-        # share_state() at the same time, for the learners in the same order.
-        return gathered(tensors), {"adapter": self.adapter, **meta}
+        # Full tensors on the CPU where the placement shards them (FSDP): each other rank of its run must then call
+        # this or share_state() at the same time, for the learners in the same order.
+        return self.placement.full_state(tensors), {"adapter": self.adapter, **meta}
 
     def share_state(self) -> None:
-        """On a rank of a sharded run that does not write: take part in the gathers of the :meth:`state_dict` that
-        rank 0 takes (for its checkpoint) at the same time, keeping nothing."""
-        gathered(self._state_tensors()[0], keep=False)
+        """On a rank that does not write, where the placement gathers states to save: take part in the gathers of
+        the :meth:`state_dict` that rank 0 takes (for its checkpoint) at the same time, keeping nothing."""
+        self.placement.full_state(self._state_tensors()[0], keep=False)
 
     def _state_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors, meta = self._training_state()
@@ -132,15 +131,10 @@ class LearnerCheckpoint:
         """
         directory = Path(directory)
         tensors, meta = self._training_state()
-        weights = None  # a sharded model's weights, gathered whole
-        if self.sharded:
-            # Gathered by every rank (collectives), kept and written by rank 0 alone. Parameters as themselves
-            # (keep_vars), so that tied weights stay one tensor and are saved once.
-            keep = self.data_parallel.is_main
-            weights = gathered(self.model.state_dict(keep_vars=True), keep)
-            tensors = gathered(tensors, keep)
-            if not keep:
-                return
+        exported = self.placement.exported_state(self.model, tensors)  # a collective where the placement gathers
+        if exported is None:  # a rank that writes nothing
+            return
+        weights, tensors = exported  # weights: None where the model saves its own
         directory.mkdir(parents=True, exist_ok=True)
         if self.adapter is not None:
             self.model.save_pretrained(directory / "policy", selected_adapters=[self.adapter])
@@ -270,7 +264,7 @@ class LearnerCheckpoint:
 
 
 def _laid_out_like_parameters(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """An optimiser ``state`` of full tensors with each parameter-shaped one laid out as its parameter: sharded
+    """An optimiser ``state`` of full tensors with each parameter-shaped one laid out as its parameter: split
     where the parameter is (FSDP), whole otherwise (then unchanged)."""
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     laid_out = {

@@ -12,6 +12,7 @@ collector's ``rescore`` (``actions/``) and the subclass's objective (``core.py``
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 from collections import defaultdict
@@ -50,8 +51,7 @@ from marllm.algorithms.rollout import (
     update_stats,
 )
 from marllm.models.policy import ValueHead, context_length, ready_for_generation
-from marllm.parallel.distributed import DataParallel
-from marllm.parallel.sharding import is_sharded
+from marllm.parallel.placement import Placement
 
 __all__ = ["PolicyGradientLearner"]
 
@@ -76,9 +76,10 @@ class PolicyGradientLearner:
             batch); see :class:`~marllm.algorithms.kl_controller.KLController`. The learner owns it and changes its
             state: give each learner its own. None builds it from ``config.kl`` (``kl_control``, ``init_kl_coef``,
             ``target_kl``, ``kl_horizon``), which is then not read for the KL coefficient.
-        data_parallel: this process's rank of a data-parallel run (:mod:`marllm.parallel.distributed`), whose
-            rollouts hold its slice of each batch (None: one process); it computes over the global batch what one
-            process computes over a batch. Every rank must be given the same ``seed``.
+        placement: where the models live across processes (:mod:`marllm.parallel.placement`; None: whole models on
+            one process), which ``model`` and ``reference`` were prepared by. Data-parallel, the rollouts hold this
+            rank's slice of each batch, and the learner computes over the global batch what one process computes
+            over a batch; every rank must be given the same ``seed``.
         actions: how the learner acts (:mod:`marllm.algorithms.actions`): ``"generate"`` (free text),
             ``"constrained"`` (a game's legal move, token by token restricted to continuations of the names in
             ``observation["legal_moves"]``, then EOS), ``"think"`` (free text, then a constrained move) or ``"score"``
@@ -109,7 +110,7 @@ class PolicyGradientLearner:
         seed: int = 0,
         adapter: str | None = None,
         kl_controller: KLController | None = None,
-        data_parallel: DataParallel | None = None,
+        placement: Placement | None = None,
         actions: str = "generate",
         normalization: str | None = None,
     ):
@@ -117,30 +118,24 @@ class PolicyGradientLearner:
         self.model = model
         prepare_networks(model, reference, config)
         self.tokenizer = ready_for_generation(tokenizer, f"learner {name}")
-        self.sharded = is_sharded(model)
+        self.placement = placement if placement is not None else Placement()
         check_learner_arguments(
-            name,
-            reference=reference,
-            adapter=adapter,
-            kl_controller=kl_controller,
-            sharded=self.sharded,
-            data_parallel=data_parallel,
+            name, reference=reference, adapter=adapter, kl_controller=kl_controller, placement=self.placement
         )
         self.reference = reference
         self.adapter = adapter
-        self.config = config or PPOConfig()
+        config = config or PPOConfig()
         self.generation = generation or GenerationConfig()
-        check_learner_settings(self, name, self.config, self.generation, self.tokenizer, actions, self.sharded)
+        check_learner_settings(name, config, self.generation, self.tokenizer, actions, self.placement)
+        # The settings the placement decides ("auto"), settled once: the update and the collector read them as given.
+        self.config = dataclasses.replace(config, compute=config.compute.settled(self.placement))
         self.device = next(model.parameters()).device
-        self.value_head = self._critic(data_parallel)
+        self.value_head = self._critic()
         # Dropout stays off in rollout and update alike, so the first ratio of a batch is exactly 1.
         self.model.eval()
-        self.optimizer = new_optimizer(name, model, adapter, self.value_head, self.config, self.sharded, seed)
+        self.optimizer = new_optimizer(name, model, adapter, self.value_head, self.config, self.placement, seed)
         self.kl_controller = kl_controller if kl_controller is not None else kl_controller_from(self.config)
-        self.data_parallel = data_parallel
-        self._world_size = 1 if data_parallel is None else data_parallel.world_size
-        if data_parallel is not None and not self.sharded:  # shard_module started sharded ones from rank 0's
-            data_parallel.broadcast_(self._trained_parameters())
+        self.placement.start_equal(self._trained_parameters())
         self.score_statistics = RunningMeanStd(mean=0.0, std=1.0, clip_max=None)
         self.context_length = context_length(model)
         self._rng = np.random.default_rng(seed)
@@ -148,7 +143,7 @@ class PolicyGradientLearner:
         self.num_updates = 0
         self.collector = self._new_collector(actions, normalization)
 
-    def _critic(self, data_parallel: DataParallel | None) -> ValueHead | None:
+    def _critic(self) -> ValueHead | None:
         """The critic trained beside the policy (after it in the optimiser; the collector records its values): none
         here, :class:`~marllm.algorithms.ppo.PPOLearner` adds a value head."""
         return None
@@ -170,7 +165,7 @@ class PolicyGradientLearner:
             value_head=self.value_head,
             context_length=self.context_length,
             device=self.device,
-            sharded=self.sharded,
+            placement=self.placement,
             rng=self._rng,
         )
 
@@ -230,8 +225,8 @@ class PolicyGradientLearner:
         return self._checkpoint().state_dict()
 
     def share_state(self) -> None:
-        """On a rank of a sharded run that does not write: take part in the gathers of the :meth:`state_dict` that
-        rank 0 takes (for its checkpoint) at the same time, keeping nothing."""
+        """On a rank that does not write, where the placement gathers states to save: take part in the gathers of
+        the :meth:`state_dict` that rank 0 takes (for its checkpoint) at the same time, keeping nothing."""
         self._checkpoint().share_state()
 
     def load_state_dict(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
@@ -269,8 +264,7 @@ class PolicyGradientLearner:
             rng=self._rng,
             num_updates=self.num_updates,
             pending=len(self.rollouts),
-            sharded=self.sharded,
-            data_parallel=self.data_parallel,
+            placement=self.placement,
         )
 
     # ----------------------------------------------------------------------------------------------- learning
@@ -289,12 +283,12 @@ class PolicyGradientLearner:
         self.last_nonfinite: str | None = None
         # The iteration's turns are one update: one shuffle of all samples per epoch, one step of each statistic.
         rollout = merge_rollouts(self.rollouts, self.tokenizer.pad_token_id)
-        self.config.batching.check_batch_size(len(rollout.responses) * self._world_size)
+        self.config.batching.check_batch_size(len(rollout.responses) * self.placement.world_size)
         schedule = set_learning_rate(self.optimizer, self.config, self.num_updates)
         metrics = self._update_with(rollout).as_dict() | schedule
         self.rollouts = []
         self.num_updates += 1
-        return metrics if self.data_parallel is None else self.data_parallel.mean_metrics(metrics)
+        return dict(self.placement.mean_metrics(metrics))
 
     def _update_with(self, rollout: Rollout) -> UpdateStats:
         started = time.perf_counter()
@@ -317,8 +311,8 @@ class PolicyGradientLearner:
             # Ziegler et al.'s controller is fed the KL that the penalty actually uses, per sample of the batch (the
             # global batch: every rank's controller takes the same step).
             controlled = self._controlled_kl(b)
-            kl_batch = controlled if self.data_parallel is None else self.data_parallel.mean(controlled)
-            self.kl_controller.update(kl_batch, len(data) * self._world_size)
+            kl_batch = self.placement.mean(controlled)
+            self.kl_controller.update(kl_batch, len(data) * self.placement.world_size)
         skipped = nonfinite is not None if self.config.guards.on_nonfinite == "skip" else None
         return update_stats(rollout, data, losses, self._advantage_stats(b), started, skipped)
 
@@ -330,17 +324,15 @@ class PolicyGradientLearner:
         Updates the running score statistics (``ppo.score_transform``), as each batch's scores are part of them.
         """
         kl_coef = float(self.kl_controller.value)
-        dp = self.data_parallel
-        global_rows = None if dp is None else dp.global_rows(rollout.segment_sizes)
+        global_rows = self.placement.global_rows(rollout.segment_sizes)
         scores = self._transform_scores(rollout.received_rewards, global_rows)
         score_tensor = torch.as_tensor(scores, dtype=torch.float32, device=self.device)
         columns = self._advantages(rollout.tensors, score_tensor, kl_coef)
         return UpdateBatch(Batch(rollout.tensors, **columns), scores, kl_coef, rollout.prompt_length, global_rows)
 
-    def _transform_scores(self, scores: np.ndarray, global_rows: np.ndarray | None = None) -> np.ndarray:
+    def _transform_scores(self, scores: np.ndarray, global_rows: np.ndarray) -> np.ndarray:
         """The scores (B,) an update trains on: ``ppo.score_transform`` of the rewards (global batch statistics)."""
-        dp = self.data_parallel
-        batch = scores if dp is None else dp.gather_rows(scores, global_rows)  # one process's order on every rank
+        batch = self.placement.gather_rows(scores, global_rows)  # one process's order on every rank
         cfg = self.config
         return transform_scores(scores, batch, self.score_statistics, cfg.score_transform, cfg.score_clip)
 
@@ -354,8 +346,7 @@ class PolicyGradientLearner:
             loss=functools.partial(self._loss, kl_coef=kl_coef),
             sample_masses=self._sample_masses,
             rng=self._rng,
-            data_parallel=self.data_parallel,
-            sharded=self.sharded,
+            placement=self.placement,
             name=self.name,
             update=self.num_updates,
         )
@@ -368,8 +359,8 @@ class PolicyGradientLearner:
         return loss, parts | rescored.stats
 
     def _all_reduce(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """A sum over the data-parallel ranks, for batch statistics (None for one process)."""
-        return None if self.data_parallel is None else self.data_parallel.all_reduce_sum
+        """A sum over the ranks, for batch statistics (None where this process holds the whole batch)."""
+        return self.placement.sum_over_ranks
 
     def _trained_parameters(self) -> list[torch.nn.Parameter]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]

@@ -20,7 +20,6 @@ from marllm.algorithms.policy_gradient import PolicyGradientLearner
 from marllm.algorithms.ppo_steps import NonFiniteLossError
 from marllm.algorithms.rollout import Rollout
 from marllm.models.policy import ValueHead
-from marllm.parallel.distributed import DataParallel
 
 __all__ = ["NonFiniteLossError", "PPOLearner", "Rollout"]
 
@@ -34,9 +33,9 @@ class PPOLearner(PolicyGradientLearner):
     against the critic (Schulman et al., 2016), and ``vf_coef`` × the clipped value loss.
     """
 
-    def _critic(self, data_parallel: DataParallel | None) -> ValueHead:
-        """A value head on the policy's hidden states (sharded like the policy when it is)."""
-        return new_value_head(self.model, self.device, self.sharded, data_parallel)
+    def _critic(self) -> ValueHead:
+        """A value head on the policy's hidden states, prepared by the learner's placement as the policy was."""
+        return new_value_head(self.model, self.device, self.placement)
 
     def _advantages(self, b: Batch, scores: torch.Tensor, kl_coef: float) -> dict[str, torch.Tensor]:
         """Token ``rewards`` (the score at the last response token, −η·KL at every token), GAE ``advantages`` and

@@ -3,11 +3,15 @@ batching, the KL control, the compute and the guards, each validated when built.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from marllm.utils.checks import choice, non_negative, positive
+
+if TYPE_CHECKING:
+    from marllm.parallel.placement import Placement
 
 __all__ = [
     "AUTO_MICRO_BATCH_SIZE",
@@ -150,21 +154,21 @@ class ComputeConfig:
             ``ppo.batching.mini_batch_size``, and fewer padded tokens computed (also when a mini-batch is no larger
             than a pass: a learner's merged turns or game moves are padded to its longest, and each pass drops what its
             rows do not need). ``"auto"`` (default): passes of :data:`AUTO_MICRO_BATCH_SIZE` rows for a whole model,
-            the whole mini-batch in one pass for a sharded one (``model.fsdp`` needs every rank in every pass). None:
+            the whole mini-batch in one pass with ``model.fsdp`` (which needs every rank in every pass). None:
             the whole mini-batch in one pass, untrimmed (the path before micro-batches, kept for runs that must
             reproduce earlier figures bit for bit). An int: passes of that many rows (not with ``model.fsdp``).
         fused_kernels: compute with torch's fused kernels where they change only the rounding: GPT-2's
             ``gelu_new`` (and transformers' other composite tanh-approximated GELUs) as ``F.gelu(x,
             approximate="tanh")`` in the policy and its reference, one pass instead of eight
             (:func:`~marllm.models.activations.fuse_tanh_gelus`), and Adam as ``fused=True``, one kernel per
-            parameter instead of six (not for a sharded model). The same functions, rounded differently in the last
+            parameter instead of six (not with ``model.fsdp``). The same functions, rounded differently in the last
             float bits. On by default; false reproduces earlier figures bit for bit.
         rollout_from_generate: take the rollout's log-probs and values (π_old and V_old) from ``generate``'s own
             forwards, which computed every response token's logits and the hidden state the LM head read while
             sampling it, instead of a second forward of the policy over prompt and response. The same numbers up to
             float rounding (the KV cache splits the sums differently: within ~1e-6 on the logits of a float32 GPT-2),
             for one policy forward fewer per rollout; the batch's logits are then alive at once, whatever
-            ``forward_batch_size``. ``"auto"`` (default): on for a whole model, off for a sharded one (a sharded
+            ``forward_batch_size``. ``"auto"`` (default): on for a whole model, off with ``model.fsdp`` (an FSDP
             ``generate`` keeps stepping ranks that are done); true is refused with ``model.fsdp``; false reproduces
             earlier figures bit for bit.
         gradient_checkpointing: recompute the policy's transformer layers in the backward (transformers' own
@@ -188,7 +192,7 @@ class ComputeConfig:
             precision, not a rounding detail: the logits carry bfloat16's ~3 significant digits, and the first PPO
             ratio of an update is 1 only up to that noise. Faster where the hardware multiplies bfloat16 faster
             (GPUs, and CPUs with AVX-512 BF16 or AMX). None (default): everything in ``model.dtype``. Not with
-            ``model.fsdp``, whose ``model.fsdp_compute_dtype`` does this for sharded models.
+            ``model.fsdp``, whose ``model.fsdp_compute_dtype`` does this for FSDP models.
     """
 
     forward_batch_size: int | None = None
@@ -220,20 +224,19 @@ class ComputeConfig:
                 f"ppo.compute.rollout_from_generate must be true, false or 'auto', got {self.rollout_from_generate!r}"
             )
 
-    def passes_of(self, sharded: bool) -> int | None:
-        """Rows per forward/backward pass of a mini-batch (None: the whole mini-batch in one untrimmed pass) for a
-        whole or a ``sharded`` model (see ``micro_batch_size``)."""
-        if self.micro_batch_size == "auto":
-            return None if sharded else AUTO_MICRO_BATCH_SIZE
-        return self.micro_batch_size
-
-    def rollout_from_generate_for(self, sharded: bool) -> bool:
-        """Whether a whole or a ``sharded`` model's rollout takes generate's own forwards (see
-        ``rollout_from_generate``)."""
-        return not sharded if self.rollout_from_generate == "auto" else bool(self.rollout_from_generate)
+    def settled(self, placement: Placement | type[Placement]) -> ComputeConfig:
+        """These settings with ``micro_batch_size`` and ``rollout_from_generate`` concrete: ``"auto"`` resolved by
+        ``placement`` (:meth:`~marllm.parallel.placement.Placement.rows_per_pass`,
+        :meth:`~marllm.parallel.placement.Placement.rollout_from_generate`), once, when a learner is built."""
+        return dataclasses.replace(
+            self,
+            micro_batch_size=placement.rows_per_pass(self.micro_batch_size, AUTO_MICRO_BATCH_SIZE),
+            rollout_from_generate=placement.rollout_from_generate(self.rollout_from_generate),
+        )
 
     def whole_model_settings(self) -> list[str]:
-        """The settings made here that a sharded model (``model.fsdp``) cannot take, each with why."""
+        """The settings made here that need whole models on each process (``model.fsdp`` shards them), each with
+        why."""
         reasons = []
         if isinstance(self.micro_batch_size, int):
             reasons.append(
@@ -242,7 +245,7 @@ class ComputeConfig:
             )
         if self.autocast_dtype is not None:
             reasons.append(
-                "ppo.compute.autocast_dtype is mixed precision for whole models; sharded models compute in "
+                "ppo.compute.autocast_dtype is mixed precision for whole models; FSDP models compute in "
                 "model.fsdp_compute_dtype instead"
             )
         if self.logits_chunk_rows is not None:
@@ -250,10 +253,10 @@ class ComputeConfig:
                 "ppo.compute.logits_chunk_rows applies the LM head outside the model, which model.fsdp shards"
             )
         if self.gradient_checkpointing:
-            reasons.append("ppo.compute.gradient_checkpointing is not wired into model.fsdp's sharded layers")
+            reasons.append("ppo.compute.gradient_checkpointing is not wired into model.fsdp's layers")
         if self.rollout_from_generate is True:
             reasons.append(
-                "ppo.compute.rollout_from_generate takes one logit per sampled token from generate, and a sharded "
+                "ppo.compute.rollout_from_generate takes one logit per sampled token from generate, and an FSDP "
                 "generate keeps stepping ranks that are done"
             )
         return reasons

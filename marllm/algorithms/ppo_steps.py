@@ -19,11 +19,10 @@ import torch
 from tianshou.data import Batch
 
 from marllm.algorithms.rollout import SEQUENCE_COLUMNS, UpdateBatch
-from marllm.parallel.sharding import full_tensor
+from marllm.parallel.placement import Placement
 
 if TYPE_CHECKING:
     from marllm.algorithms.ppo_config import PPOConfig
-    from marllm.parallel.distributed import DataParallel
 
 LossFunction = Callable[[Any, int], tuple[torch.Tensor, dict[str, float]]]
 """``loss(mini_batch, prompt_length) -> (loss, parts)``: a mini-batch's loss and its parts (``loss/policy``,
@@ -49,14 +48,14 @@ class PPOSteps:
     """The epochs of optimiser steps of one PPO update, from explicit inputs.
 
     Attributes:
-        config: the PPO settings (epochs, mini-batches, micro-batches, ratio threshold, gradient clipping).
+        config: the PPO settings (epochs, mini-batches, micro-batches, ratio threshold, gradient clipping), settled
+            for ``placement`` (:meth:`~marllm.algorithms.ppo_sections.ComputeConfig.settled`).
         optimizer: the optimiser it steps.
         parameters: the parameters ``optimizer`` holds (whose gradients it accumulates, clips and restores).
         loss: a mini-batch's loss and its parts (:data:`LossFunction`).
         sample_masses: each response's weight in a mini-batch loss's normaliser, (B, L) mask -> (B,).
         rng: shuffles each epoch's samples (:func:`plan_steps`).
-        data_parallel: this process's rank of a data-parallel run; None for one process.
-        sharded: whether the trained model is sharded (FSDP).
+        placement: where the models live across processes (the collectives of a data-parallel update).
         name: the learner's id, for the messages of :class:`NonFiniteLossError`.
         update: the learner's update count before this update, for the same messages.
     """
@@ -67,8 +66,7 @@ class PPOSteps:
     loss: LossFunction
     sample_masses: Callable[[torch.Tensor], torch.Tensor]
     rng: np.random.Generator
-    data_parallel: DataParallel | None = None
-    sharded: bool = False
+    placement: Placement = field(default_factory=Placement)
     name: str = ""
     update: int = 0
     _row_counts: torch.Tensor | None = field(default=None, init=False, repr=False)
@@ -81,11 +79,10 @@ class PPOSteps:
         of each mini-batch with the whole mini-batch's normaliser, and the gradients are summed over the ranks
         before each step: one process's step, up to float summation order.
         """
-        dp = self.data_parallel
+        placement = self.placement
         masses, self._row_counts = host_rows(data.batch, self.sample_masses)
         rows = np.arange(len(data)) if data.global_rows is None else data.global_rows  # this rank's global rows
-        if dp is not None:
-            masses = dp.gather_rows(masses, rows)
+        masses = placement.gather_rows(masses, rows)
         for step in self.plan(masses, rows):
             self.optimizer.zero_grad(set_to_none=True)
             applied = 0
@@ -95,17 +92,16 @@ class PPOSteps:
                 applied += counted
                 if problem is not None:
                     failure = problem
-                    if dp is None:
+                    if placement.world_size == 1:  # no other rank waits in this step's collectives
                         break
-            if dp is not None and dp.any(failure is not None):
+            if placement.any(failure is not None):
                 failure = failure or f"learner {self.name!r}: non-finite PPO loss on another rank"
             if failure is not None:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteLossError(failure)
             # Every mini-batch skipped: no step at all, so Adam's momentum does not move the weights either.
             if applied:
-                if dp is not None and not self.sharded:  # FSDP has summed a sharded model's gradients
-                    dp.sum_gradients_(self.parameters)
+                placement.sum_gradients_(self.parameters)
                 self._optimizer_step(step[0].epoch)
         # The next update's first step clears them anyway: freed now, a learner's gradients (one more copy of its
         # trainable weights) are not held through the other learners' rollouts and updates.
@@ -131,10 +127,10 @@ class PPOSteps:
         until they agree to fail.
         """
         counts = self._row_counts if self._row_counts is not None else host_rows(data.batch, self.sample_masses)[1]
-        plan = passes(minibatch, data.batch, data.prompt_length, self.config.compute.passes_of(self.sharded), counts[1])
+        plan = passes(minibatch, data.batch, data.prompt_length, self.config.compute.micro_batch_size, counts[1])
         if not plan:  # this rank holds no row of the mini-batch
             return self._stand_in(data.batch, data.prompt_length), None
-        computed = _Passes(plan, minibatch, masses, counts[0], self.sharded)
+        computed = _Passes(plan, minibatch, masses, counts[0], self.placement.lockstep)
         computed.run(self.loss, self._gradients_before, lambda parts: self._nonfinite_loss(parts, minibatch.epoch))
         parts = computed.parts
         skipped = self._skips(parts.get("ratio", 0.0), computed.tokens)  # every rank decides alike, even on failure
@@ -149,9 +145,10 @@ class PPOSteps:
         return True, computed.failure
 
     def _stand_in(self, b: Batch, prompt_length: int) -> bool:
-        """A mini-batch this rank holds no row of: whether it counts towards the step. Sharded, FSDP needs every
-        rank in every forward and backward (in the same order): a stand-in row's loss, times 0."""
-        stand_in = self.loss(b[:1], prompt_length)[0] if self.sharded else None
+        """A mini-batch this rank holds no row of: whether it counts towards the step. Where the placement runs the
+        ranks in lockstep (FSDP needs every rank in every forward and backward, in the same order): a stand-in row's
+        loss, times 0."""
+        stand_in = self.loss(b[:1], prompt_length)[0] if self.placement.lockstep else None
         skipped = self._skips(0.0, 0.0)
         if stand_in is not None and not skipped:
             (stand_in * 0.0).backward()
@@ -163,9 +160,7 @@ class PPOSteps:
         threshold = self.config.guards.ratio_threshold
         if threshold is None:
             return False
-        if self.data_parallel is not None:
-            ratio = self.data_parallel.weighted_mean(ratio, tokens)
-        return ratio > threshold
+        return self.placement.weighted_mean(ratio, tokens) > threshold
 
     def _nonfinite_loss(self, parts: dict[str, float], epoch: int) -> str:
         return (
@@ -188,15 +183,7 @@ class PPOSteps:
             parameter.grad = grad
 
     def _optimizer_step(self, epoch: int) -> None:
-        parameters = self.parameters
-        if self.config.optimiser.max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.optimiser.max_grad_norm)
-        elif self.sharded:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
-        else:
-            grads = [p.grad.norm() for p in parameters if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0)
-        norm = full_tensor(norm)  # over sharded gradients, a DTensor: the global norm once made whole
+        norm = self.placement.gradient_norm(self.parameters, self.config.optimiser.max_grad_norm)
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(
@@ -217,14 +204,14 @@ class _Passes:
     ranks' gradients are summed), while the recorded parts are this rank's means (the ranks' metrics are averaged).
     The ratio guard needs the whole mini-batch's ratio: one pass waits for it before its backward (``deferred``);
     several run their backwards as they go, to be taken back if the mini-batch is skipped. A non-finite loss stops
-    the passes; sharded, its backward still runs (FSDP's reduce-scatter needs every rank).
+    the passes; in ``lockstep`` (FSDP's reduce-scatter needs every rank), its backward still runs.
     """
 
     plan: list[Pass]
     minibatch: _MiniBatch
     masses: torch.Tensor
     tokens_of_rows: torch.Tensor  # (B,) on the host: each local row's response tokens
-    sharded: bool
+    lockstep: bool  # every rank runs every backward (the placement's)
     parts: dict[str, float] = field(default_factory=dict)
     failure: str | None = None
     pending: tuple[torch.Tensor, float] | None = None
@@ -260,7 +247,7 @@ class _Passes:
                     combined[key] += part * (token_share if key in _TOKEN_MEANS else mass_share)
             if not finite:
                 self.failure = nonfinite(parts)
-                self.pending = (value, weight) if self.sharded else None
+                self.pending = (value, weight) if self.lockstep else None
                 break
             if self.deferred:
                 self.pending = (value, weight)
@@ -273,7 +260,7 @@ class _Passes:
         return float(self.tokens_of_rows[torch.as_tensor(rows)].sum())
 
     def backward_pending(self) -> None:
-        """The backward a deferred (or failed sharded) pass still owes."""
+        """The backward a deferred (or failed lockstep) pass still owes."""
         if self.pending is not None:
             value, weight = self.pending
             (value * weight).backward()

@@ -23,7 +23,7 @@ def train_command(args: argparse.Namespace) -> int:
     run_dir = _train_run_dir(args) or config.resolved_run_dir()
     _refuse_study_dir(run_dir)
     if args.nproc > 1:
-        config.check_data_parallel(args.nproc)
+        config.check_placement(args.nproc)
         return launcher.launch_ranks(args.nproc, _train_arguments(args))
     # Training's modules (seconds to import): kept out of `marllm --help` and of the launcher of --nproc's ranks.
     from marllm.run.train import train

@@ -97,7 +97,7 @@ RESUMABLE_KEYS = (
     "run_dir",
     "logging.*",
     "model.trust_remote_code",
-    "model.fsdp",  # a checkpoint holds whole tensors, whether the run that wrote it was sharded or not
+    "model.fsdp",  # a checkpoint holds whole tensors, whether the run that wrote it used FSDP or not
     "model.fsdp_gather_for_generation",  # where the weights are while generating, not what is computed
     "ppo.guards.on_nonfinite",
     "ppo.guards.max_consecutive_skips",

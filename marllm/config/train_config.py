@@ -228,7 +228,7 @@ class TrainConfig:
                         "give them one device, or use full-model learners (model.lora: null)"
                     )
 
-    def check_data_parallel(self, world_size: int) -> None:
+    def check_placement(self, world_size: int) -> None:
         """Whether this run can train on ``world_size`` data-parallel processes: its batch splits into whole groups,
         one slice per process, and it places no agent on a device of its own (each rank takes one GPU); and
         ``model.fsdp`` has more than one process to shard over.

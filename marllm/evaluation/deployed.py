@@ -29,6 +29,7 @@ from marllm.evaluation.pass_at_k import mean_pass_at_k
 from marllm.models.generation import generate_responses
 from marllm.models.lora import load_adapter_checkpoint
 from marllm.models.policy import context_length, load_causal_lm, load_tokenizer
+from marllm.parallel.placement import Placement
 from marllm.tasks.base import TaskParts, has_binary_reward
 from marllm.utils.errors import CheckpointError
 from marllm.utils.files import MANIFEST_NAME, verify_directory_manifest
@@ -100,21 +101,26 @@ def load_deployed_model(config: TrainConfig, checkpoint: str | Path | None) -> t
     return load_adapter_checkpoint(base, policy), str(checkpoint), tokenizer
 
 
-def deployed_models(config: TrainConfig, learners: Mapping[str, Learner]) -> Iterator[tuple[str, Any, Any]]:
+def deployed_models(
+    config: TrainConfig, learners: Mapping[str, Learner], placement: Placement | None = None
+) -> Iterator[tuple[str, Any, Any]]:
     """``(name, model, tokenizer)`` of each base model π_0 of ``learners``, then of each learner's policy, each ready
-    to generate on its own. A base is named ``base`` when every learner starts from it, else ``base:MODEL``.
+    to generate on its own, within ``placement``'s generating block (the run's; None: whole models on one process).
+    A base is named ``base`` when every learner starts from it, else ``base:MODEL``.
 
     Consume each model before asking for the next: with LoRA they are one model with different adapters active.
     """
+    placement = placement if placement is not None else Placement()
     models = config.learner_models()
     bases = list(dict.fromkeys(models[learner_id] for learner_id in learners))
     for base in bases:
         first = next(learner for learner_id, learner in learners.items() if models[learner_id] == base)
-        with first.reference_model() as model:
+        with first.reference_model() as model, placement.generating(model):
             yield ("base" if len(bases) == 1 else f"base:{base}"), model, first.tokenizer
     for name, learner in learners.items():
         learner.activate()
-        yield name, learner.model, learner.tokenizer
+        with placement.generating(learner.model):
+            yield name, learner.model, learner.tokenizer
 
 
 def held_out_rows(task: TaskParts, limit: int | None = None) -> list[dict[str, Any]]:
@@ -174,17 +180,23 @@ def generate_answers(
 
 
 def evaluate_alone(
-    config: TrainConfig, task: TaskParts, learners: Mapping[str, Learner], num_queries: int, seed: int
+    config: TrainConfig,
+    task: TaskParts,
+    learners: Mapping[str, Learner],
+    num_queries: int,
+    seed: int,
+    placement: Placement | None = None,
 ) -> list[dict[str, Any]]:
     """The base model and each learner deployed alone answer the same held-out queries from the query only.
 
     The prompt is the first role's template (for CORY, the pioneer's: the query alone); the answers are scored by
     the task reward. The same sampling seed is used for every model. Returns one row per model and query.
+    ``placement``: the run's placement across processes (None: whole models on one process).
     """
     samples = held_out_rows(task, num_queries)
     prompts = deployed_prompts(config, samples)
     rows = []
-    for name, model, tokenizer in deployed_models(config, learners):
+    for name, model, tokenizer in deployed_models(config, learners, placement):
         torch.manual_seed(seed)
         texts = generate_answers(model, tokenizer, config, prompts, name)
         rewards = score_alone(task.reward_fn, config.env.roles[0], samples, texts)
@@ -202,15 +214,20 @@ def evaluate_alone(
 
 
 def evaluate_pass_at_k_alone(
-    config: TrainConfig, learners: Mapping[str, Learner], progress: bool | None = None, task: TaskParts | None = None
+    config: TrainConfig,
+    learners: Mapping[str, Learner],
+    progress: bool | None = None,
+    task: TaskParts | None = None,
+    placement: Placement | None = None,
 ) -> list[dict[str, Any]]:
     """pass@k of the base model and of each learner deployed alone, on the task's eval split (``task``'s held-out
     rows and reward, when the built task is given), with the ``logging.pass_at_k*`` settings of ``config``; one
-    :meth:`PassAtKResult.to_dict` per model. ``progress``: show progress bars (None: ``logging.progress``)."""
+    :meth:`PassAtKResult.to_dict` per model. ``progress``: show progress bars (None: ``logging.progress``);
+    ``placement``: the run's placement across processes (None: whole models on one process)."""
     log = config.logging
     problems = eval_problems(config, log.pass_at_k_problems, task)
     results = []
-    for name, model, tokenizer in deployed_models(config, learners):
+    for name, model, tokenizer in deployed_models(config, learners, placement):
         result = pass_at_k_of_model(
             model,
             tokenizer,

@@ -14,7 +14,7 @@ from marllm.algorithms.ppo_config import ComputeConfig, KLConfig
 from marllm.config import TrainConfig
 from marllm.games.players.fixed import FixedPlayer
 from marllm.models.policy import context_length
-from marllm.parallel.sharding import is_sharded
+from marllm.parallel.placement import Placement
 
 
 class ModelPlayer(FixedPlayer):
@@ -75,7 +75,9 @@ def _model_collector(
     name: str, model: Any, tokenizer: Any, generation: Any, actions: str, normalization: str | None,
     compute: ComputeConfig,
 ) -> Collector:
-    """The collector of ``actions`` (``score``'s ``normalization``) that plays ``model`` for the player ``name``."""
+    """The collector of ``actions`` (``score``'s ``normalization``) that plays ``model`` for the player ``name``: a
+    whole model on this process (a game plays on one)."""
+    placement = Placement()
     return new_collector(
         actions,
         owner=name,
@@ -86,12 +88,12 @@ def _model_collector(
         tokenizer=tokenizer,
         reference=None,
         adapter=None,
-        compute=compute,
+        compute=compute.settled(placement),
         kl_penalty=KLConfig().kl_penalty,
         generation=generation,
         value_head=None,
         context_length=context_length(model),
         device=next(model.parameters()).device,
-        sharded=is_sharded(model),
+        placement=placement,
         rng=np.random.default_rng(0),  # draws no batch budget: play() draws its answers' budgets from torch
     )

@@ -32,7 +32,6 @@ from marllm.games.players import OpponentPool
 from marllm.games.seats import learner_slots, opponent_slots, seat_players, seat_slots
 from marllm.games.settings import GameConfig
 from marllm.games.strategy import ExploitabilityMetrics
-from marllm.parallel.distributed import reseed_sampling
 from marllm.run.learners import learners_from_config
 from marllm.run.parts import Setup, wrap_for_agents
 from marllm.wrappers import RoleBaselines
@@ -183,7 +182,6 @@ def build_game_setup(config: TrainConfig, tokenizer: Any) -> Setup:
     env = build_game_env(config)
     learners, reference = learners_from_config(config, tokenizer)
     players, opponents = seat_players(game, learners, config.seed, config.generation)
-    reseed_sampling(config.seed, None)
     owners = learner_slots(game)
     devices = {str(next(learner.model.parameters()).device) for learner in learners.values()}
     pools = any(isinstance(player, OpponentPool) for player in opponents.values())  # a snapshot waits for its learner

@@ -29,7 +29,6 @@ from marllm.models.logits_processing import (  # noqa: F401 - the log-probs' pro
     sampling_processors,
 )
 from marllm.models.prefix_forward import shared_prefix_prompts
-from marllm.parallel.sharding import whole_for_generation
 
 # The settings of a model's own generation_config that may differ from transformers' defaults: token ids, lengths,
 # caching and output options, and the four sampling settings generate_responses passes explicitly. Any other
@@ -273,15 +272,14 @@ def sample_after(
     if static:
         check_static_cache(model, owner)
     eos = tokenizer.eos_token_id
-    # A sharded model is gathered once for the call, not at each token's forward; generate keeps every rank
-    # stepping until all are done (synced_gpus, on by itself for a model FSDP manages).
-    # The prompts' common beginning (a game's rules) computed once: generate goes on from its cache (not for a
-    # sharded model, whose ranks must run the same forwards).
+    # The prompts' common beginning (a game's rules) computed once: generate goes on from its cache (where the
+    # model may choose its own forwards: prefix_forward.can_share). Generate keeps every rank of a model FSDP manages
+    # stepping until all are done (synced_gpus, on by itself); the caller's placement gathers it for the call.
     prefix_cache = None
     if share_prefix and not static:  # generate takes a cache to go on from or a cache to build, not both
         prompt_ids, prompt_mask, prefix_cache = shared_prefix_prompts(model, prompt_ids, prompt_mask)
     captured = _last_hidden_states(model, owner) if capture else contextlib.nullcontext([])
-    with whole_for_generation(model), captured as hidden_steps:
+    with captured as hidden_steps:
         output = model.generate(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,

@@ -5,9 +5,9 @@ A run on N processes (``marllm train CONFIG --nproc N``, which runs torchrun, or
 B/N, one per rank. The learners of each rank keep their own rollouts and compute over the global batch what PPO
 computes over a batch (score statistics, advantage whitening, the KL fed to the controller, the loss normalisers),
 sum their gradients across ranks before each optimiser step, and so stay in step: N ranks train as one process with
-the whole batch would. :class:`DataParallel` is what a learner is handed for that; without one (a single process)
-nothing here runs. With ``model.fsdp`` the models themselves are sharded over the ranks as well
-(:mod:`marllm.parallel.sharding`).
+the whole batch would. :class:`Ranks` holds the collectives for that, which the run's placement
+(:class:`~marllm.parallel.placement.DataParallel`) uses; on a single process nothing here runs. With ``model.fsdp``
+the models themselves are sharded over the ranks as well (:mod:`marllm.parallel.sharding`).
 
 Why not ``DistributedDataParallel``: DDP all-reduces in backward hooks on every backward pass, while a PPO optimiser
 step sums several mini-batch backwards with weights that depend on the whole step, and learners sharing one LoRA base
@@ -53,7 +53,7 @@ def launched_rank() -> int:
         raise ValueError(f"RANK={value!r} is not a process rank") from None
 
 
-def init_data_parallel(device: str) -> DataParallel | None:
+def join_ranks(device: str) -> Ranks | None:
     """Join the process group of a run started by torchrun (None for a single process).
 
     The backend follows the model's device (``model.device``): gloo for ``cpu``, NCCL for ``auto`` or CUDA where
@@ -67,26 +67,18 @@ def init_data_parallel(device: str) -> DataParallel | None:
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if cuda else "gloo", timeout=COLLECTIVE_TIMEOUT)
-    return DataParallel.of_default_group()
+    return Ranks.of_default_group()
 
 
-def close_data_parallel(data_parallel: DataParallel | None) -> None:
-    """Leave the process group that :func:`init_data_parallel` joined."""
-    if data_parallel is not None and dist.is_initialized():
+def leave_ranks() -> None:
+    """Leave the process group that :func:`join_ranks` joined."""
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
-def reseed_sampling(seed: int, data_parallel: DataParallel | None, iteration: int = 0) -> None:
-    """Give each data-parallel rank but 0 its own stream of torch's global generator, which samples the responses:
-    a function of the seed, the rank and the iteration it starts from (rank 0 keeps one process's stream, or the
-    checkpoint's). Checkpoints hold rank 0's generator only, so a resumed run's other ranks sample anew."""
-    if data_parallel is not None and data_parallel.rank > 0:
-        torch.manual_seed(int(np.random.SeedSequence([seed, data_parallel.rank, iteration]).generate_state(1)[0]))
-
-
 @dataclass(frozen=True)
-class DataParallel:
-    """This process's place in a data-parallel run, and the collectives learners use over its process group.
+class Ranks:
+    """This process's place among the ranks of a data-parallel run, and the collectives over their process group.
 
     Every method is a collective: each rank must call it, in the same order, with tensors of the same shape.
 
@@ -101,7 +93,7 @@ class DataParallel:
     device: torch.device = torch.device("cpu")
 
     @classmethod
-    def of_default_group(cls) -> DataParallel:
+    def of_default_group(cls) -> Ranks:
         """The rank and size of torch.distributed's initialised default process group."""
         nccl = dist.get_backend() == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")

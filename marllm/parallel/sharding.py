@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
 from collections.abc import Iterator, Mapping
 
 import torch
@@ -27,35 +26,24 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from marllm.parallel.distributed import DataParallel
+from marllm.parallel.distributed import Ranks
 
 _ONE_UNIT_WARNING = 10_000_000  # parameters: below, a model is small enough to gather whole (a value head, a test's)
 
-# How each module was sharded, for what uses it later: the value head sharded like its policy, generation.
-_COMPUTE_DTYPES: weakref.WeakKeyDictionary[nn.Module, torch.dtype | None] = weakref.WeakKeyDictionary()
-_GATHER_FOR_GENERATION: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
-
-def shard_module(
-    module: nn.Module,
-    data_parallel: DataParallel,
-    compute_dtype: torch.dtype | None = None,
-    gather_for_generation: bool = True,
-) -> nn.Module:
-    """Shard ``module`` over the ranks of ``data_parallel`` in place (FSDP2) and return it.
+def shard_module(module: nn.Module, ranks: Ranks, compute_dtype: torch.dtype | None = None) -> nn.Module:
+    """Shard ``module`` over ``ranks`` in place (FSDP2) and return it.
 
     Parameters start from rank 0's (broadcast first), then each block the model names unsplittable (transformers'
     ``_no_split_modules``: GPT-2's ``GPT2Block``, Llama's ``LlamaDecoderLayer``, …) is sharded as one unit, and the
     rest (embeddings, final norm, LM head, or a value head) as the root. The shards move to the rank's device
-    (``data_parallel.device``), so a model may be loaded on the CPU and reach its GPU a shard at a time.
+    (``ranks.device``), so a model may be loaded on the CPU and reach its GPU a shard at a time.
     ``compute_dtype`` (e.g. bfloat16): the weights are gathered in it for forwards and backwards, while the shards
     keep their dtype and gradients are summed in float32 (FSDP's ``MixedPrecisionPolicy``); None computes in the
-    shards' dtype. ``gather_for_generation``: :func:`whole_for_generation` gathers the whole model for a
-    ``generate`` call; False keeps generation sharded (an all-gather per unit per token), for a model whose weights
-    do not fit one device whole.
+    shards' dtype.
     """
-    data_parallel.broadcast_(list(module.parameters()))
-    mesh = init_device_mesh(data_parallel.device.type, (data_parallel.world_size,))
+    ranks.broadcast_(list(module.parameters()))
+    mesh = init_device_mesh(ranks.device.type, (ranks.world_size,))
     blocks = set(getattr(module, "_no_split_modules", None) or ())
     if not blocks and sum(p.numel() for p in module.parameters()) > _ONE_UNIT_WARNING:
         warnings.warn(
@@ -71,8 +59,6 @@ def shard_module(
         if child is not module and type(child).__name__ in blocks:
             fully_shard(child, mesh=mesh, reshard_after_forward=True, mp_policy=precision)
     fully_shard(module, mesh=mesh, reshard_after_forward=True, mp_policy=precision)
-    _COMPUTE_DTYPES[module] = compute_dtype
-    _GATHER_FOR_GENERATION[module] = gather_for_generation
     # A learner's loss weights already sum to the global batch's normaliser over the ranks: gradients are summed,
     # not averaged. Sum-reduction also keeps gloo working (a divide factor would ask for PREMUL_SUM, NCCL only).
     # Both settings are per sharded unit, not inherited.
@@ -87,10 +73,10 @@ def shard_module(
 def whole_for_generation(module: nn.Module) -> Iterator[None]:
     """Within the block, keep a sharded model's weights gathered: each unit all-gathers once for the block, not at
     every forward of it (one per generated token), and its shards come back at the end. The rank then holds the
-    whole model in its compute dtype for that time. Nothing happens for a model that is not sharded, or one sharded
-    with ``gather_for_generation=False``."""
+    whole model in its compute dtype for that time. (Without it, generation runs sharded: an all-gather per unit per
+    token, for a model whose weights do not fit one device whole.)"""
     units = [unit for unit in module.modules() if isinstance(unit, FSDPModule)]
-    if not units or not _GATHER_FOR_GENERATION.get(module, False):
+    if not units:
         yield
         return
     changed: list[FSDPModule] = []
@@ -109,11 +95,6 @@ def whole_for_generation(module: nn.Module) -> Iterator[None]:
 def is_sharded(module: nn.Module | None) -> bool:
     """Whether ``module`` was sharded by :func:`shard_module` (FSDP2)."""
     return isinstance(module, FSDPModule)
-
-
-def compute_dtype_of(module: nn.Module) -> torch.dtype | None:
-    """The ``compute_dtype`` that :func:`shard_module` sharded ``module`` with (None: its own dtype)."""
-    return _COMPUTE_DTYPES.get(module)
 
 
 @torch.no_grad()

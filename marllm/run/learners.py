@@ -21,22 +21,22 @@ from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.models.placement import ModelPlacement
 from marllm.models.policy import ReferencePool, load_tokenizer
-from marllm.parallel.distributed import DataParallel
+from marllm.parallel.placement import Placement
 
 __all__ = ["ModelPlacement", "algorithm_options", "learners_from_config", "make_learners", "model_placement"]
 
 
 def learners_from_config(
-    config: TrainConfig, tokenizer: Any, data_parallel: DataParallel | None = None
+    config: TrainConfig, tokenizer: Any, processes: Placement | None = None
 ) -> tuple[dict[str, Learner], Any]:
     """The learners of ``config`` and their reference (see :func:`make_learners`), from its ``model``, ``agents``,
     ``ppo``, ``critic_free``, ``generation``, ``env.group_size`` and ``game`` settings.
 
     ``tokenizer`` is the tokenizer of ``model.name_or_path``; it is used when every learner starts from that model,
-    and each base loads its own when ``agents.models`` names the learners' bases. ``data_parallel``: this process's
-    rank of a data-parallel run, handed to every learner.
+    and each base loads its own when ``agents.models`` names the learners' bases. ``processes``: the run's placement
+    across processes (None: whole models on one process), handed to every learner.
     """
-    options, placement = algorithm_options(config), model_placement(config, data_parallel)
+    options, placement = algorithm_options(config), model_placement(config, processes)
     tokenizer = None if config.agents.models else tokenizer  # several bases: each loads its own
     return make_learners(
         config.learner_models(), config.learner_ids, config.ppo, config.generation, config.seed, options, placement,
@@ -44,8 +44,9 @@ def learners_from_config(
     )  # fmt: skip
 
 
-def model_placement(config: TrainConfig, data_parallel: DataParallel | None = None) -> ModelPlacement:
-    """The placement a config's ``model`` and ``agents`` settings give, on this process's ``data_parallel``."""
+def model_placement(config: TrainConfig, processes: Placement | None = None) -> ModelPlacement:
+    """The placement a config's ``model`` and ``agents`` settings give, under the run's placement across
+    ``processes`` (None: whole models on one process)."""
     model = config.model
     return ModelPlacement(
         dtype=model.dtype,
@@ -56,10 +57,7 @@ def model_placement(config: TrainConfig, data_parallel: DataParallel | None = No
         lora=model.lora,
         load_in_4bit=model.load_in_4bit,
         trust_remote_code=model.trust_remote_code,
-        fsdp=model.fsdp,
-        fsdp_compute_dtype=model.fsdp_compute_dtype,
-        fsdp_gather_for_generation=model.fsdp_gather_for_generation,
-        data_parallel=data_parallel,
+        processes=processes if processes is not None else Placement(),
     )
 
 
@@ -144,7 +142,7 @@ class _Builder:
     def learner(self, learner_id: str, **kwargs: Any) -> Learner:
         """The learner of ``learner_id`` on ``kwargs``' model, tokenizer, reference (and adapter)."""
         kwargs.update(config=self.ppo, generation=self.generation, seed=self.seeds[learner_id])
-        kwargs.update(data_parallel=self.placement.data_parallel)
+        kwargs.update(placement=self.placement.processes)
         algorithm = self.options.algorithm_of(learner_id)
         return build_learner(algorithm, learner_id, self.options, **kwargs)
 

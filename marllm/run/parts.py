@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pettingzoo import AECEnv
 
 from marllm.algorithms.learner import Learner
 from marllm.config import TrainConfig
+from marllm.parallel.placement import Placement
 from marllm.tasks.base import TaskParts
 from marllm.wrappers import RolePermutation, SharedReward
 
@@ -38,6 +39,9 @@ class Setup:
     results); None: nothing."""
     metric_names: dict[str, str] | None = None
     """The loop's agent id -> the learner id its metrics go under (a game's seats); None: the agent ids."""
+    placement: Placement = field(default_factory=Placement)
+    """Where the models live across processes (:func:`marllm.run.setup.run_placement`): whether this process
+    writes, which collectives every rank joins (gathering a state to save, the end-of-run evaluation's forwards)."""
 
     @property
     def trained_learners(self) -> dict[str, Learner]:
@@ -61,12 +65,6 @@ class Setup:
         """The run's hooks (the metrics hook, if any): a checkpoint saves the state of those that have one (a game's
         running average policies; :func:`~marllm.run.checkpoint.save_checkpoint`'s ``parts``)."""
         return [] if self.metrics_hook is None else [self.metrics_hook]
-
-    @property
-    def sharded(self) -> bool:
-        """Whether the models are sharded over the data-parallel ranks (``model.fsdp``): every rank then joins every
-        forward, including the end-of-run evaluation's, and every gathering of a state to save."""
-        return self.config.model.fsdp
 
 
 def wrap_for_agents(env: AECEnv, config: TrainConfig, agent_ids: list[str]) -> AECEnv:

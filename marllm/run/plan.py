@@ -52,6 +52,7 @@ from marllm.run.plan_workload import (
     plan_workload,
     prompt_tokens,
     reward_model_parameters,
+    settled_compute,
 )
 
 __all__ = [
@@ -176,7 +177,7 @@ def _plan(
 ) -> MemoryPlan:
     model, ppo = config.model, config.ppo
     reference_dtype = _reference_dtype(config)
-    passes = ppo.compute.passes_of(model.fsdp)
+    passes = settled_compute(config).micro_batch_size
     mini = min(ppo.batching.mini_batch_size, workload.learner_rows)
     rows = mini if passes is None else min(passes, mini)
     summary = {
@@ -358,10 +359,10 @@ def _levers(
         else:
             variant_shape = shape
         levers.append((name, _plan(variant, variant_shape, workload, capacity, device, reward).peak))
-    sharded = sum(line.bytes for line in plan.kept if line.name in ("weights", "optimiser", "reference"))
+    shardable = sum(line.bytes for line in plan.kept if line.name in ("weights", "optimiser", "reference"))
     for ranks in (2, 4, 8):
         levers.append((f"model.fsdp over {ranks} ranks (marllm train --nproc {ranks})",
-                       plan.peak - sharded * (1 - 1 / ranks) - plan.update[0].bytes * (1 - 1 / ranks)))  # fmt: skip
+                       plan.peak - shardable * (1 - 1 / ranks) - plan.update[0].bytes * (1 - 1 / ranks)))  # fmt: skip
     return sorted(levers, key=lambda lever: lever[1])
 
 

@@ -14,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from marllm.algorithms.ppo_sections import ComputeConfig
 from marllm.config import TrainConfig
 from marllm.config.loading import ConfigError
 from marllm.models.memory import ModelShape, bytes_per_element
+from marllm.parallel.placement import Placement, Sharded
 
 __all__ = [
     "GameLengths",
@@ -264,7 +266,13 @@ def keeps_generate_logits(config: TrainConfig) -> bool:
     it)."""
     if config.game is not None and config.game.actions.facts.rollout_from_generate is not None:
         return False
-    return config.ppo.compute.rollout_from_generate_for(config.model.fsdp)
+    return bool(settled_compute(config).rollout_from_generate)
+
+
+def settled_compute(config: TrainConfig) -> ComputeConfig:
+    """``ppo.compute`` as a learner of the run will settle it: ``"auto"`` resolved by the placement ``model.fsdp``
+    chooses (:meth:`~marllm.algorithms.ppo_sections.ComputeConfig.settled`)."""
+    return config.ppo.compute.settled(Sharded if config.model.fsdp else Placement)
 
 
 def multiplies_in_float32(dtype: str, device: str) -> bool:

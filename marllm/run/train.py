@@ -22,14 +22,8 @@ from tqdm.auto import tqdm
 from marllm.config import CONFIG_LAYOUT, TrainConfig
 from marllm.evaluation.deployed import evaluate_alone, evaluate_pass_at_k_alone
 from marllm.loop import run_iteration
-from marllm.parallel.distributed import (
-    DataParallel,
-    close_data_parallel,
-    init_data_parallel,
-    launched_rank,
-    launched_world_size,
-    reseed_sampling,
-)
+from marllm.parallel.distributed import launched_rank
+from marllm.parallel.placement import Placement
 from marllm.run.checkpoint import CheckpointInfo, save_checkpoint
 from marllm.run.interrupts import StopSignals, TrainingInterrupted
 from marllm.run.measures import exploitability_measure, kl_metric
@@ -59,7 +53,7 @@ from marllm.run.run_dir import (
     write_run_info,
 )
 from marllm.run.run_log import RunLog, sample_rows
-from marllm.run.setup import build
+from marllm.run.setup import build, run_placement
 from marllm.run.skip_streaks import count_skips, skip_streaks
 from marllm.utils.imports import package_version
 
@@ -103,11 +97,12 @@ def train(
     files and the directories it created are removed again.
 
     Started by torchrun with several processes (``marllm train --nproc N``), it joins their process group and trains
-    data-parallel (:mod:`marllm.parallel.distributed`): each rank plays its slice of every batch, and rank 0 alone
-    writes the run directory; with whole models it alone evaluates at the end, and the others return a result
-    without evaluation. With ``model.fsdp`` the models are sharded over the ranks (:mod:`marllm.parallel.sharding`):
-    every rank joins the gathering of the states rank 0 writes and the end-of-run evaluation's forwards. A stop
-    signal stops every rank after the same iteration.
+    data-parallel under the placement chosen at setup (:func:`~marllm.run.setup.run_placement`): each rank plays
+    its slice of every batch, and rank 0 alone writes the run directory; with whole models it alone evaluates at the
+    end, and the others return a result without evaluation. With ``model.fsdp`` the models are split over the ranks
+    (:class:`~marllm.parallel.placement.Sharded`), whose ranks run in lockstep: every rank joins the gathering of the
+    states rank 0 writes and the end-of-run evaluation's forwards. A stop signal stops every rank after the same
+    iteration.
 
     Raises:
         RunDirError: ``run_dir`` holds a run (and neither flag is given), or there is nothing to resume.
@@ -135,7 +130,7 @@ def _train_owned(
 ) -> TrainResult:
     """:func:`train` in the run directory it owns (``created``: the outermost directory created for it, removed
     again if the run stops before it begins)."""
-    data_parallel = None
+    placement = Placement()
     run: _Run | None = None
     try:
         checkpoint = checkpoint_to_resume(run_dir, config) if resume else None
@@ -143,13 +138,11 @@ def _train_owned(
             check_can_overwrite(run_dir)
         elif not resume:
             check_can_start(run_dir)
-        config.check_data_parallel(launched_world_size())
-        data_parallel = init_data_parallel(config.model.device)
-        if data_parallel is not None:
-            data_parallel.barrier()  # every rank has checked the run directory before rank 0 writes to it
-        setup = build(config, data_parallel)
+        placement = run_placement(config)
+        placement.barrier()  # every rank has checked the run directory before rank 0 writes to it
+        setup = build(config, placement)
         with StopSignals() as stop:
-            run = _Run(config, setup, run_dir, fresh=checkpoint is None, data_parallel=data_parallel, created=created)
+            run = _Run(config, setup, run_dir, fresh=checkpoint is None, created=created)
             try:
                 _open_run(run, checkpoint, overwrite)
                 _train_iterations(run, stop)
@@ -165,7 +158,7 @@ def _train_owned(
             shutil.rmtree(created, ignore_errors=True)
         raise
     finally:
-        close_data_parallel(data_parallel)
+        placement.close()
 
 
 @dataclass
@@ -176,7 +169,6 @@ class _Run:
     setup: Setup
     run_dir: Path
     fresh: bool  # started by this call (not resumed)
-    data_parallel: DataParallel | None = None
     created: Path | None = None  # the outermost directory this call created
     preexisting: frozenset[Path] = frozenset()  # marllm's files and directories in run_dir before a fresh run began
     opened: bool = False  # a resumed run's checkpoint has loaded: from here on it changes run_dir
@@ -191,7 +183,7 @@ class _Run:
     @property
     def writes(self) -> bool:
         """Whether this process writes the run directory: one process, or rank 0 of a data-parallel run."""
-        return self.data_parallel is None or self.data_parallel.is_main
+        return self.setup.placement.writes
 
 
 def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> None:
@@ -202,7 +194,7 @@ def _open_run(run: _Run, checkpoint: CheckpointInfo | None, overwrite: bool) -> 
         loaded = load_to_resume(run_dir, checkpoint, run.setup.learners, run.setup.env, run.setup.hooks)
         run.completed = run.checkpointed = loaded.iteration
         run.opened = True
-        reseed_sampling(config.seed, run.data_parallel, loaded.iteration)
+        run.setup.placement.reseed_sampling(config.seed, loaded.iteration)
         # Rank 0 rewrites the log atomically, and every rank keeps the same lines of it whichever version it reads.
         run.result.history = keep_iterations_before(run_dir / METRICS_FILE, loaded.iteration, rewrite=run.writes)
         run.streaks = skip_streaks(run.result.history, list(run.setup.learners))
@@ -282,7 +274,7 @@ def _train_iterations(run: _Run, stop: StopSignals) -> None:
 
 def _stop_requested(run: _Run, stop: StopSignals) -> bool:
     """Whether a signal asked the run to stop; data-parallel, whether it asked any rank (then every rank stops)."""
-    if run.data_parallel is not None and run.data_parallel.any(stop.requested) and not stop.requested:
+    if run.setup.placement.any(stop.requested) and not stop.requested:
         stop.received = signal.SIGTERM  # another rank's signal: stop as if this one had received it
     return stop.requested
 
@@ -307,7 +299,7 @@ def _save_training_state(run: _Run) -> None:
             parts=run.setup.hooks,
         )
         update_run_info(run.run_dir, checkpoint_iteration=run.completed)
-    elif run.setup.sharded:
+    elif run.setup.placement.lockstep:
         # Rank 0's save_checkpoint gathers each learner's state_dict in turn as it writes; every rank joins.
         for learner in run.setup.learners.values():
             learner.share_state()
@@ -340,21 +332,25 @@ def _end_training(run: _Run, stop: StopSignals) -> None:
     stop.graceful = False
     if _stop_requested(run, stop):  # a signal during that save, on any rank
         _stop_gracefully(run, stop)
-    # Sharded models need every rank in their forwards and gathers: all ranks export and evaluate, rank 0 writes.
-    if not run.writes and not setup.sharded:
+    # Ranks in lockstep (FSDP models) all join the forwards and gathers: all export and evaluate, rank 0 writes.
+    if not run.writes and not setup.placement.lockstep:
         return
     if config.logging.save_checkpoint:
         for learner_id, learner in setup.trained_learners.items():  # a game's fixed opponents have no policy
             learner.save(run_dir / EXPORT_DIR / learner_id)
     if config.logging.eval_queries > 0 and setup.task is not None:  # a game is evaluated by marllm eval
         run.result.eval_rows = evaluate_alone(
-            config, setup.task, setup.learners, config.logging.eval_queries, config.seed
+            config, setup.task, setup.learners, config.logging.eval_queries, config.seed, setup.placement
         )
         if run.writes:
             write_atomic(run_dir / EVAL_FILE, "".join(json.dumps(row) + "\n" for row in run.result.eval_rows))
     if config.logging.pass_at_k is not None:
         results = evaluate_pass_at_k_alone(
-            config, setup.learners, progress=config.logging.progress and run.writes, task=setup.task
+            config,
+            setup.learners,
+            progress=config.logging.progress and run.writes,
+            task=setup.task,
+            placement=setup.placement,
         )
         if run.writes:
             write_atomic(run_dir / PASS_AT_K_FILE, json.dumps(results, indent=2))

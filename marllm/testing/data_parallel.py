@@ -2,9 +2,9 @@
 turn, take the steps one process takes on the whole batch (:func:`check_two_ranks_equal_one_process`).
 
 The learner is named by a reference to its factory (``package.module:function`` or ``file.py:function``), because
-the ranks are other processes that build it again: ``factory(data_parallel=..., **options)`` must build the same
-learner, seeded alike, whether ``data_parallel`` is None (one process) or a rank's
-:class:`~marllm.parallel.distributed.DataParallel`. The rollouts are played once, in this process, and each rank is
+the ranks are other processes that build it again: ``factory(placement=..., **options)`` must build the same
+learner, seeded alike, whether ``placement`` is None (whole models on one process) or a rank's
+:class:`~marllm.parallel.placement.DataParallel`. The rollouts are played once, in this process, and each rank is
 handed its equal, contiguous slice of each turn: the ranks compare updates, not samples.
 
 The ranks are forked from this process on Linux (they start at once, with everything this process imported; a
@@ -33,12 +33,8 @@ import torch
 import torch.distributed as dist
 
 from marllm.algorithms.rollout import Rollout
-from marllm.parallel.distributed import (
-    WORLD_SIZE_VARIABLE,
-    DataParallel,
-    close_data_parallel,
-    init_data_parallel,
-)
+from marllm.parallel.distributed import WORLD_SIZE_VARIABLE, Ranks, join_ranks, leave_ranks
+from marllm.parallel.placement import DataParallel
 from marllm.testing.conformance import Observation, _play
 from marllm.utils.imports import load_reference
 
@@ -72,11 +68,11 @@ def check_two_ranks_equal_one_process(
         if len(observation["prompt"]) % world_size:
             raise ValueError(f"a turn of {len(observation['prompt'])} prompts does not split over {world_size} ranks")
     make = load_reference(factory)
-    player = make(data_parallel=None, **options)
+    player = make(placement=None, **options)
     _play(player, observations, rewards)
     rollouts = player.rollouts
     # A fresh learner, as each rank's: playing advanced the player's generator, which also shuffles mini-batches.
-    learner = make(data_parallel=None, **options)
+    learner = make(placement=None, **options)
     single = _update(learner, copy.deepcopy(rollouts))
     with tempfile.TemporaryDirectory() as directory:
         torch.save({"factory": factory, "options": options, "rollouts": rollouts}, Path(directory) / "job.pt")
@@ -86,9 +82,9 @@ def check_two_ranks_equal_one_process(
 
 
 def run_ranks(
-    work: Callable[[str, DataParallel], None], directory: str | Path, world_size: int = 2, timeout: float = 600
+    work: Callable[[str, Ranks], None], directory: str | Path, world_size: int = 2, timeout: float = 600
 ) -> None:
-    """``work(directory, data_parallel)`` on ``world_size`` gloo ranks of this machine, each its own process (forked
+    """``work(directory, ranks)`` on ``world_size`` gloo ranks of this machine, each its own process (forked
     on Linux, see above), which meet through a file store in ``directory``; it returns once every rank has. ``work``
     must be a module-level function (a spawned rank imports it); ``directory`` is where the ranks read their job and
     write what they found.
@@ -153,23 +149,22 @@ def _error_file(directory: str, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.error"
 
 
-def _rank(work: Callable[[str, DataParallel], None], directory: str, store: str, rank: int, world_size: int) -> None:
+def _rank(work: Callable[[str, Ranks], None], directory: str, store: str, rank: int, world_size: int) -> None:
     """One rank's process: joins the group through the file store ``store``, does its work, leaves the group. A
     failure's traceback is written before the group is left, which fails the peers' collectives: the first traceback
     written is the cause."""
     os.environ.update({WORLD_SIZE_VARIABLE: str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
     torch.set_num_threads(1)
-    data_parallel = None
     try:
         dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
-        data_parallel = init_data_parallel("cpu")
-        assert data_parallel is not None
-        work(directory, data_parallel)
+        ranks = join_ranks("cpu")
+        assert ranks is not None
+        work(directory, ranks)
     except BaseException:
         _error_file(directory, rank).write_text(traceback.format_exc())
         raise
     finally:
-        close_data_parallel(data_parallel)
+        leave_ranks()
 
 
 def _update(learner: Any, rollouts: list[Rollout]) -> dict[str, list[torch.Tensor]]:
@@ -234,11 +229,11 @@ def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
     return part
 
 
-def _update_slice(directory: str, data_parallel: DataParallel) -> None:
+def _update_slice(directory: str, ranks: Ranks) -> None:
     """One rank's work: its slice of every turn of ``DIR/job.pt``, one update, and what it did into
     ``DIR/rank<r>.pt``."""
     job = torch.load(Path(directory) / "job.pt", weights_only=False)
-    learner = load_reference(job["factory"])(data_parallel=data_parallel, **job["options"])
-    rank, world_size = data_parallel.rank, data_parallel.world_size
+    learner = load_reference(job["factory"])(placement=DataParallel(ranks), **job["options"])
+    rank, world_size = ranks.rank, ranks.world_size
     result = _update(learner, [rank_slice(rollout, rank, world_size) for rollout in job["rollouts"]])
     torch.save(result, Path(directory) / f"rank{rank}.pt")

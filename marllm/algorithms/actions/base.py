@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from marllm.algorithms.ppo_config import ComputeConfig, GenerationConfig
     from marllm.models.policy import ValueHead
+    from marllm.parallel.placement import Placement
 
 
 class Rescored(NamedTuple):
@@ -55,14 +56,14 @@ class Collector(ActionMode):
         tokenizer: its tokenizer, left-padding.
         reference: the frozen π_0; None: ``model``'s base with every adapter disabled.
         adapter: the learner's LoRA adapter of ``model``, or None.
-        compute: how the forwards are computed (``ppo.compute``: autocast, forward batch size, logits chunks,
-            rollout from generate).
+        compute: how the forwards are computed (``ppo.compute``, settled for ``placement``: autocast, forward batch
+            size, logits chunks, rollout from generate).
         kl_penalty: the per-token KL the rollout records (``ppo.kl.kl_penalty``: ``"k1"`` or ``"full"``).
         generation: the sampling settings.
         value_head: the value head (V_old of the rollout), or None.
         context_length: the model's context window.
         device: the policy's device.
-        sharded: whether ``model`` is sharded (FSDP).
+        placement: where ``model`` lives across processes; its ``generating`` block is entered around sampling.
         rng: draws each batch's response budget (:meth:`sample_length`).
         player: how messages name a collector that plays for a player, not a learner (:attr:`owner`); None: the
             learner ``name``.
@@ -79,7 +80,7 @@ class Collector(ActionMode):
     value_head: ValueHead | None
     context_length: int | None
     device: torch.device
-    sharded: bool
+    placement: Placement
     rng: np.random.Generator
     player: str | None = None
 

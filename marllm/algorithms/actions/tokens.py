@@ -56,7 +56,7 @@ class TokenCollector(GenerateMode, Collector):
         """Sample free-text responses without recording anything (evaluation; deploying the agent alone)."""
         budget = max_new_tokens or self.sample_length()
         self.activate()
-        with autocast_for(self.model, self.compute.autocast_dtype):
+        with self.placement.generating(self.model), autocast_for(self.model, self.compute.autocast_dtype):
             return generate_responses(
                 self.model, self.tokenizer, tuple(prompts), budget, self.generation, self.context_length, self.owner
             ).texts
@@ -75,7 +75,7 @@ class TokenCollector(GenerateMode, Collector):
             moves = None if legal_moves is None else [legal_moves[i] for i in rows]
             return self._sample(tuple(prompts[i] for i in rows), moves, budget, False)[0].texts
 
-        with autocast_for(self.model, self.compute.autocast_dtype):
+        with self.placement.generating(self.model), autocast_for(self.model, self.compute.autocast_dtype):
             if not self.draws_budget:
                 return answer(range(len(prompts)), 0)
             return answers_by_budget(len(prompts), self.generation, answer)
@@ -135,7 +135,7 @@ class TokenCollector(GenerateMode, Collector):
 
     def _from_generate(self) -> bool:
         """Whether the rollout's log-probs are generate's own forwards (``ppo.compute.rollout_from_generate``)."""
-        return self.compute.rollout_from_generate_for(self.sharded)
+        return bool(self.compute.rollout_from_generate)
 
     @torch.no_grad()
     def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]] | None) -> Rollout:
@@ -144,7 +144,7 @@ class TokenCollector(GenerateMode, Collector):
         # Every token mode draws the batch's budget, used or not: the generator also shuffles the mini-batches.
         budget = self.sample_length()
         self.activate()
-        with autocast_for(self.model, self.compute.autocast_dtype):
+        with self.placement.generating(self.model), autocast_for(self.model, self.compute.autocast_dtype):
             generated_batch, allowed = self._sample(prompts, legal_moves, budget, from_generate)
         prompt_ids, prompt_mask = generated_batch.prompt_ids, generated_batch.prompt_mask
         response, mask = generated_batch.response, generated_batch.mask
