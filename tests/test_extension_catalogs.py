@@ -1,6 +1,6 @@
 """The opponents and action-mode registries (one mechanism, :mod:`marllm.utils.registry`), read by the config
-checks and the builders alike, without torch; an opponent or an action mode of one's own is one file named by reference, trains with no other edit and
-passes its public check (marllm.testing)."""
+checks and the builders alike, without torch; an opponent or an action mode of one's own is one file named by
+reference, trains with no other edit and passes its public check (marllm.testing)."""
 
 from __future__ import annotations
 
