@@ -213,7 +213,7 @@ def test_the_lambda_studies_expand_to_one_run_per_coefficient_and_seed(study, co
     assert len(runs) == len(coefficients) * seeds
     assert sorted({run.config.agents.reward_coefficients for run in runs}) == coefficients
     assert all(run.config.game.name == f"{EXAMPLE / 'deal_or_no_deal.py'}:env" for run in runs)
-    assert all(run.config.game.actions == f"{EXAMPLE / 'talk.py'}:TalkOrPropose" for run in runs)
+    assert all(run.config.game.actions.mode == f"{EXAMPLE / 'talk.py'}:TalkOrPropose" for run in runs)
 
 
 def test_welfare_of_the_best_is_not_pareto_optimality():

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from marllm.algorithms.action_modes import ACTION_MODE_REGISTRY as MODES
-from marllm.algorithms.action_modes import ActionMode, collector_class
+from marllm.algorithms.action_modes import ActionMode
+from marllm.algorithms.action_registry import ACTION_MODE_REGISTRY as MODES
+from marllm.algorithms.action_registry import collector_class
 from marllm.cli import main
 from marllm.config import ConfigError, load_config
 from marllm.games.env import BatchedGameEnv
@@ -146,7 +147,7 @@ def test_every_opponent_entry_builds_from_its_implementation_and_needs_known_nee
 
 
 def test_the_registries_load_no_torch():
-    code = "import sys, marllm.algorithms.action_modes, marllm.games.opponents; print('torch' in sys.modules)"
+    code = "import sys, marllm.algorithms.action_registry, marllm.games.opponents; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
@@ -156,7 +157,7 @@ def test_no_module_dispatches_on_a_seat_kind_or_an_action_mode_by_its_name():
     illegal-answer policy, not an opponent)."""
     names = "|".join(sorted({*OPPONENTS, *MODES, "learner"}))
     compared = re.compile(rf"(==|!=) *[\"']({names})[\"']|\bin \([^)]*[\"']({names})[\"']")
-    catalogs = {"algorithms/action_modes.py", "games/opponents.py"}
+    catalogs = {"algorithms/action_modes.py", "algorithms/action_registry.py", "games/opponents.py"}
     found = [
         f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
         for path in sorted(PACKAGE.rglob("*.py"))

@@ -77,9 +77,9 @@ def test_a_resumed_game_run_with_a_snapshot_pool_goes_on_as_an_unbroken_one(tmp_
     """The pool's snapshots, the game env's and the random player's generators and the role baselines are in the
     checkpoint."""
     config = str(GAMES / "tictactoe_offline.yaml")
-    overrides = ["game.batch_size=2", "logging.progress=false", "game.illegal=random", "game.opponents.pool_size=2"]
+    overrides = ["game.batch_size=2", "logging.progress=false", "game.illegal=random"]
     overrides.append("game.role_baselines=0.5")
-    overrides.append("game.seats=[llm, '{snapshot_pool: {learner: llm}}']")
+    overrides.append("game.seats=[llm, {snapshot_pool: {learner: llm, size: 2}}]")
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     assert main(["train", config, "--run-dir", str(whole), "iterations=2", *overrides]) == 0
     assert main(["train", config, "--run-dir", str(broken), "iterations=1", *overrides]) == 0

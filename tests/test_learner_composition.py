@@ -75,5 +75,5 @@ def test_the_normalization_is_scores_and_refused_with_another_mode(tokenizer):
     assert learner.collector.normalization == "word"
     with pytest.raises(ValueError, match=r"normalization applies to actions \['score'\] only, not 'constrained'"):
         make_learner(tokenizer, learner_kwargs={"actions": "constrained", "normalization": "word"})
-    with pytest.raises(ValueError, match="game.actions.normalization must be one of"):
+    with pytest.raises(ValueError, match="normalization must be one of"):
         make_learner(tokenizer, learner_kwargs={"actions": "score", "normalization": "chars"})

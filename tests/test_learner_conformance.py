@@ -305,7 +305,7 @@ def trained_weights(algorithm: str, actions: str, **compute) -> dict[str, torch.
 
 
 # Every memory lever under every action mode: a lever tested on one mode only is how the chunked head came to crash
-# on restricted moves. The levers change the order of float sums, never the update: 1e-5 is far below a step (3e-3).
+# on restricted moves. The levers change the order of float sums, never the update: 3e-5 is 100 times below a step (3e-3); the float sums of a chunked head differ by 1e-5 on some hosts.
 LEVERS = {"chunked head": {"logits_chunk_rows": 1}, "checkpointing": {"gradient_checkpointing": True}}
 
 
@@ -320,6 +320,6 @@ def test_every_memory_lever_gives_the_update_of_the_whole_pass_under_every_actio
     whole = trained_weights(algorithm, actions)
     levered = trained_weights(algorithm, actions, **LEVERS[lever])
     differences = {name: (levered[name] - whole[name]).abs().max().item() for name in whole}
-    assert max(differences.values()) < 1e-5, differences
+    assert max(differences.values()) < 3e-5, differences
     start = make_tiny_gpt2(make_tokenizer_once(), seed=1).state_dict()
     assert any((whole[name] != start[name]).any() for name in whole)  # the update moved the weights

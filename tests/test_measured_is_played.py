@@ -117,7 +117,7 @@ def test_a_game_config_defaults_to_no_repetition_penalty_a_text_task_keeps_its_o
     from marllm.config import config_from_dict
     from tests.test_games_config import game_config
 
-    assert config_from_dict(game_config({"actions": {"mode": "constrained"}})).generation.repetition_penalty == 1.0
+    assert config_from_dict(game_config({"actions": "constrained"})).generation.repetition_penalty == 1.0
     explicit = {**game_config({}), "generation": {"repetition_penalty": 1.2, "max_new_tokens": 4}}
     assert config_from_dict(explicit).generation.repetition_penalty == 1.2
     assert config_from_dict(explicit).generation.max_new_tokens == 4

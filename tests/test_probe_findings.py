@@ -212,27 +212,25 @@ _game = game_config  # tic-tac-toe against random, PPO mini-batches of 1
 
 
 @pytest.mark.parametrize("actions", ["generate", "constrained", "think"])
-def test_action_normalization_other_than_the_default_is_refused_outside_score(actions):
-    with pytest.raises(ValueError, match=rf"game.actions.normalization: word applies to game.actions: score only.*"
-                                         rf"game.actions is {actions}"):  # fmt: skip
-        config_from_dict(_game({"actions": {"mode": actions, "normalization": "word"}}))
-    token = config_from_dict(_game({"actions": {"mode": actions, "normalization": "token"}}))
-    assert token.game.actions == actions
-    assert config_from_dict(_game({"actions": {"mode": actions}})).game.actions.normalization == "token"
-    score = config_from_dict(_game({"actions": {"mode": "score", "normalization": "word"}}))
+def test_action_normalization_is_a_setting_of_score_only(actions):
+    with pytest.raises(ValueError, match=rf"(unknown config key 'game.actions.{actions}.normalization'|has no settings)"):
+        config_from_dict(_game({"actions": {actions: {"normalization": "word"}}}))
+    assert config_from_dict(_game({"actions": actions})).game.actions.normalization is None
+    assert config_from_dict(_game({"actions": "score"})).game.actions.normalization == "token"
+    score = config_from_dict(_game({"actions": {"score": {"normalization": "word"}}}))
     assert score.game.actions.normalization == "word"
 
 
 def test_rollout_from_generate_is_refused_with_score_actions():
     with pytest.raises(ValueError, match="rollout_from_generate: true .* game.actions: score generates nothing"):
-        config_from_dict(_game({"actions": {"mode": "score"}}, ppo={"compute": {"rollout_from_generate": True}}))
+        config_from_dict(_game({"actions": "score"}, ppo={"compute": {"rollout_from_generate": True}}))
     with pytest.raises(ConfigError, match="ppo.compute.rollout_from_generate"):
         load_config(TICTACTOE, ["game.actions=score", "ppo.compute.rollout_from_generate=true"])
     for setting in ("auto", False):
         assert config_from_dict(
-            _game({"actions": {"mode": "score"}}, ppo={"compute": {"rollout_from_generate": setting}})
+            _game({"actions": "score"}, ppo={"compute": {"rollout_from_generate": setting}})
         )
-    assert config_from_dict(_game({"actions": {"mode": "generate"}}, ppo={"compute": {"rollout_from_generate": True}}))
+    assert config_from_dict(_game({"actions": "generate"}, ppo={"compute": {"rollout_from_generate": True}}))
 
 
 # --- 4. advice that named no setting ----------------------------------------------------------------------------

@@ -119,9 +119,9 @@ def test_thought_and_move_log_probs_are_those_sampled(tokenizer, monkeypatch, pp
 
 
 def test_think_is_validated_and_its_probabilities_are_not_exact(tokenizer):
-    assert config_from_dict(game_config({"actions": {"mode": "think"}})).game.actions == "think"
+    assert config_from_dict(game_config({"actions": "think"})).game.actions.mode == "think"
     with pytest.raises(ValueError, match="game.actions: think ends each answer with EOS"):
-        config_from_dict(game_config({"actions": {"mode": "think"}}, generation={"stop_at_eos": False}))
+        config_from_dict(game_config({"actions": "think"}, generation={"stop_at_eos": False}))
     with pytest.raises(ValueError, match="set ppo.compute.rollout_from_generate to auto or false"):
         think_learner(tokenizer, rollout_from_generate=True)
     learner = think_learner(tokenizer)

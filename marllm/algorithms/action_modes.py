@@ -1,6 +1,7 @@
-"""The action modes a config can name (``game.actions``): :data:`ACTION_MODE_REGISTRY`, torch-free.
+"""The facts of the action modes a config can name (``game.actions``), torch-free; registered by name in
+:mod:`marllm.algorithms.action_registry`.
 
-Each built-in mode is an :class:`ActionMode` registered by name: its facts as class attributes (what an answer is,
+Each built-in mode is an :class:`ActionMode`: its facts as class attributes (what an answer is,
 what its KL is, whether its answers end with EOS, whether it has exact move probabilities), its own settings as a
 dataclass (``Settings``, written under the mode's name: ``game.actions: {score: {normalization: word}}``), and its
 collector class (:mod:`marllm.algorithms.actions`) as ``implementation``, imported only when a learner or a player is
@@ -17,15 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from marllm.games.env.parsers import PARSERS
 from marllm.utils.checks import choice
-from marllm.utils.dataclass_tree import build
-from marllm.utils.registry import Extension, Registry
-
-DEFAULT_MODE = "generate"
-"""The mode of a text task, and of a game whose config names none."""
+from marllm.utils.registry import Extension
 
 TOKEN_KL = {
     "tempered": "full-vocabulary KL(policy || reference) summed over response tokens, batch mean",
@@ -118,27 +115,19 @@ class ScoreSettings:
         choice("score", self, "normalization", ("none", "token", "word"))
 
 
-ACTION_MODE_REGISTRY: Registry[type[ActionMode]] = Registry("action mode", ActionMode, "my_mode.py:MyCollector")
-"""Action mode name -> :class:`ActionMode`: the names ``game.actions`` takes (besides references)."""
-
-
-@ACTION_MODE_REGISTRY.register("generate")
 class GenerateMode(ActionMode):
     """``generate``: free text, every token an action."""
 
     actions = "generate"
-    implementation = "marllm.algorithms.actions.tokens:TokenCollector"
     Settings = GenerateSettings
     summary = "free text, every token an action"
     needs_legal_moves = False
 
 
-@ACTION_MODE_REGISTRY.register("constrained")
 class ConstrainedMode(ActionMode):
     """``constrained``: a legal move's name, token by token restricted to the legal moves, then EOS."""
 
     actions = "constrained"
-    implementation = "marllm.algorithms.actions.constrained:ConstrainedCollector"
     summary = "a legal move's name, token by token restricted to them"
     needs_legal_moves = True
     ends_with_eos = True
@@ -153,12 +142,10 @@ class ConstrainedMode(ActionMode):
     }
 
 
-@ACTION_MODE_REGISTRY.register("think")
 class ThinkMode(ActionMode):
     """``think``: free text, then a constrained move."""
 
     actions = "think"
-    implementation = "marllm.algorithms.actions.think:ThinkCollector"
     Settings = SampledPolicySettings
     summary = "free text, then a constrained move"
     needs_legal_moves = True
@@ -180,12 +167,10 @@ class ThinkMode(ActionMode):
     )
 
 
-@ACTION_MODE_REGISTRY.register("score")
 class ScoreMode(ActionMode):
     """``score``: one legal move drawn from the softmax of the moves' normalised log-likelihoods."""
 
     actions = "score"
-    implementation = "marllm.algorithms.actions.score:ScoreCollector"
     Settings = ScoreSettings
     summary = "one legal move drawn from the softmax of their likelihoods"
     needs_legal_moves = True
@@ -197,46 +182,3 @@ class ScoreMode(ActionMode):
         "generates nothing (it draws each move from a softmax over the legal moves' scores), so it would be ignored"
     )
 
-
-ACTION_MODES = tuple(ACTION_MODE_REGISTRY)
-"""The built-in action mode names."""
-
-
-def action_mode(mode: str, owner: str = "game.actions") -> type[ActionMode]:
-    """The facts of ``mode``: a built-in's torch-free :class:`ActionMode`, or a referenced collector class (loaded).
-
-    Raises:
-        ValueError: an unknown name, a reference that does not load, or one that names no collector class.
-    """
-    facts = ACTION_MODE_REGISTRY.entry(mode, owner)
-    if ACTION_MODE_REGISTRY.is_reference(mode):
-        target = ACTION_MODE_REGISTRY.implementation(mode, owner)
-        fits = isinstance(target, type) and issubclass(target, ActionMode) and hasattr(target, "actions")
-    else:
-        fits = True
-    if not fits:
-        raise ValueError(
-            f"{owner}: {mode!r} is not a collector class (a subclass of marllm.algorithms.actions.Collector with an "
-            "'actions' name)"
-        )
-    return facts
-
-
-def collector_class(mode: str, owner: str) -> type[Any]:
-    """The collector class of ``mode`` (a built-in name or a reference), imported (``owner`` names it in errors)."""
-    action_mode(mode, owner)
-    return ACTION_MODE_REGISTRY.implementation(mode, owner)
-
-
-def mode_settings(mode: str, settings: Mapping[str, Any] | None = None, owner: str = "game.actions") -> Any:
-    """The settings of ``mode`` (its ``Settings`` made from ``settings``), or None for a mode without settings.
-
-    Raises:
-        ValueError: settings given to a mode that has none.
-    """
-    cls = action_mode(mode, owner).Settings
-    if cls is None:
-        if settings:
-            raise ValueError(f"{owner}: {mode} has no settings, got {dict(settings)}")
-        return None
-    return build(cls, dict(settings or {}), f"{owner}.{mode}")

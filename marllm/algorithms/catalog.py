@@ -29,8 +29,9 @@ class Algorithm(Extension):
 
     Attributes:
         compares_groups: whether its advantage compares the answers to one query, so that it needs
-            ``env.group_size`` >= 2 (and cannot train on a game's moves, which come in no such groups). A referenced
-            learner class that compares groups says so by this attribute, or checks ``group_size`` itself when built.
+            ``env.group_size`` >= 2 (and cannot train on a game's moves, which come in no such groups). The config
+            does not import a referenced learner class: one that compares groups checks ``group_size`` itself when
+            built.
     """
 
     compares_groups: ClassVar[bool] = False

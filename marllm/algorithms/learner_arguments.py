@@ -8,7 +8,7 @@ from typing import Any, NotRequired, TypedDict
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from marllm.algorithms.action_modes import action_mode
+from marllm.algorithms.action_registry import action_mode
 from marllm.algorithms.kl_controller import KLController
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.algorithms.stochastic_rounding import StochasticRoundingAdam
@@ -100,14 +100,14 @@ def check_learner_settings(
 def check_actions(config: PPOConfig, name: str, actions: str, tokenizer: Any, generation: Any) -> None:
     """Refuse a mode whose answers end with EOS (constrained, thought-then-move) without an EOS to end them, and
     ``ppo.compute.rollout_from_generate: true`` with a mode it does not fit (a thought and its move are two generate
-    calls), as the mode's facts say (:func:`~marllm.algorithms.action_modes.action_mode`; an unknown mode is
+    calls), as the mode's facts say (:func:`~marllm.algorithms.action_registry.action_mode`; an unknown mode is
     refused)."""
     mode = action_mode(actions, f"learner {name!r}")
     if mode.ends_with_eos:
         check_constrained(tokenizer, generation, f"learner {name!r}")
     if mode.rollout_from_generate is not None and config.compute.rollout_from_generate is True:
         raise ValueError(
-            f"learner {name!r}: game.actions.mode: {actions} {mode.rollout_from_generate}; set "
+            f"learner {name!r}: game.actions: {actions} {mode.rollout_from_generate}; set "
             "ppo.compute.rollout_from_generate to auto or false"
         )
 

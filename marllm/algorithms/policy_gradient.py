@@ -171,7 +171,7 @@ class PolicyGradientLearner:
 
     @property
     def actions(self) -> str:
-        """The learner's action mode (``game.actions.mode``): its collector's."""
+        """The learner's action mode (``game.actions``): its collector's."""
         return self.collector.actions
 
     @classmethod

@@ -49,7 +49,7 @@ def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
         config, args.checkpoint or ["base"], args.opponent, args.games or 100, args.batch_size, config.seed
     )
     print(
-        f"{config.game.name} (game.actions.mode: {config.game.actions.mode}): each model against each opponent in "
+        f"{config.game.name} (game.actions: {config.game.actions.mode}): each model against each opponent in "
         "each seat; rates with 95% Wilson intervals, the payoff with a 95% t interval"
     )
     print(result.to_markdown())
@@ -59,7 +59,7 @@ def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
 
 def _warn_on_other_actions(config: TrainConfig, checkpoint: str) -> None:
     """Warn when a learner directory's run (RUN/checkpoints/LEARNER, whose RUN/config.yaml says) played its game with
-    another ``game.actions.mode`` than the config the evaluation plays with: its policy would be read another way.
+    another ``game.actions`` than the config the evaluation plays with: its policy would be read another way.
     A run recorded before ``game.actions`` became a section holds the mode itself there."""
     run_config = Path(checkpoint).parent.parent / "config.yaml"
     if checkpoint == "base" or not run_config.is_file():
@@ -70,8 +70,8 @@ def _warn_on_other_actions(config: TrainConfig, checkpoint: str) -> None:
     assert config.game is not None
     if trained != config.game.actions.mode:
         warnings.warn(
-            f"{checkpoint} was trained with game.actions.mode: {trained}, and this evaluation plays it with "
-            f"{config.game.actions.mode}; add game.actions.mode={trained}, or evaluate with its run's config.yaml",
+            f"{checkpoint} was trained with game.actions: {trained}, and this evaluation plays it with "
+            f"{config.game.actions.mode}; add game.actions={trained}, or evaluate with its run's config.yaml",
             stacklevel=2,
         )
 

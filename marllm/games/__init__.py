@@ -8,7 +8,7 @@
   opponents a seat names.
 - :mod:`marllm.games.build`, :mod:`marllm.games.seats`, :mod:`marllm.games.model_player`,
   :mod:`marllm.games.strategy`, :mod:`marllm.games.exploitability`, :mod:`marllm.games.average_policy`: a config's
-  game built, its seats filled, a model playing as ``game.actions.mode`` says, its strategy tabulated exactly and
+  game built, its seats filled, a model playing as ``game.actions`` says, its strategy tabulated exactly and
   its exploitability.
 - :mod:`marllm.games.training`, :mod:`marllm.games.evaluation`, :mod:`marllm.games.report`,
   :mod:`marllm.games.study`: a game run's env chain and metrics, ``marllm eval`` of a game, and its rows in run and

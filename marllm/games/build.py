@@ -11,7 +11,7 @@ from typing import Any
 
 from marllm.games.env import BatchedGameEnv
 from marllm.games.env.factory import game_factory
-from marllm.games.opponents import FIXED_OPPONENTS, SeatArguments, build_opponent, is_reference, opponent
+from marllm.games.opponents import FIXED_OPPONENTS, Seat, SeatArguments, build_opponent, is_reference, opponent
 from marllm.games.settings import GameConfig
 
 
@@ -40,4 +40,5 @@ def fixed_player(game: GameConfig, kind: str, name: str, seed: int) -> Any:
     """
     if not (kind in FIXED_OPPONENTS or is_reference(kind)) or opponent(kind).learner is not None:
         raise ValueError(f"unknown fixed player {kind!r}; the fixed players are {list(FIXED_OPPONENTS)}")
-    return build_opponent(kind, SeatArguments(game, name, seed))
+    settings = Seat.from_config(kind, "--opponent").settings  # an evaluation's opponent plays at its defaults
+    return build_opponent(kind, SeatArguments(game, name, seed, settings=settings))

@@ -120,7 +120,7 @@ class GameEvalResult:
     seats: list[str]
     rows: list[GameEvalRow] = field(default_factory=list)
     actions: str = "generate"
-    """How the models' answers became moves (``game.actions.mode``)."""
+    """How the models' answers became moves (``game.actions``)."""
 
     def row(self, model: str, opponent: str, seat: str) -> GameEvalRow:
         for row in self.rows:

@@ -1,4 +1,4 @@
-"""A model playing a game as a config's ``game.actions.mode`` says: what evaluation, the exploitability tabulation and a
+"""A model playing a game as a config's ``game.actions`` says: what evaluation, the exploitability tabulation and a
 ``best_response`` seat play a model (or a learner's model) with. It plays through the collector of its action mode
 (:mod:`marllm.algorithms.actions`), the one a learner of that mode acts with in training."""
 
@@ -18,7 +18,7 @@ from marllm.parallel.placement import Placement
 
 
 class ModelPlayer(FixedPlayer):
-    """A model answering a game's prompts as ``actions`` says (``game.actions.mode``): ``generate``, free text with
+    """A model answering a game's prompts as ``actions`` says (``game.actions``): ``generate``, free text with
     ``generation``'s settings; ``constrained``, a legal move sampled token by token; ``score``, a legal move drawn from
     the softmax of the moves' log-likelihoods (``normalization``); ``think``, free text and then a constrained move.
 

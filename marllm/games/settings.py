@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from marllm.algorithms import action_modes as modes
+from marllm.algorithms import action_modes
+from marllm.algorithms import action_registry as modes
 from marllm.games.env.checks import ILLEGAL_POLICIES
 from marllm.games.env.factory import GameInfo, describe_game
 from marllm.games.env.prompts import check_game_templates
@@ -85,8 +86,8 @@ class ActionsConfig:
         return self.mode if self.settings is None else {self.mode: to_dict(self.settings)}
 
     @property
-    def facts(self) -> type[modes.ActionMode]:
-        """The mode's facts (:func:`~marllm.algorithms.action_modes.action_mode`; a referenced collector, loaded)."""
+    def facts(self) -> type[action_modes.ActionMode]:
+        """The mode's facts (:func:`~marllm.algorithms.action_registry.action_mode`; a referenced collector, loaded)."""
         return modes.action_mode(self.mode)
 
     @property
@@ -108,9 +109,9 @@ class ActionsConfig:
     @property
     def exploitability_samples(self) -> int:
         """Answers per information state that tabulate a sampled policy: the mode's setting, else the default of
-        :class:`~marllm.algorithms.action_modes.SampledPolicySettings` (a mode with exact move probabilities samples
-        nothing)."""
-        default = modes.SampledPolicySettings.exploitability_samples
+        :class:`~marllm.algorithms.action_modes.SampledPolicySettings` (a mode with exact move probabilities
+        samples nothing)."""
+        default = action_modes.SampledPolicySettings.exploitability_samples
         return getattr(self.settings, "exploitability_samples", default)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from marllm.algorithms.action_modes import action_mode
+from marllm.algorithms.action_registry import action_mode
 from marllm.algorithms.actions import Collector
 from marllm.games.average_policy import AveragePolicy
 from marllm.games.exploitability import (
@@ -43,7 +43,7 @@ def exact_game(game: GameConfig) -> ExactGame:
 
 def game_policy_source(game: GameConfig, player: Any, batch_size: int = 256) -> PolicySource:
     """:func:`~marllm.games.exploitability.policy_source` of ``player`` with the config's parser, illegal-answer
-    policy and ``exploitability_samples``: exact (without gradients) where ``game.actions.mode`` is ``score`` or
+    policy and ``exploitability_samples``: exact (without gradients) where ``game.actions`` is ``score`` or
     ``constrained`` and the player has ``move_probabilities``."""
     probabilities = getattr(player, "move_probabilities", None)
     if game.actions.facts.exact_policy is not None and callable(probabilities):

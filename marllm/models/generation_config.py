@@ -16,7 +16,7 @@ class GenerationConfig:
         min_new_tokens, max_new_tokens: each batch's response length is drawn uniformly from this range (inclusive)
             and used as the batch's token budget; a response may end earlier with EOS. A game's ``constrained`` and
             ``score`` answers do not read them (a move's own tokens and EOS are its budget); they are accepted there,
-            so that one config switches ``game.actions.mode`` by one override.
+            so that one config switches ``game.actions`` by one override.
         top_k: keep the k most likely tokens (0: no top-k filtering).
         top_p: nucleus sampling mass (1.0: no filtering).
         temperature: softmax temperature of sampling.

@@ -79,7 +79,7 @@ def check_constrained(tokenizer: PreTrainedTokenizerBase, generation: Generation
     if not generation.stop_at_eos:
         raise ValueError(
             f"{owner}: constrained answers end with EOS once a move is complete; generation.stop_at_eos: false "
-            "would suppress it (set it to true, or use game.actions.mode: generate)"
+            "would suppress it (set it to true, or use game.actions: generate)"
         )
 
 

@@ -73,10 +73,10 @@ def scored_move_tokens(
         for shorter, longer in zip(ordered, ordered[1:], strict=False):
             if ids[longer][: len(ids[shorter])] == ids[shorter]:
                 raise ValueError(
-                    f"row {row}: under game.actions.mode: score the move {names[shorter]!r} is the beginning of "
+                    f"row {row}: under game.actions: score the move {names[shorter]!r} is the beginning of "
                     f"{names[longer]!r} (tokens {ids[shorter]} of {ids[longer]}): a scored move has no end, so it "
                     f"would collect the longer move's probability too; rename the moves so that none begins "
-                    f"another, or use game.actions.mode: constrained (each move ends with EOS)"
+                    f"another, or use game.actions: constrained (each move ends with EOS)"
                 )
     return continuations
 

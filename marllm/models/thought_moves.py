@@ -1,4 +1,4 @@
-"""Reason, then act: free text first, then a legal move restricted token by token (``game.actions.mode: think``).
+"""Reason, then act: free text first, then a legal move restricted token by token (``game.actions: think``).
 
 A row's answer is one response credited as one sample: the thought (up to the batch's budget of free-text tokens,
 sampled as ``generate`` samples; it may end early with EOS), then :data:`THOUGHT_END`'s tokens, forced, then a legal

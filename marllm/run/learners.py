@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from marllm.algorithms.action_modes import DEFAULT_MODE
+from marllm.algorithms.action_registry import DEFAULT_MODE
 from marllm.algorithms.catalog import AlgorithmOptions, build_learner
 from marllm.algorithms.learner import Learner
 from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig

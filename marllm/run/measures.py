@@ -4,7 +4,7 @@ mode's fact (:class:`~marllm.algorithms.action_modes.ActionMode`)."""
 
 from __future__ import annotations
 
-from marllm.algorithms.action_modes import DEFAULT_MODE, action_mode
+from marllm.algorithms.action_registry import DEFAULT_MODE, action_mode
 from marllm.config import TrainConfig
 
 

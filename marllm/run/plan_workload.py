@@ -137,7 +137,7 @@ class Workload:
         new_tokens: the longest response, in tokens.
         learner_rows: the rows one learner's update reads in an iteration, that its mini-batches are cut from.
         prompt_source: how ``prompt`` was found, as the plan prints it.
-        generates: whether the rollout generates responses (not under ``game.actions.mode: score``).
+        generates: whether the rollout generates responses (not under ``game.actions: score``).
         snapshots: the copies of a learner's model that the ``snapshot_pool`` seats of a game keep.
     """
 

@@ -1,4 +1,4 @@
-"""One registry for every kind of extension a config names: algorithms, action modes, opponents, tasks.
+"""One registry mechanism for the kinds of extension a config names: algorithms, action modes, opponents.
 
 A kind is a :class:`Registry` over a base class whose class attributes are the kind's facts (what the config, the
 run and its checks read of an entry: ``compares_groups`` of an algorithm, ``needs`` of an opponent, ``Settings`` of
@@ -6,11 +6,11 @@ anything that has settings). A built-in entry is a small torch-free subclass of 
 the registry's decorator; its ``implementation`` names the class or function that builds it (``module:Name``),
 imported only when something is built, so that reading a config never imports torch::
 
-    ALGORITHMS = Registry("algorithm", Algorithm, "my_learner.py:MyLearner")
+    LEARNERS = Registry("algorithm", Algorithm, "my_learner.py:MyLearner")
 
-    @ALGORITHMS.register("ppo")
-    class PPO(Algorithm):
-        implementation = "marllm.algorithms.ppo:PPOLearner"
+    @LEARNERS.register("sign_ppo")
+    class SignPPO(Algorithm):
+        implementation = "my_package.sign_ppo:SignPPOLearner"
 
 A config can name an entry by reference instead of by name, ``package.module:Name`` or ``file.py:Name`` (a file
 relative to the config's folder): the object it names is loaded and its own attributes are the facts, the base's

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from marllm.algorithms.action_modes import ACTION_MODE_REGISTRY, collector_class
+from marllm.algorithms.action_registry import ACTION_MODE_REGISTRY, collector_class
 from marllm.algorithms.actions.base import Collector, Rescored
 from marllm.algorithms.actions.constrained import ConstrainedCollector
 from marllm.algorithms.actions.score import ScoreCollector

@@ -123,7 +123,7 @@ class Collector(ActionMode):
         if "legal_moves" not in observation:
             raise ValueError(
                 f"{self.owner} answers with {self.actions} actions, which need the game's legal moves "
-                "(observation['legal_moves']); a text task has none: use game.actions.mode: generate"
+                "(observation['legal_moves']); a text task has none: use game.actions: generate"
             )
         return [list(names) for names in observation["legal_moves"]]
 

@@ -1,4 +1,4 @@
-"""Constrained moves (``game.actions.mode: constrained``): a game's legal move, sampled token by token with each token
+"""Constrained moves (``game.actions: constrained``): a game's legal move, sampled token by token with each token
 restricted to continuations of the legal moves' names, then EOS.
 
 Every restricted token keeps its restriction (the rollout's ``allowed`` column), which the rollout's and the

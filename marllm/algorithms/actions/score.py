@@ -1,4 +1,4 @@
-"""Scored moves (``game.actions.mode: score``; TWOSOME, Tan et al., ICLR 2024; GLAM, Carta et al., ICML 2023): a
+"""Scored moves (``game.actions: score``; TWOSOME, Tan et al., ICLR 2024; GLAM, Carta et al., ICML 2023): a
 categorical policy over a game's legal moves, each scored by the model's likelihood of its name.
 
 π(a | s) = softmax over the legal moves a of the (normalised) log-likelihood of a's tokens after the prompt
@@ -66,7 +66,7 @@ class ScoreCollector(ScoreMode, Collector):
             # setting this mode would not read is refused rather than accepted.
             raise ValueError(
                 f"{self.owner}: ppo.compute.logits_chunk_rows applies to answers sampled token by token; "
-                "game.actions.mode: score reads no vocabulary-wide logits to chunk: set ppo.compute.logits_chunk_rows: "
+                "game.actions: score reads no vocabulary-wide logits to chunk: set ppo.compute.logits_chunk_rows: "
                 "null"
             )
 
@@ -77,7 +77,7 @@ class ScoreCollector(ScoreMode, Collector):
     def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
         """Refused: scored moves need a game's legal moves."""
         raise ValueError(
-            f"{self.owner} scores a game's legal moves (game.actions.mode: score) and cannot answer prompts without "
+            f"{self.owner} scores a game's legal moves (game.actions: score) and cannot answer prompts without "
             "them"
         )
 

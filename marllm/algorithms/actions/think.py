@@ -1,4 +1,4 @@
-"""Reason, then act (``game.actions.mode: think``): free text of the batch's budget, a thought-end marker, then a legal
+"""Reason, then act (``game.actions: think``): free text of the batch's budget, a thought-end marker, then a legal
 move restricted token by token (:mod:`marllm.models.thought_moves`).
 
 The thought's tokens and the move's are one response: the rollout scores them in one forward over both, the move's

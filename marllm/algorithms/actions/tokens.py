@@ -1,4 +1,4 @@
-"""Free-text answers (``game.actions.mode: generate``, and every text task): a response sampled token by token, each
+"""Free-text answers (``game.actions: generate``, and every text task): a response sampled token by token, each
 token one action of the rollout.
 
 The rollout records, per response token, log π and log π_0 of the token under the distribution it was sampled from
