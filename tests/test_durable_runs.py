@@ -301,7 +301,7 @@ def test_weights_are_saved_before_the_end_of_run_evaluation(cory, monkeypatch, t
     run_dir = tmp_path / "run"
     seen = {}
 
-    def evaluate(config, task, learners, num_queries, seed):
+    def evaluate(config, task, learners, num_queries, seed, *placement):
         seen["export"] = (run_dir / "checkpoints" / "llm1" / "policy").is_dir()
         seen["checkpoint"] = latest_checkpoint(run_dir).iteration
         seen["status"] = read_run_state(run_dir).status

@@ -305,7 +305,8 @@ def trained_weights(algorithm: str, actions: str, **compute) -> dict[str, torch.
 
 
 # Every memory lever under every action mode: a lever tested on one mode only is how the chunked head came to crash
-# on restricted moves. The levers change the order of float sums, never the update: 3e-5 is 100 times below a step (3e-3); the float sums of a chunked head differ by 1e-5 on some hosts.
+# on restricted moves. The levers change the order of float sums, never the update: 3e-5 is 100 times below a step
+# (3e-3); a chunked head's sums differ by 1e-5 on some hosts.
 LEVERS = {"chunked head": {"logits_chunk_rows": 1}, "checkpointing": {"gradient_checkpointing": True}}
 
 

@@ -213,7 +213,8 @@ _game = game_config  # tic-tac-toe against random, PPO mini-batches of 1
 
 @pytest.mark.parametrize("actions", ["generate", "constrained", "think"])
 def test_action_normalization_is_a_setting_of_score_only(actions):
-    with pytest.raises(ValueError, match=rf"(unknown config key 'game.actions.{actions}.normalization'|has no settings)"):
+    refused = rf"(unknown config key 'game.actions.{actions}.normalization'|has no settings)"
+    with pytest.raises(ValueError, match=refused):
         config_from_dict(_game({"actions": {actions: {"normalization": "word"}}}))
     assert config_from_dict(_game({"actions": actions})).game.actions.normalization is None
     assert config_from_dict(_game({"actions": "score"})).game.actions.normalization == "token"

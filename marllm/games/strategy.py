@@ -58,7 +58,7 @@ class LearnerAnswers(ModelPlayer):
     training), else through a collector of its own on the learner's model."""
 
     def __init__(
-        self, name: str, learner: Any, generation: Any, actions: str = "generate", normalization: str = "token"
+        self, name: str, learner: Any, generation: Any, actions: str = "generate", normalization: str | None = None
     ):
         own = getattr(learner, "collector", None)
         same_mode = isinstance(own, Collector) and own.actions == action_mode(actions).actions
