@@ -163,7 +163,7 @@ def test_a_game_by_reference_is_built_with_its_options_and_refused_when_missing(
     data = data.replace("talk.py:TalkOrPropose", f"{EXAMPLE / 'talk.py'}:TalkOrPropose")
     (tmp_path / "config.yaml").write_text(data)
     with pytest.raises(ConfigError, match=r"game.name: .*missing.py.* does not exist"):
-        load_config(tmp_path / "config.yaml")
+        load_config(tmp_path / "config.yaml").check_game()
 
 
 def test_a_view_metric_named_as_one_of_the_envs_is_refused():

@@ -127,7 +127,7 @@ def test_an_action_mode_in_a_file_beside_the_config_trains_and_passes_its_check(
 )
 def test_a_bad_reference_is_a_config_error_naming_its_key(tmp_path, game, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(project(tmp_path, "tictactoe_offline.yaml", **game))
+        load_config(project(tmp_path, "tictactoe_offline.yaml", **game)).check_game()
 
 
 def test_every_collector_class_has_its_registered_modes_facts():

@@ -35,7 +35,7 @@ def test_a_game_marllm_cannot_play_is_refused_with_the_reason_and_what_to_play(n
         check_game_name(name)
     assert why in str(error.value) and instead in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(ConfigError, match=rf"game.name: {name} cannot be played"):
-        config_from_dict(game_config({"name": name}))
+        config_from_dict(game_config({"name": name})).check_game()
 
 
 def test_chess_names_its_package_and_unknown_names_list_only_playable_games():

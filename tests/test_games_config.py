@@ -117,8 +117,8 @@ def test_a_game_config_names_its_learners_and_shares_rewards_over_its_seats():
     ],
 )
 def test_bad_game_settings_are_refused_naming_the_key(game, sections, message):
-    with pytest.raises(ConfigError, match=message):
-        config_from_dict(game_config(game, **sections))
+    with pytest.raises(ConfigError, match=message):  # when read, or checked against the game before a run loads
+        config_from_dict(game_config(game, **sections)).check_game()
 
 
 @pytest.mark.parametrize(("key", "new"), [("average", "exploitability.average"), ("every", "exploitability.every")])
@@ -163,7 +163,7 @@ def test_a_game_section_needs_its_name_and_seats():
 )
 def test_bad_openspiel_settings_are_refused(game, sections, message):
     with pytest.raises(ConfigError, match=message):
-        config_from_dict(game_config(game, **sections))
+        config_from_dict(game_config(game, **sections)).check_game()
 
 
 def test_merged_last_mini_batches_take_any_mini_batch_size():
@@ -180,9 +180,9 @@ def test_lockstep_games_take_whole_batch_mini_batches():
 def test_without_open_spiel_an_openspiel_game_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyspiel", None)  # `import pyspiel` raises ImportError
     with pytest.raises(ConfigError, match=r"game.name: OpenSpiel games need .* pip install 'marllm\[games\]'"):
-        config_from_dict(game_config({"name": "openspiel:kuhn_poker"}))
+        config_from_dict(game_config({"name": "openspiel:kuhn_poker"})).check_game()
     with pytest.raises(ConfigError, match=r"game.seats\[1\]: mcts is OpenSpiel's: .*pip install 'marllm\[games\]'"):
-        config_from_dict(game_config({"seats": ["llm", "mcts"]}))
+        config_from_dict(game_config({"seats": ["llm", "mcts"]})).check_game()
 
 
 def test_the_command_line_reports_a_bad_game_as_a_config_error(capsys):
@@ -311,3 +311,20 @@ def test_a_snapshot_pool_saves_and_restores_its_snapshots():
     assert pool._rng.integers(1000) == other._rng.integers(1000)
     with pytest.raises(ValueError, match="keeps 2 snapshots"):
         OpponentPool(learner, size=3).load_state_dict(tensors, meta)
+
+
+def test_reading_a_game_config_builds_no_game(monkeypatch):
+    """A config is read without building its game or enumerating anything: the game is described (built once) when
+    it is first needed, by the check before a run, an evaluation or a plan loads (``check_game``)."""
+    import marllm.games.settings as settings
+
+    built = []
+    real = settings.describe_game
+    monkeypatch.setattr(settings, "describe_game", lambda *args: built.append(args) or real(*args))
+    config = load_config(ROOT / "examples" / "games" / "kuhn_poker_offline.yaml", ["game.exploitability.every=1"])
+    assert built == [] and config.learner_ids == ["llm"]
+    config.check_game()
+    assert built == [("openspiel:kuhn_poker", None)] and config.game.info.seats == ("player_0", "player_1")
+    bad = config_from_dict(game_config({"name": "tictactoe_v9"}))  # read: the name is not looked up
+    with pytest.raises(ConfigError, match="unknown game 'tictactoe_v9'"):
+        bad.check_game()

@@ -224,7 +224,7 @@ def test_a_game_factory_that_returns_none_is_a_config_error_naming_it(tmp_path):
     with pytest.raises(
         ConfigError, match=r"game.name: .*my_games.py:returns_none returned NoneType, not a PettingZoo AEC"
     ):
-        config_from_dict(game_config({"name": name}))
+        config_from_dict(game_config({"name": name})).check_game()
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from marllm.run.plan import plan_memory
 
     config = load_config(args.config, args.overrides)
+    config.check_game()  # a game's settings against the game, before its batch is played to size the plan
     kind, capacity = device_capacity(args.device)
     plan = plan_memory(config, resolve_model, capacity, kind, args.prompt_tokens)
     print(format_plan(plan))

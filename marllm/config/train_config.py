@@ -68,10 +68,8 @@ class TrainConfig:
         clash = set(self.learner_ids) & set(self.env.roles)
         if clash and self.learner_ids != self.env.roles and self.game is None:
             raise ValueError(f"agents.learners {sorted(clash)} are also role names in env.roles; use distinct ids")
-        try:
-            self.coefficient_matrix()
-        except ValueError as error:
-            raise ValueError(f"agents.reward_coefficients: {error}") from error
+        if self.game is None:  # a game's matrix is checked against its seats with the game (check_game)
+            self._check_coefficients()
         if self.logging.pass_at_k is not None and not has_binary_reward(self.task):
             raise ValueError(
                 f"logging.pass_at_k needs a task with a 0/1 reward, not {self.task.name!r} (a task says so with "
@@ -154,7 +152,29 @@ class TrainConfig:
                 "logging.pass_at_k measures answers to a task's problems; a game config has none (marllm eval "
                 "measures a game's win, draw and loss rates)"
             )
-        self._check_game_batches()
+
+    def _check_coefficients(self) -> None:
+        try:
+            self.coefficient_matrix()
+        except ValueError as error:
+            raise ValueError(f"agents.reward_coefficients: {error}") from error
+
+    def check_game(self) -> None:
+        """The checks of a game config that need the game itself (:meth:`GameConfig.check_game
+        <marllm.games.settings.GameConfig.check_game>`; the reward matrix against its seats, PPO's batches against how
+        its moves come): run before anything loads, by :meth:`check_references`, as reading a config builds no game.
+
+        Raises:
+            ConfigError: naming the key.
+        """
+        if self.game is None:
+            return
+        try:
+            self.game.check_game()
+            self._check_coefficients()
+            self._check_game_batches()
+        except ValueError as error:
+            raise error if isinstance(error, ConfigError) else ConfigError(str(error)) from None
 
     def _check_game_batches(self) -> None:
         """PPO splits a learner's moves of an iteration into whole mini-batches unless
@@ -299,8 +319,10 @@ class TrainConfig:
 
         Raises:
             ConfigError: naming the key whose path does not exist, whose hub id is not in the local cache while the
-                hub is offline, or whose device this machine lacks.
+                hub is offline, or whose device this machine lacks; or a game's setting that does not fit the game
+                (:meth:`check_game`).
         """
+        self.check_game()
         placed = {f"agents.devices.{learner}": device for learner, device in (self.learner_devices()).items()}
         if self.agents.reference_device is not None:
             placed["agents.reference_device"] = self.agents.reference_device

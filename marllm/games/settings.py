@@ -10,6 +10,7 @@ no part would read has nowhere to be written.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -186,10 +187,8 @@ class GameConfig:
     max_moves: int | None = None
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     exploitability: ExploitabilityConfig | None = None
-    info: GameInfo = field(init=False, repr=False, compare=False)
-    """The game, described (:func:`~marllm.games.env.factory.describe_game`): its seats and kind."""
-
     def __post_init__(self) -> None:
+        """The section's own checks, none of which builds the game (:meth:`check_game` does, before a run loads)."""
         self.seats = [Seat.from_config(seat, f"game.seats[{i}]") for i, seat in enumerate(self.seats or [])]
         if not isinstance(self.actions, ActionsConfig):
             self.actions = ActionsConfig.from_config(self.actions, "game.actions")
@@ -207,13 +206,45 @@ class GameConfig:
                              f"{self.role_baselines}")  # fmt: skip
         if not self.seats:
             raise ValueError("game.seats must list who plays each seat of the game, e.g. [llm, random]")
+        self._check_learners(self.seats)
+
+    @functools.cached_property
+    def info(self) -> GameInfo:
+        """The game, described (:func:`~marllm.games.env.factory.describe_game`: built once, its seats and kind
+        read), on first use.
+
+        Raises:
+            ValueError: an unknown game, or options its env function does not take.
+        """
         try:
-            self.info = describe_game(self.name, self.options)
+            return describe_game(self.name, self.options)
         except (ValueError, ImportError) as error:
             raise ValueError(f"game.name: {error}") from None
         except TypeError as error:  # options the env function does not take
             raise ValueError(f"game.options: {self.name} does not take {self.options}: {error}") from None
-        self._check_seats(self.seats)
+
+    def check_game(self) -> None:
+        """The checks that need the game itself: it exists with these options, the seats fit its seats, each
+        opponent has what it needs of it (a small game's information states enumerated where one needs them), the
+        templates name its fields. Run before a run, an evaluation or a plan loads anything; reading a config builds
+        no game.
+
+        Raises:
+            ValueError: naming the key.
+        """
+        seats = list(self.info.seats)
+        if len(self.seats) != len(seats):
+            raise ValueError(
+                f"game.seats lists {len(self.seats)} player(s) {[seat.spec for seat in self.seats]} for {self.name}, "
+                f"whose seats are {seats}: give one per seat, in that order"
+            )
+        clash = sorted(set(self.learner_ids) & set(seats))
+        if clash:
+            raise ValueError(f"game.seats: learner id(s) {clash} are also names of the game's seats or opponents")
+        for i, seat in enumerate(self.seats):
+            if not seat.is_learner:
+                needs = tuple(need for need in seat.opponent.needs if need != SMALL_GAME)
+                check_needs(self, f"game.seats[{i}]: {seat.kind}", needs)
         self._check_exact(self.seats)
         try:
             check_game_templates(self.templates, self.info.seats)
@@ -262,20 +293,15 @@ class GameConfig:
         """The learners the seats name, in order of first appearance."""
         return list(dict.fromkeys(seat.learner for seat in self.seats if seat.is_learner))
 
-    def _check_seats(self, parsed: list[Seat]) -> None:
-        seats = list(self.info.seats)
-        if len(parsed) != len(seats):
-            raise ValueError(
-                f"game.seats lists {len(parsed)} player(s) {[seat.spec for seat in parsed]} for {self.name}, whose "
-                f"seats are {seats}: "
-                "give one per seat, in that order"
-            )
+    def _check_learners(self, parsed: list[Seat]) -> None:
+        """Who plays: at least one learner, no learner named as an opponent, each opponent watching a seated
+        learner."""
         learners = self.learner_ids
         if not learners:
             raise ValueError(
                 f"game.seats {[seat.spec for seat in parsed]} names no learner: at least one seat must be a learner id"
             )
-        clash = sorted(set(learners) & (set(seats) | {s.player_id for s in parsed if not s.is_learner}))
+        clash = sorted(set(learners) & {s.player_id for s in parsed if not s.is_learner})
         if clash:
             raise ValueError(f"game.seats: learner id(s) {clash} are also names of the game's seats or opponents")
         specs: dict[str, set[str]] = {}
@@ -292,8 +318,7 @@ class GameConfig:
             self._check_opponent(seat, f"game.seats[{i}]", learners)
 
     def _check_opponent(self, seat: Seat, where: str, learners: list[str]) -> None:
-        """An opponent's seat: the learner it watches sits in a seat (or is the run's only one), and the game has
-        what it needs (but a small game, which :meth:`_check_exact` checks once)."""
+        """An opponent's seat: the learner it watches sits in a seat (or is the run's only one)."""
         if seat.is_learner:
             return
         try:
@@ -310,4 +335,3 @@ class GameConfig:
             raise ValueError(
                 f"game.seats: {seat.kind} {entry.watching} one learner's policy; the seats name {learners}"
             )
-        check_needs(self, f"{where}: {seat.kind}", tuple(need for need in entry.needs if need != SMALL_GAME))
