@@ -194,7 +194,7 @@ def test_override_into_a_new_nested_mapping():
         (["env.templates.critic=x"], "missing [], unknown ['critic']"),
         (["generation.min_new_tokens=20"], "generation.min_new_tokens (20) must be <= generation.max_new_tokens (16)"),
         (["generation.top_p=0"], "generation.top_p must be in (0, 1], got 0.0"),
-        (["task.name=gsm9k"], "task.name must be one of ["),
+        (["task.name=gsm9k"], "task.name: unknown task 'gsm9k'; one of ["),
         (["task.query_min_tokens=9"], "task.query_min_tokens (9) and task.query_max_tokens (8)"),
         (["iterations=0"], "iterations must be >= 1, got 0"),
         (["foo"], "override 'foo' must look like section.key=value"),

@@ -211,7 +211,7 @@ def test_a_task_class_of_ones_own_by_path(project, tiny_lm_dir):
     with pytest.raises(ConfigError, match="task.name: .*tasks.py has no 'Missing'"):
         load_config(write_config(project, data))
     data["task"] = {"name": "sentimental"}
-    with pytest.raises(ConfigError, match="task.name must be one of .* or a task class of your own"):
+    with pytest.raises(ConfigError, match="task.name: unknown task .* or one by reference"):
         load_config(write_config(project, data))
 
 

@@ -20,9 +20,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from marllm.tasks import TASKS, TaskParts
+from marllm.tasks import TASK_REGISTRY, TaskParts
 from marllm.utils.errors import ConfigError
-from marllm.utils.imports import load_reference
 
 TASK_METHODS = ("build", "default_templates", "check_references", "check_roles", "reward", "load_split")
 """The methods of a task class that marllm calls, guarded in a user's class (:func:`guarded_task_class`)."""
@@ -38,24 +37,19 @@ class TaskCodeError(ValueError):
 
 
 def task_class(name: Any) -> type:
-    """The task configuration class ``task.name`` names: one of :data:`~marllm.tasks.TASKS`, or a class imported
+    """The task configuration class ``task.name`` names: one of :data:`~marllm.tasks.TASK_REGISTRY`, or a class imported
     from ``module:Class`` / ``file.py:Class`` that is a dataclass with a ``name`` field and the methods of
     :class:`~marllm.tasks.Task`.
 
     Raises:
         ConfigError: an unknown name, a reference that cannot be imported, or a class that is not a task.
     """
-    if isinstance(name, str) and name in TASKS:
-        return TASKS[name]
-    if not isinstance(name, str) or ":" not in name:
-        raise ConfigError(
-            f"task.name must be one of {sorted(TASKS)} or a task class of your own as package.module:Class or "
-            f"file.py:Class, got {name!r}"
-        )
     try:
-        cls = load_reference(name)
+        cls = TASK_REGISTRY.implementation(name, "task.name")
     except ValueError as error:
-        raise ConfigError(f"task.name: {error}") from None
+        raise ConfigError(str(error)) from None
+    if name in TASK_REGISTRY:
+        return cls
     if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
         raise ConfigError(f"task.name: {name!r} is {cls!r}, not a dataclass (a task class is a @dataclass)")
     if "name" not in {f.name for f in dataclasses.fields(cls) if f.init}:

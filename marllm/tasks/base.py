@@ -40,7 +40,7 @@ class TaskParts:
 @runtime_checkable
 class Task(Protocol):
     """What a task configuration (the ``task`` section, built into a dataclass) must offer; the tasks of
-    :data:`marllm.tasks.TASKS` do, and so may a user's own class, named in a config as ``task.name: module:Class``
+    :data:`marllm.tasks.TASK_REGISTRY` do, and so may a user's own class, named in a config as ``task.name: module:Class``
     or ``task.name: file.py:Class``.
 
     Attributes:

@@ -1,4 +1,4 @@
-"""One registry mechanism for the kinds of extension a config names: algorithms, action modes, opponents.
+"""One registry mechanism for the kinds of extension a config names: algorithms, action modes, opponents, tasks.
 
 A kind is a :class:`Registry` over a base class whose class attributes are the kind's facts (what the config, the
 run and its checks read of an entry: ``compares_groups`` of an algorithm, ``needs`` of an opponent, ``Settings`` of
