@@ -40,8 +40,8 @@ class TaskParts:
 @runtime_checkable
 class Task(Protocol):
     """What a task configuration (the ``task`` section, built into a dataclass) must offer; the tasks of
-    :data:`marllm.tasks.TASK_REGISTRY` do, and so may a user's own class, named in a config as ``task.name: module:Class``
-    or ``task.name: file.py:Class``.
+    :data:`marllm.tasks.TASK_REGISTRY` do, and so may a user's own class, named in a config as
+    ``task.name: module:Class`` or ``task.name: file.py:Class``.
 
     Attributes:
         name: the ``task.name`` it was built from (a custom class needs a ``name: str`` field, which receives the
