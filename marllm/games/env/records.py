@@ -77,8 +77,8 @@ def count_cooperation(
 
 
 def view_metrics(view: GameView, games: Sequence[AECEnv], seat: str, taken: Collection[str]) -> dict[str, float]:
-    """The seat's measures of the view's own (:meth:`~marllm.games.env.GameView.metrics`), each averaged over the
-    games that report it.
+    """The seat's measures of the view's own: each of :meth:`~marllm.games.env.GameView.metrics` averaged over the
+    games that report it, and those of the whole batch (:meth:`~marllm.games.env.GameView.batch_metrics`).
 
     Raises:
         ValueError: the view reports a key among ``taken`` (the env's own metrics).
@@ -87,7 +87,9 @@ def view_metrics(view: GameView, games: Sequence[AECEnv], seat: str, taken: Coll
     for game in games:
         for key, value in view.metrics(game, seat).items():
             values.setdefault(key, []).append(float(value))
-    clash = sorted(set(values) & set(taken))
+    measures = {key: float(np.mean(each)) for key, each in values.items()}
+    whole = {key: float(value) for key, value in view.batch_metrics(games, seat).items()}
+    clash = sorted((set(measures) | set(whole)) & set(taken)) or sorted(set(measures) & set(whole))
     if clash:
-        raise ValueError(f"the game view's metrics {clash} are the env's own; name them otherwise")
-    return {key: float(np.mean(each)) for key, each in values.items()}
+        raise ValueError(f"the game view's metrics {clash} are the env's own or reported twice; name them otherwise")
+    return {**measures, **whole}

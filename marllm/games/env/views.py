@@ -104,6 +104,12 @@ class GameView:
         here: a view says."""
         return {}
 
+    def batch_metrics(self, games: Sequence[AECEnv], seat: str) -> Mapping[str, float]:
+        """The seat's measures of a whole batch of finished games, that no game has alone (the mutual information
+        between a hidden state and a move, estimated over the batch), logged as :meth:`metrics`' are. None here: a
+        view says."""
+        return {}
+
     def history(self, game: AECEnv, moves: Sequence[Move]) -> tuple[int, ...]:
         """The game so far as action ids, for scripted players (here: the moves applied)."""
         return tuple(move.action for move in moves)
