@@ -62,7 +62,7 @@ class SignallingGame(AECEnv):
     def __init__(self, prize: int | None = None, favourite: int | None = None):
         super().__init__()
         if (prize is None) != (favourite is None) or (prize is not None and prize == favourite):
-            raise ValueError(f"give both prize and favourite (two different items) or neither; got {prize}, {favourite}")
+            raise ValueError(f"give both prize and favourite (two different items), or neither: {prize}, {favourite}")
         self.fixed = None if prize is None else (int(prize), int(favourite))
         self._action_space = Discrete(MESSAGE + 1)
         self._observation_space = DictSpace(
