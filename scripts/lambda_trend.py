@@ -9,7 +9,8 @@ trend over λ, the least-squares slope of every run's value on its λ with its 9
         --metrics agreement_rate,welfare_of_best,share_of_max,own_values_named_rate,message_words,kl \
         --dialogues -1,0,1 [--learner llm2]
 
-A metric is ``<learner>/game/<name>`` of each learner (``kl`` and names with a ``/``: ``<learner>/<name>``);
+A metric is ``<learner>/game/<name>`` of each learner (``kl`` and names with a ``/``: ``<learner>/<name>``), or
+``A-B``, metric A minus metric B (an estimate minus its shuffled baseline);
 ``--learner NAME`` reads one learner's instead of the learners' mean (in a game without role swaps, one seat's).
 ``--dialogues`` prints, for each λ given, the last turn of the last logged iteration of the first seed's run as its
 samples recorded it: the prompt (the game so far) and the answer. The study's runs are ``STUDY_DIR/runs/*``; each
@@ -36,6 +37,9 @@ from marllm.utils.statistics import estimate, linear_trend
 
 METRICS = ("cooperation_rate", "payoff")
 """The metrics summarised by default: a social dilemma's."""
+DIFFERENCE = "-"
+"""``A-B`` in ``--metrics``: metric A minus metric B, per run (an estimate minus its baseline: ``mi_prize_pick-
+mi_prize_pick_shuffled``)."""
 
 
 def metric_key(learner: str, name: str) -> str:
@@ -114,6 +118,12 @@ def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, lea
         learners = [learner]
     values, start = {}, {}
     for metric in metrics:
+        if DIFFERENCE in metric:  # an estimate minus its baseline: the difference of the two's means
+            parts = run_values(run_dir, last, tuple(metric.split(DIFFERENCE)), learner)
+            minuend, subtrahend = metric.split(DIFFERENCE)
+            values[metric] = parts.values[minuend] - parts.values[subtrahend]
+            start[metric] = parts.start[minuend] - parts.start[subtrahend]
+            continue
         keys = [metric_key(name, metric) for name in dict.fromkeys(learners)]
         absent = [key for key in keys if not any(key in row for row in rows)]
         if absent:
@@ -332,7 +342,9 @@ def dialogues(study_dir: Path, weights: list[float]) -> dict[float, tuple[Path, 
         if not samples:
             raise NotAStudyError(f"{runs[weight]} logged no samples (logging.samples_per_iteration)")
         last = max(row["iteration"] for row in samples)
-        found[weight] = (runs[weight], max((r for r in samples if r["iteration"] == last), key=lambda r: r["turn"]))
+        rows = [row for row in samples if row["iteration"] == last]
+        # the last turn logged (a game of one move per seat records no turn: its last row, the last seat's)
+        found[weight] = (runs[weight], max(enumerate(rows), key=lambda k_row: (k_row[1].get("turn", 0), k_row[0]))[1])
     return found
 
 

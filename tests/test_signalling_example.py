@@ -154,3 +154,22 @@ def _pick_the_item_named(prompt: str) -> str:
     said = prompt.rpartition("wrote:")[2]
     named = game.item_named(said)
     return game.ITEMS[0] if named == game.NONE else named
+
+
+def test_the_lambda_trend_reads_an_estimate_minus_its_baseline_and_a_one_move_games_last_turn(tmp_path):
+    from tests.test_probe_findings import load_lambda_trend
+
+    trend = load_lambda_trend()
+    for weight, seed, pick, shuffled in ((-1.0, 0, 0.2, 0.2), (1.0, 0, 1.4, 0.2), (1.0, 1, 1.0, 0.3)):
+        run = tmp_path / "runs" / f"l{weight}s{seed}"
+        run.mkdir(parents=True)
+        config = f"seed: {seed}\nagents: {{reward_coefficients: {weight}}}\ngame: {{seats: [a]}}\n"
+        (run / "config.yaml").write_text(config)
+        row = {"iteration": 0, "a/game/mi_prize_pick": pick, "a/game/mi_prize_pick_shuffled": shuffled}
+        (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        samples = [{"iteration": 0, "learner": who, "role": who, "prompt": "p", "response": who} for who in "ab"]
+        (run / "samples.jsonl").write_text("".join(json.dumps(sample) + "\n" for sample in samples))
+    summary = trend.summarise(tmp_path, 1, ("mi_prize_pick-mi_prize_pick_shuffled",))
+    per_lambda = summary["mi_prize_pick-mi_prize_pick_shuffled"]["per_lambda"]
+    assert per_lambda["-1.0"]["mean"] == pytest.approx(0.0) and per_lambda["1.0"]["mean"] == pytest.approx(0.95)
+    assert trend.dialogues(tmp_path, [1.0])[1.0][1]["learner"] == "b"  # no turn recorded: the last row
