@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import yaml
 
+from marllm.games.opponents import OPPONENT_REGISTRY
 from marllm.studies.aggregate import last_iterations_label
 from marllm.utils.jsonl import read_jsonl
 from marllm.utils.statistics import estimate, linear_trend
@@ -111,7 +112,7 @@ def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, lea
     config, weight = run_config(run_dir)
     every = [row for _, row in read_jsonl(run_dir / "metrics.jsonl")]
     rows = every[-last:]
-    learners = (config.get("game") or {}).get("seats") or []
+    learners = learner_ids((config.get("game") or {}).get("seats") or [])
     if learner is not None:
         if learner not in learners:
             raise NotAStudyError(f"{run_dir}: no learner {learner!r}; its game.seats are {learners}")
@@ -119,8 +120,10 @@ def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, lea
     values, start = {}, {}
     for metric in metrics:
         if DIFFERENCE in metric:  # an estimate minus its baseline: the difference of the two's means
-            parts = run_values(run_dir, last, tuple(metric.split(DIFFERENCE)), learner)
-            minuend, subtrahend = metric.split(DIFFERENCE)
+            minuend, _, subtrahend = metric.partition(DIFFERENCE)
+            if DIFFERENCE in subtrahend:
+                raise NotAStudyError(f"--metrics {metric!r}: a difference is of two metrics, A-B")
+            parts = run_values(run_dir, last, (minuend, subtrahend), learner)
             values[metric] = parts.values[minuend] - parts.values[subtrahend]
             start[metric] = parts.start[minuend] - parts.start[subtrahend]
             continue
@@ -139,6 +142,11 @@ def run_values(run_dir: Path, last: int, metrics: tuple[str, ...] = METRICS, lea
         first = [every[0].get(key, np.nan) for key in keys]
         start[metric] = float(np.nanmean(first)) if not np.isnan(first).all() else float("nan")
     return RunValues(weight, config.get("seed"), values, start, len(rows))
+
+
+def learner_ids(seats: list[Any]) -> list[str]:
+    """The learner ids among a recorded config's ``game.seats`` (the seats an opponent plays left out)."""
+    return [seat for seat in seats if isinstance(seat, str) and ":" not in seat and seat not in OPPONENT_REGISTRY]
 
 
 def find_runs(study_dir: Path) -> list[Path]:

@@ -128,6 +128,7 @@ class ConstrainedMode(ActionMode):
     """``constrained``: a legal move's name, token by token restricted to the legal moves, then EOS."""
 
     actions = "constrained"
+    Settings = None  # said, not inherited: a subclass of the generate collector would take generate's otherwise
     summary = "a legal move's name, token by token restricted to them"
     needs_legal_moves = True
     ends_with_eos = True

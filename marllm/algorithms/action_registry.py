@@ -18,6 +18,10 @@ from marllm.utils.registry import Registry
 DEFAULT_MODE = "generate"
 """The mode of a text task, and of a game whose config names none."""
 
+ROUTED_SETTINGS = frozenset({"parser", "exploitability_samples", "normalization"})
+"""The mode settings the run applies: the env's parser, the tabulation's samples, and ``normalization`` (passed to the
+collector)."""
+
 ACTION_MODE_REGISTRY: Registry[type[ActionMode]] = Registry("action mode", ActionMode, "my_mode.py:MyCollector")
 """Action mode name -> :class:`~marllm.algorithms.action_modes.ActionMode`: the names ``game.actions`` takes."""
 
@@ -51,6 +55,15 @@ def action_mode(mode: str, owner: str = "game.actions") -> type[ActionMode]:
         raise ValueError(
             f"{owner}: {mode!r} is not a collector class (a subclass of marllm.algorithms.actions.Collector with an "
             "'actions' name)"
+        )
+    # The run hands a collector the settings of the built-in modes (a parser, a tabulation's samples, score's
+    # normalisation) and no others: a referenced mode's Settings of fields of its own would be read and not applied,
+    # so they are refused here, where the mode is read, until the learners carry a mode's whole settings.
+    own = set(getattr(facts.Settings, "__dataclass_fields__", {})) - ROUTED_SETTINGS
+    if own:
+        raise ValueError(
+            f"{owner}: {mode!r} declares settings {sorted(own)}, which marllm does not hand a collector (it hands "
+            f"{sorted(ROUTED_SETTINGS)}); give the collector a constructor default instead"
         )
     return facts
 

@@ -59,7 +59,7 @@ def masked_whiten(
     """Normalise to zero mean and unit variance over the masked positions; padding is returned as 0.
 
     ``all_reduce`` (a sum over data-parallel ranks, e.g.
-    :meth:`marllm.parallel.distributed.DataParallel.all_reduce_sum`) takes the mean and variance over the masked
+    :meth:`marllm.parallel.distributed.Ranks.all_reduce_sum`) takes the mean and variance over the masked
     positions of every rank's ``values``: the whole batch's moments.
     """
     if all_reduce is None:

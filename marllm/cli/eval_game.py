@@ -59,14 +59,14 @@ def eval_game(config: TrainConfig, args: argparse.Namespace) -> int:
 
 def _warn_on_other_actions(config: TrainConfig, checkpoint: str) -> None:
     """Warn when a learner directory's run (RUN/checkpoints/LEARNER, whose RUN/config.yaml says) played its game with
-    another ``game.actions`` than the config the evaluation plays with: its policy would be read another way.
-    A run recorded before ``game.actions`` became a section holds the mode itself there."""
+    another ``game.actions`` than the config the evaluation plays with: its policy would be read another way. The
+    run's ``game.actions`` is the mode's name, or the name and its settings (``{score: {normalization: word}}``)."""
     run_config = Path(checkpoint).parent.parent / "config.yaml"
     if checkpoint == "base" or not run_config.is_file():
         return
-    trained = (yaml.safe_load(run_config.read_text()) or {}).get("game", {}).get("actions", "generate")
+    trained = (yaml.safe_load(run_config.read_text()) or {}).get("game", {}).get("actions") or "generate"
     if isinstance(trained, dict):
-        trained = trained.get("mode", "generate")
+        trained = next(iter(trained), "generate")
     assert config.game is not None
     if trained != config.game.actions.mode:
         warnings.warn(

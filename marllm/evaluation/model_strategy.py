@@ -24,6 +24,7 @@ def evaluate_exploitability(
     game = config.game
     if game is None:
         raise ValueError("evaluate_exploitability needs a config with a game section")
+    config.check_game()  # its settings against the game, before anything loads
     exact = exact_game(game)
     reports = {}
     for checkpoint in checkpoints:

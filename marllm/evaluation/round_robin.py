@@ -97,6 +97,7 @@ def round_robin(
     game = config.game
     if game is None:
         raise ValueError("round_robin needs a config with a game section")
+    config.check_game()  # its settings against the game, before anything loads
     seats = list(game.info.seats)
     if len(seats) != 2:
         raise ValueError(f"a round-robin rates players of a two-seat game; {game.name} has seats {seats}")

@@ -33,12 +33,15 @@ def game_env(game: GameConfig, batch_size: int, seed: int | None = None) -> Batc
 
 def fixed_player(game: GameConfig, kind: str, name: str, seed: int) -> Any:
     """A fresh player of the opponent ``kind`` (one of :data:`~marllm.games.opponents.FIXED_OPPONENTS`, or an
-    opponent class by reference) for ``game``, named ``name``, seeded.
+    opponent class by reference) for ``game``, named ``name``, seeded, with the settings of the config's seat of it
+    (its defaults where no seat names it).
 
     Raises:
         ValueError: ``kind`` is neither, or is an opponent that watches a learner.
     """
     if not (kind in FIXED_OPPONENTS or is_reference(kind)) or opponent(kind).learner is not None:
         raise ValueError(f"unknown fixed player {kind!r}; the fixed players are {list(FIXED_OPPONENTS)}")
-    settings = Seat.from_config(kind, "--opponent").settings  # an evaluation's opponent plays at its defaults
+    # the settings of the config's seat of this opponent, where it seats one; else the opponent's defaults
+    seated = [seat.settings for seat in game.seats if seat.kind == kind]
+    settings = seated[0] if seated else Seat.from_config(kind, "--opponent").settings
     return build_opponent(kind, SeatArguments(game, name, seed, settings=settings))

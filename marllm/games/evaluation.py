@@ -39,12 +39,13 @@ from marllm.games.model_player import ModelPlayer
 from marllm.games.players.fixed import FixedPlayer
 from marllm.games.settings import GameConfig
 from marllm.loop import play_episode
+from marllm.utils.registry import reference_problem
 from marllm.utils.statistics import estimate
 
 Z_95 = 1.959963984540054
 """The standard normal's 0.975 quantile."""
 
-SELF = "self"
+SELF = catalog.SELF
 """The opponent that is the model itself, in every other seat."""
 
 OPPONENTS = (*catalog.FIXED_OPPONENTS, SELF)
@@ -172,7 +173,7 @@ def check_opponents(game: GameConfig, opponents: Sequence[str]) -> None:
     for name in opponents:
         if name == SELF:
             continue
-        reference = catalog.is_reference(name) and catalog.check_reference(name) is None
+        reference = catalog.is_reference(name) and reference_problem(name) is None
         known = name in catalog.FIXED_OPPONENTS or reference
         if not known or catalog.opponent(name).learner is not None:
             raise ValueError(f"unknown opponent {name!r}; the opponents are {list(OPPONENTS)} or a class by reference")
@@ -207,6 +208,7 @@ def evaluate_game(
     game = config.game
     if game is None:
         raise ValueError("evaluate_game needs a config with a game section")
+    config.check_game()  # its settings against the game, before anything loads
     if games < 1 or batch_size < 1:
         raise ValueError(f"games and batch_size must be >= 1, got {games} and {batch_size}")
     opponents = list(default_opponents(game) if opponents is None else opponents)

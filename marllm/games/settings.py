@@ -11,6 +11,7 @@ no part would read has nowhere to be written.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ game's prompt names its legal moves, so any penalty > 1 would fall on exactly th
 POLICY_AVERAGES = ("uniform", "linear")
 """How the measured policies weigh in a run's average policy (``game.exploitability.average``)."""
 
-DEFAULT_PARSER = "first"
+DEFAULT_PARSER = action_modes.GenerateSettings.parser
 """The parser of a mode whose answers are a legal move's exact name, which every parser reads alike."""
 
 
@@ -307,12 +308,13 @@ class GameConfig:
         specs: dict[str, set[str]] = {}
         for seat in parsed:
             if not seat.is_learner:
-                specs.setdefault(seat.player_id, set()).add(seat.spec)
+                specs.setdefault(seat.player_id, set()).add(json.dumps(seat.to_config(), sort_keys=True))
         shared = {player: sorted(named) for player, named in specs.items() if len(named) > 1}
         if shared:
             raise ValueError(
-                f"game.seats: {shared} are different opponents whose players would share the id they are logged and "
-                "seated by; give their classes different names"
+                f"game.seats: {shared} are different opponents (or one with different settings) whose players would "
+                "share the id they are logged and seated by; give their classes different names, or the seats one "
+                "opponent's settings"
             )
         for i, seat in enumerate(parsed):
             self._check_opponent(seat, f"game.seats[{i}]", learners)

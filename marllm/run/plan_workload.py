@@ -194,10 +194,12 @@ def plan_workload(config: TrainConfig, shape: ModelShape, path: str, prompt_leng
             prompt, source = prompt_length, "--prompt-tokens"
         else:
             prompt, source = lengths.prompt, f"measured on a batch of {game.batch_size} {game.name} games"
-        pools = [getattr(seat.settings, "size", 1) for seat in game.seats if seat.opponent and seat.opponent.snapshots]
+        # one pool per player, whatever the seats it plays: its size, the copies of the model it keeps
+        pooled = [seat for seat in game.seats if seat.opponent is not None and seat.opponent.snapshots]
+        snapshots = sum({seat.player_id: getattr(seat.settings, "size", 1) for seat in pooled}.values())
         workload = Workload(
             lengths.widest_turn, prompt, new_tokens, lengths.learner_rows, source, generates=answer != "nothing",
-            snapshots=sum(pools),
+            snapshots=snapshots,
         )  # fmt: skip
     _check_context(workload, context_tokens(shape), prompt_length is not None, game is not None)
     return workload

@@ -160,10 +160,11 @@ class Study:
         checked: set[str] = set()
         for run in runs:
             references = repr((run.config.model, run.config.task))
-            if references in checked:
-                continue
-            checked.add(references)
             try:
+                run.config.check_game()  # each run's game settings against its game (a grid may vary them)
+                if references in checked:
+                    continue
+                checked.add(references)
                 run.config.check_references()
             except ConfigError as error:
                 raise ConfigError(f"{self._where(run.variant, run.axes, run.seed)}: {error}") from error

@@ -1,6 +1,6 @@
 """Checks a part of one's own, or any of marllm's, can be run against: a learner (:mod:`.conformance`, and
 :mod:`.data_parallel` for two gloo ranks against one process, and the ranks themselves: :func:`run_ranks`), a game env
-(:mod:`.game_envs`), an action mode's collector (:mod:`.collectors`) and a player that does not learn
+(:mod:`marllm.games.check`), an action mode's collector (:mod:`.collectors`) and a player that does not learn
 (:mod:`.players`)."""
 
 from marllm.games.check import check_game_env
