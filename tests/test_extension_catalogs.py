@@ -193,5 +193,6 @@ def test_two_opponent_classes_of_one_name_are_told_apart_before_they_share_a_pla
     )
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError, match=r"different opponents whose players would share the id"):
+    shared = r"different opponents \(or one with different settings\) whose players would share the id"
+    with pytest.raises(ConfigError, match=shared):
         load_config(path)

@@ -14,6 +14,7 @@ import torch
 
 from marllm.cli import main
 from marllm.config import ConfigError, config_from_dict, load_config
+from marllm.games.build import fixed_player
 from marllm.games.env import BatchedGameEnv
 from marllm.games.players import OpponentPool, RandomMover, TicTacToeMinimax
 from marllm.games.seats import seat_players, seat_slots
@@ -328,3 +329,15 @@ def test_reading_a_game_config_builds_no_game(monkeypatch):
     bad = config_from_dict(game_config({"name": "tictactoe_v9"}))  # read: the name is not looked up
     with pytest.raises(ConfigError, match="unknown game 'tictactoe_v9'"):
         bad.check_game()
+
+
+def test_two_seats_of_one_opponent_with_different_settings_are_refused_and_eval_plays_the_seats_settings():
+    """One player per opponent id: two seats of it with different settings would silently keep the first's."""
+    with pytest.raises(ConfigError, match=r"different opponents \(or one with different settings\)"):
+        config_from_dict(game_config({"name": "openspiel:kuhn_poker(players=3)", "seats": [
+            "llm", {"cfr": {"iterations": 10}}, {"cfr": {"iterations": 500}}]}))  # fmt: skip
+    pytest.importorskip("pyspiel")
+    seated = {"name": "openspiel:kuhn_poker", "seats": ["llm", {"cfr": {"iterations": 7}}]}
+    assert fixed_player(config_from_dict(game_config(seated)).game, "cfr", "cfr", seed=0).iterations == 7
+    kuhn = load_config(ROOT / "examples" / "games" / "kuhn_poker_offline.yaml").game  # seats no cfr: its defaults
+    assert fixed_player(kuhn, "cfr", "cfr", seed=0).iterations == 100
