@@ -59,7 +59,7 @@ def test_a_study_report_of_game_runs_aggregates_games_over_seeds(game_run, tmp_p
         lines = metrics_of(run_dir)
         for line, value in zip(lines, exploitability, strict=True):
             line |= {"llm/game/cooperation_rate": cooperation, "llm/game/exploitability": value}
-            line |= {"llm/game/exploitability_average": value + 0.05}
+            line |= {"llm/game/exploitability_average": value + 0.05, "llm/game/accuracy": cooperation / 2}
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         runs.append({"name": run_dir.name, "variant": "ttt", "seed": seed, "run_dir": f"runs/{run_dir.name}"})
     (tmp_path / "study.json").write_text(json.dumps({"name": "games", "runs": runs}))
@@ -81,3 +81,8 @@ def test_a_study_report_of_game_runs_aggregates_games_over_seeds(game_run, tmp_p
     )
     assert header in section
     assert "| ttt | llm | all seats |" in section and "0.4 ± 0.2828 | 0.25 ± 0.2121 | 0.3 ± 0.2121 | 2 |" in section
+    measures = {row["measure"]: row for row in cell["game_measures"]}
+    assert measures["accuracy"]["per_seed"] == pytest.approx([0.1, 0.3])  # a view's own measure, over seeds
+    assert "game_length" in measures and "win_rate" not in measures  # the env's others too, not the table's
+    assert "| ttt | llm | accuracy | 0.2 ± 0.1414 |" in text[text.index("## The game's other measures") :]
+

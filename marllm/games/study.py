@@ -1,12 +1,12 @@
 """The game results of a study's cells: win, draw, loss, illegal moves, payoff, cooperation and exploitability per
-learner and seat, each seed's final value aggregated over the cell's seeds (the keys of
-:mod:`marllm.games.report`)."""
+learner and seat (the keys of :mod:`marllm.games.report`), and every other measure the game logged per learner (a
+view's own: an agreement rate, a mutual information), each seed's final value aggregated over the cell's seeds."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from marllm.games.report import ALL_SEATS, GAME_METRICS, MEASURED_NOW_AND_THEN, game_key, game_seats
+from marllm.games.report import ALL_SEATS, GAME_METRICS, GAME_PREFIX, MEASURED_NOW_AND_THEN, game_key, game_seats
 from marllm.reporting.tables import escape_cell, fmt, markdown_table
 from marllm.studies.aggregate import estimate, final_value
 from marllm.studies.cells import Cell
@@ -28,6 +28,51 @@ def cell_games(cell: Cell, last_k: int) -> list[dict[str, Any]]:
                     metrics[metric] = {**estimate(per_seed).as_dict(), "per_seed": per_seed}
             rows.append({"learner": learner, "seat": seat, "metrics": metrics})
     return rows
+
+
+def cell_measures(cell: Cell, last_k: int) -> list[dict[str, Any]]:
+    """One row per learner of a cell and game measure it logged over every seat (``<learner>/game/<name>``) that is
+    not among :data:`~marllm.games.report.GAME_METRICS`: ``learner``, ``measure`` and the estimate over seeds of
+    each seed's mean of its last ``last_k`` values, with ``per_seed``."""
+    rows = []
+    for learner in cell.learners:
+        prefix = f"{learner}/{GAME_PREFIX}"
+        names = dict.fromkeys(
+            key[len(prefix) :]
+            for run in cell.runs
+            for line in run.metrics
+            for key in line
+            if key.startswith(prefix) and "/" not in key[len(prefix) :]
+        )
+        for name in (name for name in names if name not in GAME_METRICS):
+            seeds = cell.seed_series(game_key(ALL_SEATS, name), learner)
+            per_seed = [final_value(values, last_k) for _, values in seeds]
+            if per_seed:
+                rows.append({"learner": learner, "measure": name, **estimate(per_seed).as_dict(), "per_seed": per_seed})
+    return rows
+
+
+def measures_lines(cells: list[dict[str, Any]], window: str) -> list[str]:
+    """The study report's "The game's other measures" section (empty when no cell logged one): a row per cell,
+    learner and measure, its mean ± std and 95% interval over seeds."""
+    rows = [(cell["label"], row) for cell in cells for row in cell.get("game_measures", [])]
+    if not rows:
+        return []
+    table = [
+        [escape_cell(label), escape_cell(row["learner"]), escape_cell(row["measure"]),
+         f"{fmt(row['mean'])} ± {'–' if row['std'] is None else fmt(row['std'])}",
+         "–" if row["ci_low"] is None else f"[{fmt(row['ci_low'])}, {fmt(row['ci_high'])}]", str(row["n"])]
+        for label, row in rows
+    ]  # fmt: skip
+    return [
+        f"## The game's other measures (mean ± std over seeds of each seed's mean over its {window})",
+        "",
+        "Every other measure the game logged per learner over the seats it played: the env's (moves and length of a "
+        "game, forfeits, capped games) and the view's own.",
+        "",
+        markdown_table(["cell", "learner", "measure", "mean ± std", "95% interval", "n"], table, escape=False),
+        "",
+    ]
 
 
 def games_lines(cells: list[dict[str, Any]], window: str) -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from marllm.games.study import cell_games, games_lines
+from marllm.games.study import cell_games, cell_measures, games_lines, measures_lines
 from marllm.reporting.plots import curve_colors
 from marllm.reporting.runs import load_run
 from marllm.reporting.tables import escape_cell, fmt, markdown_table
@@ -185,6 +185,7 @@ def _summarize_cell(cell: Cell, last_k: int) -> dict[str, Any]:
         "curves": curves,
         "role_gaps": _role_gaps(cell, last_k),
         "games": cell_games(cell, last_k),
+        "game_measures": cell_measures(cell, last_k),
     }
 
 
@@ -317,6 +318,7 @@ def _markdown(summary: dict[str, Any], figures: list[tuple[str, str]]) -> str:
     header = ["cell", "metric", "learner", "mean ± std", "95% interval", "n"]
     lines += [markdown_table(header, _final_rows(summary), escape=False), ""]
     lines += games_lines(summary["cells"], window)
+    lines += measures_lines(summary["cells"], window)
     lines += ["## Comparisons (Welch: difference of means, Welch–Satterthwaite t interval)", ""]
     lines += _comparison_lines(summary)
     gap_lines = [
