@@ -8,7 +8,7 @@ import yaml
 
 from marllm.cli import main
 from marllm.config import load_config
-from marllm.config.custom_tasks import TaskCodeError
+from marllm.tasks.custom import TaskCodeError
 
 TASKS = '''
 from dataclasses import dataclass

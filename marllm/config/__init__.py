@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from marllm.config.custom_tasks import task_class
 from marllm.config.loading import ConfigError, apply_overrides, build, read_yaml  # noqa: F401 - ConfigError re-exported
 from marllm.config.paths import absolute_config_paths
 from marllm.config.train_config import TrainConfig, per_learner  # noqa: F401 - per_learner re-exported
 from marllm.games.settings import GAME_REPETITION_PENALTY
+from marllm.tasks.custom import task_class
 
 CONFIG_LAYOUT = 3
 """The config layout this marllm reads (3: a game's seats and action mode written with their own settings; 2:

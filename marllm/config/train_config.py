@@ -15,9 +15,8 @@ from marllm.algorithms.ppo_config import GenerationConfig, PPOConfig
 from marllm.assets import CAUSAL_LMS
 from marllm.assets.references import check_model_reference
 from marllm.config.loading import ConfigError, to_dict
-from marllm.config.prompts import check_template_fields
 from marllm.config.sections import AgentsConfig, EnvConfig, LoggingConfig, ModelConfig
-from marllm.envs.templates import check_template_keys
+from marllm.envs.templates import check_template_fields, check_template_keys
 from marllm.envs.turns import check_shard
 from marllm.games.settings import GAME_REPETITION_PENALTY, GameConfig
 from marllm.models.devices import resolve_device
