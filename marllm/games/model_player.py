@@ -72,7 +72,12 @@ class ModelPlayer(FixedPlayer):
 
 
 def _model_collector(
-    name: str, model: Any, tokenizer: Any, generation: Any, actions: str, normalization: str | None,
+    name: str,
+    model: Any,
+    tokenizer: Any,
+    generation: Any,
+    actions: str,
+    normalization: str | None,
     compute: ComputeConfig,
 ) -> Collector:
     """The collector of ``actions`` (``score``'s ``normalization``) that plays ``model`` for the player ``name``: a

@@ -262,8 +262,10 @@ class Seat:
             why = reference_problem(kind) if OPPONENT_REGISTRY.is_reference(kind) else "no opponent has that name"
             if why is not None:
                 raise ValueError(f"{path}: {kind!r} is not a seat; a seat is {_valid_seats()} ({why})")
-        settings_class = OPPONENT_REGISTRY.entry(kind, path).Settings if OPPONENT_REGISTRY.is_reference(kind) else (
-            OPPONENT_REGISTRY.builtins()[kind].Settings
+        settings_class = (
+            OPPONENT_REGISTRY.entry(kind, path).Settings
+            if OPPONENT_REGISTRY.is_reference(kind)
+            else (OPPONENT_REGISTRY.builtins()[kind].Settings)
         )
         if settings_class is None:
             if given:

@@ -188,6 +188,7 @@ class GameConfig:
     max_moves: int | None = None
     actions: ActionsConfig = field(default_factory=ActionsConfig)
     exploitability: ExploitabilityConfig | None = None
+
     def __post_init__(self) -> None:
         """The section's own checks, none of which builds the game (:meth:`check_game` does, before a run loads)."""
         self.seats = [Seat.from_config(seat, f"game.seats[{i}]") for i, seat in enumerate(self.seats or [])]

@@ -50,7 +50,14 @@ def build_game_env(config: TrainConfig) -> AECEnv:
 
 
 AGGREGATED = (
-    "payoff", "win_rate", "draw_rate", "loss_rate", "forfeit_rate", "capped_rate", "moves_per_game", "game_length"
+    "payoff",
+    "win_rate",
+    "draw_rate",
+    "loss_rate",
+    "forfeit_rate",
+    "capped_rate",
+    "moves_per_game",
+    "game_length",
 )
 """The metrics ``<learner>/game/<metric>`` averages over the seats the learner played this iteration (each seat's
 games counting once), as it does a game view's own measures (:meth:`~marllm.games.env.GameView.metrics`, over the

@@ -29,6 +29,7 @@ from marllm.models.logits_processing import (  # noqa: F401 - the log-probs' pro
     sampling_processors,
 )
 from marllm.models.prefix_forward import shared_prefix_prompts
+from marllm.models.token_prompts import TokenPrompts
 
 # The settings of a model's own generation_config that may differ from transformers' defaults: token ids, lengths,
 # caching and output options, and the four sampling settings generate_responses passes explicitly. Any other
@@ -99,7 +100,11 @@ def encode_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], chat_template: bool, owner: str = "generation"
 ) -> BatchEncoding:
     """Left-padded ``input_ids`` and ``attention_mask`` of ``prompts``, each as plain text or, with
-    ``chat_template``, as a user turn of the tokenizer's chat template ending in its generation prompt."""
+    ``chat_template``, as a user turn of the tokenizer's chat template ending in its generation prompt; prompts given
+    as token ids (:class:`~marllm.models.token_prompts.TokenPrompts`) are only padded."""
+    if isinstance(prompts, TokenPrompts):  # a seat's sequence: read as it stands, never tokenized again
+        input_ids, attention_mask = prompts.padded(tokenizer.pad_token_id)
+        return BatchEncoding({"input_ids": input_ids, "attention_mask": attention_mask})
     if not chat_template:
         return tokenizer(list(prompts), return_tensors="pt", padding=True)
     check_chat_template(tokenizer, chat_template, owner)

@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessor, PreTrainedTokenizerBase
 
+from marllm.models.token_prompts import TokenPrompts
+
 
 def render_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], chat_template: bool) -> list[str]:
     """The prompts as the model reads them: the text itself, or the user turn of the chat template ending in its
-    generation prompt (as :func:`~marllm.models.generation.encode_prompts` renders them)."""
-    if not chat_template:
+    generation prompt (as :func:`~marllm.models.generation.encode_prompts` renders them); prompts given as token
+    ids (:class:`~marllm.models.token_prompts.TokenPrompts`) are their ids decoded, rendered already."""
+    if not chat_template or isinstance(prompts, TokenPrompts):
         return list(prompts)
     return [
         tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)

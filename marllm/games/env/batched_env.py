@@ -13,7 +13,8 @@ Observation
     A dict with one entry per game in which the seat moves now (its rows, in batch order): ``prompt`` (the prompt,
     rendered by the seat's template from the game view's fields), ``legal_moves`` (the legal move names, as the
     prompt lists them), ``legal_actions`` (their action ids), ``history`` (the game so far as action ids, for
-    scripted players) and ``games`` (the games' indices in the batch). See :mod:`marllm.games.env.keys`.
+    scripted players), ``games`` (the games' indices in the batch) and with ``history="sequence"`` ``delta``. See
+    :mod:`marllm.games.env.keys`.
 Action
     One answer string per row of the observation. The parser maps an answer to a legal move (on a free-text turn, the
     view's ``free_text``, the answer itself is the move); one naming none is illegal: with ``illegal="forfeit"`` the
@@ -57,8 +58,8 @@ from marllm.games.env import keys
 from marllm.games.env.checks import check_credit, check_max_moves, check_policy, check_seats, make_game, reset_game
 from marllm.games.env.credit import outcomes, seat_metrics, turn_discounts, turn_rewards
 from marllm.games.env.parsers import Parser, get_parser
-from marllm.games.env.prompts import GameTemplate, check_game_templates, prompt_fields
-from marllm.games.env.records import GameRecord, Turn, count_cooperation, view_metrics
+from marllm.games.env.prompts import GameTemplate, check_game_templates, check_history, delta_text, render_prompt
+from marllm.games.env.records import GameRecord, Turn, count_cooperation, describe_record, view_metrics
 from marllm.games.env.spaces import Rows
 from marllm.games.env.view_lookup import view_for
 from marllm.games.env.views import FREE_TEXT, GameView, Move
@@ -87,6 +88,7 @@ class BatchedGameEnv(AECEnv):
         illegal_penalty: >= 0, subtracted from the trained reward of every illegal answer.
         max_moves: answers per game (every seat's) after which a game still on is ended as a draw; None: the game's
             own bound where its view has one (:meth:`~marllm.games.env.GameView.max_moves`), else 1000.
+        history: ``"prompt"`` or ``"sequence"`` (observations also hold :data:`~marllm.games.env.keys.DELTA`).
         render_mode: None or ``"ansi"`` (``render()`` returns the first game's moves).
         seed: seeds the games' seeds and the random moves, as a first ``reset(seed=seed)`` would.
 
@@ -110,6 +112,7 @@ class BatchedGameEnv(AECEnv):
         discount: float = 1.0,
         illegal_penalty: float = 0.0,
         max_moves: int | None = None,
+        history: str = "prompt",
         render_mode: str | None = None,
         seed: int | None = None,
     ):
@@ -127,13 +130,15 @@ class BatchedGameEnv(AECEnv):
         self.illegal, self.forfeit_payoffs = check_policy(illegal, forfeit_payoffs)
         self.discount, self.illegal_penalty = check_credit(discount, illegal_penalty)
         self.max_moves = check_max_moves(max_moves, self.view.max_moves(self.games[0]))
+        self.history = check_history(history)
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.render_mode = render_mode
         self.agents: list[str] = []
         rows = {key: Rows(batch_size, tuple) for key in (keys.LEGAL_MOVES, keys.LEGAL_ACTIONS, keys.HISTORY)}
+        texts = {keys.DELTA: Rows(batch_size)} if history == "sequence" else {}
         self.observation_spaces = {
-            seat: DictSpace({keys.PROMPT: Rows(batch_size), keys.GAMES: Rows(batch_size, int), **rows})
+            seat: DictSpace({keys.PROMPT: Rows(batch_size), keys.GAMES: Rows(batch_size, int), **rows, **texts})
             for seat in self.possible_agents
         }
         self.action_spaces = {seat: Rows(batch_size) for seat in self.possible_agents}
@@ -229,24 +234,24 @@ class BatchedGameEnv(AECEnv):
     def _observe(self, seat: str) -> dict[str, tuple[Any, ...]]:
         games = self.to_move(seat)
         legal = [self.view.legal_moves(self.games[b], seat) for b in games]
-        return {
-            keys.PROMPT: tuple(self._prompt(b, seat, moves) for b, moves in zip(games, legal, strict=True)),
+        template, view = self.templates[seat], self.view
+        prompts = tuple(
+            render_prompt(view, self.games[b], self.records[b], seat, moves, template, b)
+            for b, moves in zip(games, legal, strict=True)
+        )
+        observation = {
+            keys.PROMPT: prompts,
             keys.LEGAL_MOVES: tuple(tuple(name for _, name in moves) for moves in legal),
             keys.LEGAL_ACTIONS: tuple(tuple(int(a) for a, _ in moves) for moves in legal),
             keys.HISTORY: tuple(self.view.history(self.games[b], self.records[b].moves) for b in games),
             keys.GAMES: tuple(games),
         }
-
-    def _prompt(self, index: int, seat: str, legal: Sequence[tuple[int, str]]) -> str:
-        record, names = self.records[index], [name for _, name in legal]
-        try:
-            fields = prompt_fields(self.view, self.games[index], seat, record.moves, names, record.answers[seat] + 1)
-            prompt = self.templates[seat](fields)
-        except Exception as error:
-            raise ValueError(f"rendering the prompt of seat {seat!r} in game {index} failed: {error!r}") from error
-        if not isinstance(prompt, str):
-            raise TypeError(f"the template of seat {seat!r} returned {type(prompt).__name__}, not str")
-        return prompt
+        if self.history == "sequence":
+            rows = zip(games, legal, prompts, strict=True)
+            observation[keys.DELTA] = tuple(
+                delta_text(view, self.games[b], self.records[b], seat, *r) for b, *r in rows
+            )
+        return observation
 
     # --------------------------------------------------------------------------------------------- moves
     def step(self, action: Sequence[str] | None) -> None:
@@ -296,6 +301,7 @@ class BatchedGameEnv(AECEnv):
                 return True
             choice = int(self._rng.integers(len(names)))
         record.moves.append(Move(seat, FREE_TEXT, answer) if talk else Move(seat, actions[choice], names[choice]))
+        record.seen[seat] = len(record.moves)
         game.step(answer if talk else record.moves[-1].action)
         for who, reward in game.rewards.items():
             record.returns[who] += float(reward)
@@ -377,14 +383,7 @@ class BatchedGameEnv(AECEnv):
     def render(self) -> str | None:
         if self.render_mode is None or not self.records:
             return None
-        record = self.records[0]
-        lines = [f"game 0 of {self.batch_size}: {self.view.name(self.games[0])}"]
-        lines += [f"{move.seat}: {move.name}" for move in record.moves]
-        if record.forfeited_by:
-            lines.append(f"{record.forfeited_by} forfeited (illegal answer)")
-        if record.over:
-            lines.append(f"payoffs: {record.payoffs}")
-        return "\n".join(lines)
+        return describe_record(self.view, self.games[0], self.records[0], f"game 0 of {self.batch_size}")
 
     def close(self) -> None:
         for game in self.games:

@@ -21,6 +21,11 @@ HISTORY = "history"
 """Observation: (rows,) per game, the game's history as its view reports it (a tuple of int): for OpenSpiel games
 ``state.history()`` (chance outcomes included: the full state, for scripted bots), otherwise the action ids played."""
 
+DELTA = "delta"
+"""Observation, with ``history="sequence"``: (rows,) per game, what the seat reads now as the next part of its one
+token sequence of that game: its whole prompt at its first answer, then only what is new since its last answer
+(:meth:`~marllm.games.env.GameView.delta`)."""
+
 GAMES = "games"
 """Observation: (rows,) the index of each game in the batch."""
 

@@ -11,6 +11,7 @@ from marllm.games.env.parsers import list_moves
 if TYPE_CHECKING:
     from pettingzoo import AECEnv
 
+    from marllm.games.env.records import GameRecord
     from marllm.games.env.views import GameView, Move
 
 GameTemplate = str | Callable[[Mapping[str, Any]], str]
@@ -37,6 +38,59 @@ def prompt_fields(
         "move_names": ", ".join(names),
         "move_number": move_number,
     }
+
+
+HISTORIES = ("prompt", "sequence")
+"""How a seat reads a game: a prompt rendered from the whole game at each answer, or one token sequence per seat and
+game, each answer followed only by what is new (``delta`` observations)."""
+
+
+def check_history(history: str) -> str:
+    """``history``, one of :data:`HISTORIES`, or a ValueError naming them."""
+    if history not in HISTORIES:
+        raise ValueError(f"history must be one of {list(HISTORIES)}, got {history!r}")
+    return history
+
+
+def delta_text(
+    view: GameView, game: AECEnv, record: GameRecord, seat: str, legal: Sequence[tuple[int, str]], prompt: str
+) -> str:
+    """What the seat reads next in its sequence of ``game``: its ``prompt`` at its first answer, else what the view
+    says is new since its last (:meth:`~marllm.games.env.GameView.delta` of the other seats' moves since)."""
+    if record.answers[seat] == 0:
+        return prompt
+    new_moves = [move for move in record.moves[record.seen[seat] :] if move.seat != seat]
+    try:
+        delta = view.delta(game, seat, new_moves, list_moves([name for _, name in legal]))
+    except Exception as error:
+        raise ValueError(f"rendering the delta of seat {seat!r} failed: {error!r}") from error
+    if not isinstance(delta, str):
+        raise TypeError(f"the view's delta for seat {seat!r} returned {type(delta).__name__}, not str")
+    return delta
+
+
+def render_prompt(
+    view: GameView,
+    game: AECEnv,
+    record: GameRecord,
+    seat: str,
+    legal: Sequence[tuple[int, str]],
+    template: Callable[[Mapping[str, Any]], str],
+    index: int,
+) -> str:
+    """The seat's prompt in game ``index`` of a batch, its ``template`` over the game's :data:`FIELDS` now.
+
+    Raises:
+        ValueError: the view or the template failed; TypeError: the template returned no str.
+    """
+    names = [name for _, name in legal]
+    try:
+        prompt = template(prompt_fields(view, game, seat, record.moves, names, record.answers[seat] + 1))
+    except Exception as error:
+        raise ValueError(f"rendering the prompt of seat {seat!r} in game {index} failed: {error!r}") from error
+    if not isinstance(prompt, str):
+        raise TypeError(f"the template of seat {seat!r} returned {type(prompt).__name__}, not str")
+    return prompt
 
 
 def default_template(fields: Mapping[str, Any]) -> str:

@@ -20,6 +20,8 @@ class GameRecord:
     moves: list[Move] = field(default_factory=list)
     answers: dict[str, int] = field(default_factory=dict)
     illegal: dict[str, int] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)
+    """Per seat, how many of ``moves`` had been applied when it last answered (0 before its first answer)."""
     returns: dict[str, float] = field(default_factory=dict)
     """The game's step rewards summed per seat (what the generic view pays)."""
     payoffs: dict[str, float] | None = None
@@ -29,7 +31,7 @@ class GameRecord:
     """Whether the game was ended as a draw at the env's move cap (``max_moves``), not by its own rules."""
 
     def __post_init__(self) -> None:
-        for counts in (self.answers, self.illegal, self.returns):
+        for counts in (self.answers, self.illegal, self.seen, self.returns):
             for seat in self.seats:
                 counts.setdefault(seat, 0)
 
@@ -93,3 +95,13 @@ def view_metrics(view: GameView, games: Sequence[AECEnv], seat: str, taken: Coll
     if clash:
         raise ValueError(f"the game view's metrics {clash} are the env's own or reported twice; name them otherwise")
     return {**measures, **whole}
+
+
+def describe_record(view: GameView, game: AECEnv, record: GameRecord, title: str) -> str:
+    """A game's moves as text, one per line, after ``title`` and the game's name; then a forfeit and the payoffs."""
+    lines = [f"{title}: {view.name(game)}", *(f"{move.seat}: {move.name}" for move in record.moves)]
+    if record.forfeited_by:
+        lines.append(f"{record.forfeited_by} forfeited (illegal answer)")
+    if record.over:
+        lines.append(f"payoffs: {record.payoffs}")
+    return "\n".join(lines)

@@ -98,6 +98,16 @@ class GameView:
         itself (a ``str``), never an illegal one. False here: a view says."""
         return False
 
+    def delta(self, game: AECEnv, seat: str, new_moves: Sequence[Move], moves: str) -> str:
+        """What is new for the seat since its last answer, as its next observation when a game is played as one token
+        sequence per seat (``game.history: sequence``): the seat read its first prompt and wrote its answers, so this
+        says only what happened since (``new_moves``, the other seats' moves) and asks for the next one (``moves``:
+        the legal moves as a prompt lists them; empty on a free-text turn). Here: a line per move, then the request.
+        A view whose state is not its history (a board) adds what the seat needs to see again."""
+        lines = [f"{self.player(game, move.seat)}: {move.name}" for move in new_moves]
+        ask = "Your message:" if self.free_text(game, seat) else f"Legal moves: {moves}\nYour move:"
+        return "\n" + "\n".join([*lines, ask])
+
     def metrics(self, game: AECEnv, seat: str) -> Mapping[str, float]:
         """The seat's own measures of one finished game (an agreement, a message's length), beside the env's: each
         key is averaged over the batch's games that report it and logged as ``<learner>/game/<seat>/<key>``. None

@@ -1,0 +1,80 @@
+"""Prompts as token ids: a seat's sequence of a game (its observations as they arrived, its answers as sampled) fed
+to the samplers without being rendered to text and tokenized again.
+
+:class:`TokenPrompts` is a tuple of texts (each row's ids decoded, for messages and for the tokenization of legal
+moves after it) that carries the ids themselves: :func:`~marllm.models.generation.encode_prompts` left-pads the ids
+instead of encoding the texts. :func:`observation_ids` tokenizes what is new for a seat, as the first user turn of a
+chat template or as a later one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+_ASSISTANT_MARK = "marllm-assistant-turn-7f3a"
+"""Stands for an answer in a chat template's rendering, to find where what follows an answer begins."""
+
+
+class TokenPrompts(tuple):
+    """Prompts given as token ids; the tuple's items are their texts (the ids decoded).
+
+    Attributes:
+        ids: each prompt's token ids, in row order.
+    """
+
+    ids: tuple[tuple[int, ...], ...]
+
+    def __new__(cls, tokenizer: PreTrainedTokenizerBase, ids: Sequence[Sequence[int]]) -> TokenPrompts:
+        rows = tuple(tuple(int(t) for t in row) for row in ids)
+        prompts = super().__new__(cls, tokenizer.batch_decode([list(r) for r in rows], skip_special_tokens=False))
+        prompts.ids = rows
+        return prompts
+
+    def padded(self, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, attention_mask), (B, P) and left-padded, as a tokenizer's ``padding_side="left"`` gives them."""
+        width = max((len(row) for row in self.ids), default=0)
+        input_ids = torch.full((len(self.ids), width), pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(self.ids), width), dtype=torch.long)
+        for i, row in enumerate(self.ids):
+            if row:
+                input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+                attention_mask[i, width - len(row) :] = 1
+        return input_ids, attention_mask
+
+
+def observation_ids(
+    tokenizer: PreTrainedTokenizerBase, text: str, first: bool, chat_template: bool, after_eos: bool = False
+) -> list[int]:
+    """The tokens of an observation a seat reads: its first (the whole prompt, as a prompt is encoded) or a later one
+    (only what is new, after the seat's last answer).
+
+    With ``chat_template`` the first is a user turn ending in the generation prompt, as
+    :func:`~marllm.models.generation.encode_prompts` renders a prompt, and a later one closes the answer's turn, opens
+    a user turn with ``text`` and ends in the generation prompt: the template's own rendering of what follows an
+    answer, less the end-of-turn token the answer already ended with (``after_eos``) where the template writes it.
+    Without, the first is the text as the tokenizer encodes a prompt and a later one the text alone.
+    """
+    if not chat_template:
+        return list(tokenizer(text, add_special_tokens=first)["input_ids"])
+    if first:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+    else:
+        turns = [
+            {"role": "user", "content": "-"},
+            {"role": "assistant", "content": _ASSISTANT_MARK},
+            {"role": "user", "content": text},
+        ]
+        whole = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        rendered = whole[whole.index(_ASSISTANT_MARK) + len(_ASSISTANT_MARK) :]
+        eos = tokenizer.eos_token
+        if after_eos and eos and rendered.startswith(eos):
+            rendered = rendered[len(eos) :]
+    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
