@@ -62,6 +62,9 @@ class ActionMode(Extension):
     """What an answer generates: ``"text"`` (up to ``generation.max_new_tokens``), ``"move"`` (a legal move's name,
     then EOS), ``"thought, move"`` (free text, a marker, a move, EOS) or ``"nothing"`` (moves scored, none
     generated); what a memory plan sizes an answer by."""
+    sequences: ClassVar[str | None] = None
+    """Why it cannot play a game as one token sequence per seat (``game.history: sequence``, which appends each
+    answer's sampled tokens to the seat's sequence), or None where it can."""
     ignores_sampling: ClassVar[tuple[str, ...]] = ()
     """The ``generation`` settings of the sampling distribution its answers never read (a value other than the
     default is refused, as it would change nothing)."""
@@ -182,4 +185,4 @@ class ScoreMode(ActionMode):
     rollout_from_generate = (
         "generates nothing (it draws each move from a softmax over the legal moves' scores), so it would be ignored"
     )
-
+    sequences = "samples no tokens (a move is one action over the legal moves' scores) to append to a sequence"

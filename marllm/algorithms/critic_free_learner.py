@@ -99,6 +99,11 @@ class CriticFreeLearner(PolicyGradientLearner):
 
     def _advantages(self, b: Batch, scores: torch.Tensor, kl_coef: float) -> dict[str, torch.Tensor]:
         """``advantages`` and ``returns`` (B, L) and, for GRPO and RLOO, the ``outcome`` (B,) they compare."""
+        if "turn_scores" in b:
+            raise ValueError(
+                f"learner {self.name!r} ({self.algorithm}): game.history: sequence trains with ppo (GAE across a "
+                "seat's turns); the critic-free learners take one outcome per response: use game.history: prompt"
+            )
         kl_in_reward = self.settings.kl_in == "reward"
         if self.algorithm == "reinforce_pp":
             # Hu (2025): token rewards (the score at the last token, −η·KL at every token), returns-to-go with

@@ -50,6 +50,7 @@ from marllm.algorithms.rollout import (
     transform_scores,
     update_stats,
 )
+from marllm.algorithms.seat_sequences import sequence_update_batch
 from marllm.models.policy import ValueHead, context_length, ready_for_generation
 from marllm.parallel.placement import Placement
 
@@ -282,7 +283,10 @@ class PolicyGradientLearner:
             raise RuntimeError(f"learner {self.name!r}: rollout(s) {unfinished} never got their reward (finish())")
         self.last_nonfinite: str | None = None
         # The iteration's turns are one update: one shuffle of all samples per epoch, one step of each statistic.
-        rollout = merge_rollouts(self.rollouts, self.tokenizer.pad_token_id)
+        if self.rollouts[0].seat_turns is not None:  # one token sequence per seat: a row per sequence
+            rollout = self.collector.sequence_rollout(self.rollouts)
+        else:
+            rollout = merge_rollouts(self.rollouts, self.tokenizer.pad_token_id)
         self.config.batching.check_batch_size(len(rollout.responses) * self.placement.world_size)
         schedule = set_learning_rate(self.optimizer, self.config, self.num_updates)
         metrics = self._update_with(rollout).as_dict() | schedule
@@ -324,6 +328,8 @@ class PolicyGradientLearner:
         Updates the running score statistics (``ppo.score_transform``), as each batch's scores are part of them.
         """
         kl_coef = float(self.kl_controller.value)
+        if rollout.seat_turns is not None:
+            return sequence_update_batch(rollout, self._transform_scores, self._advantages, kl_coef, self.placement)
         global_rows = self.placement.global_rows(rollout.segment_sizes)
         scores = self._transform_scores(rollout.received_rewards, global_rows)
         score_tensor = torch.as_tensor(scores, dtype=torch.float32, device=self.device)

@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,6 +18,9 @@ from tianshou.data import Batch
 from tianshou.utils.statistics import RunningMeanStd
 
 from marllm.models.move_tries import pad_allowed
+
+if TYPE_CHECKING:
+    from marllm.algorithms.seat_sequences import SeatTurns
 
 
 @dataclass
@@ -38,6 +42,10 @@ class Rollout:
     timings: dict[str, float] = field(default_factory=dict)
     segments: tuple[int, ...] = ()
     """The sizes of the rollouts this one merges, in order (:func:`merge_rollouts`); empty for a rollout of one turn."""
+    seat_turns: SeatTurns | None = None
+    """Played as one token sequence per seat (``game.history: sequence``): which answer of which sequence each reward
+    is. A turn's rollout then holds no tensors (the sequences are scored once, at the update); the rollout of the
+    laid-out sequences holds one row per sequence and its rewards one per turn row."""
 
     @property
     def finished(self) -> bool:

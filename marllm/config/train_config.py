@@ -135,6 +135,15 @@ class TrainConfig:
                 f"game.actions: {self.game.actions.mode} {unfit}; leave ppo.compute.rollout_from_generate at auto "
                 "(or false), or use game.actions: generate"
             )
+        if self.game.history == "sequence":  # the game's history, the mode and the algorithm meet here
+            if facts.sequences is not None:
+                raise ValueError(f"game.history: sequence: game.actions: {self.game.actions.mode} {facts.sequences}; "
+                                 "use game.history: prompt, or a mode that samples tokens")  # fmt: skip
+            others = sorted({a for a in self.learner_algorithms().values() if a != "ppo"})
+            if others:
+                raise ValueError(f"game.history: sequence trains with ppo (GAE across a seat's turns); "
+                                 f"agents.algorithm {others} takes one outcome per answer: use ppo, or game.history: "
+                                 "prompt")  # fmt: skip
         # The one rule that joins the generation section and the mode: sampling settings the mode's answers never
         # read (a game's repetition penalty defaults to GAME_REPETITION_PENALTY).
         defaults = {**to_dict(GenerationConfig()), "repetition_penalty": GAME_REPETITION_PENALTY}

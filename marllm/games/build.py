@@ -17,7 +17,7 @@ from marllm.games.settings import GameConfig
 
 def game_env(game: GameConfig, batch_size: int, seed: int | None = None) -> BatchedGameEnv:
     """``batch_size`` games of ``game`` at once, with its options, templates, parser, illegal-answer policy, discount,
-    illegal-answer penalty and move cap; ``seed`` seeds the deals."""
+    illegal-answer penalty, move cap and history; ``seed`` seeds the deals."""
     return BatchedGameEnv(
         game_factory(game.name, game.options),
         batch_size,
@@ -27,6 +27,7 @@ def game_env(game: GameConfig, batch_size: int, seed: int | None = None) -> Batc
         discount=game.discount,
         illegal_penalty=game.illegal_penalty,
         max_moves=game.max_moves,
+        history=game.history,
         seed=seed,
     )
 

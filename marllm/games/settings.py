@@ -21,7 +21,7 @@ from marllm.algorithms import action_modes
 from marllm.algorithms import action_registry as modes
 from marllm.games.env.checks import ILLEGAL_POLICIES
 from marllm.games.env.factory import GameInfo, describe_game
-from marllm.games.env.prompts import check_game_templates
+from marllm.games.env.prompts import HISTORIES, check_game_templates
 from marllm.games.opponents import NAMED, ONLY, SMALL_GAME, Seat, check_needs
 from marllm.utils.checks import choice
 from marllm.utils.dataclass_tree import to_dict
@@ -173,6 +173,10 @@ class GameConfig:
             every seat), with a warning and the metric ``game/capped_rate``; null: the game's own bound where it has
             one (an OpenSpiel game's maximum length), else 1000.
         actions: how a learner's answer becomes a move, a mode and its settings (:class:`ActionsConfig`).
+        history: how a learner reads a game: ``prompt`` (at each turn a prompt rendered from the whole game so far)
+            or ``sequence`` (one token sequence per seat and game: its first prompt, then at each turn only what is
+            new, after its answers as sampled; one forward per sequence in the update, GAE across its turns; ``ppo``
+            and token-sampling modes only: see the games guide's cost model).
         exploitability: the exploitability measured while training (:class:`ExploitabilityConfig`); null: none.
     """
 
@@ -187,6 +191,7 @@ class GameConfig:
     role_baselines: float | None = None
     max_moves: int | None = None
     actions: ActionsConfig = field(default_factory=ActionsConfig)
+    history: str = "prompt"
     exploitability: ExploitabilityConfig | None = None
 
     def __post_init__(self) -> None:
@@ -197,6 +202,7 @@ class GameConfig:
         if self.batch_size < 1:
             raise ValueError(f"game.batch_size must be an integer >= 1, got {self.batch_size}")
         choice("game", self, "illegal", ILLEGAL_POLICIES)
+        choice("game", self, "history", HISTORIES)
         if self.max_moves is not None and self.max_moves < 1:
             raise ValueError(f"game.max_moves must be an integer >= 1 (answers per game) or null, got {self.max_moves}")
         if not 0 < self.discount <= 1:

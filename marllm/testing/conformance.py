@@ -182,12 +182,14 @@ def _watch_rescoring(learner: Learner, shift: float, stop: bool) -> _Watched:
         )
     watched, collect, rescore = _Watched(), collector.collect, collector.rescore
 
-    def shifted_collect(observation: Observation, role: str | None = None) -> Any:
-        rollout = collect(observation, role)
+    def shifted(rollout: Any) -> Any:
         for key in ("logprobs", "ref_logprobs"):
             if key in rollout.tensors:
                 rollout.tensors[key] = rollout.tensors[key] + shift
         return rollout
+
+    def shifted_collect(observation: Observation, role: str | None = None) -> Any:
+        return shifted(collect(observation, role))
 
     def watched_rescore(mb: Any, prompt_length: int) -> Rescored:
         rescored = rescore(mb, prompt_length)
@@ -207,6 +209,9 @@ def _watch_rescoring(learner: Learner, shift: float, stop: bool) -> _Watched:
 
     if shift:
         collector.collect = shifted_collect
+        lay_out = getattr(collector, "sequence_rollout", None)
+        if lay_out is not None:  # one token sequence per seat: the log-probs are recorded when the update lays them out
+            collector.sequence_rollout = lambda turns: shifted(lay_out(turns))
     collector.rescore = watched_rescore
     return watched
 

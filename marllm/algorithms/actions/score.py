@@ -72,13 +72,14 @@ class ScoreCollector(ScoreMode, Collector):
 
     def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
         """Draw one legal move per row from π(· | s), as a rollout whose responses are the moves' names."""
+        if "delta" in observation:
+            raise ValueError(f"{self.owner}: game.actions: score {self.sequences}; use game.history: prompt")
         return self._rollout(tuple(observation["prompt"]), role, self.legal_moves(observation))
 
     def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
         """Refused: scored moves need a game's legal moves."""
         raise ValueError(
-            f"{self.owner} scores a game's legal moves (game.actions: score) and cannot answer prompts without "
-            "them"
+            f"{self.owner} scores a game's legal moves (game.actions: score) and cannot answer prompts without them"
         )
 
     @torch.no_grad()

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from tianshou.data import Batch
 
@@ -32,6 +33,8 @@ from marllm.algorithms.core import (
     scalars,
 )
 from marllm.algorithms.rollout import Rollout
+from marllm.algorithms.seat_sequences import SeatTurns, SequenceBook, sequence_rows
+from marllm.games.env import keys
 from marllm.models.chunked_head import check_plain_head, chunked_head_logprobs, head_deferred, writable_in_place
 from marllm.models.devices import autocast_for
 from marllm.models.generation import GeneratedBatch, generate_responses, logprob_logits, reference_logprob_logits
@@ -46,11 +49,86 @@ class TokenCollector(GenerateMode, Collector):
     draws_budget: ClassVar[bool] = True
     """Whether an answer's length budget is drawn (free text); a constrained move's is its longest legal name's."""
     _plain_head_checked: bool = field(default=False, init=False, repr=False)
+    book: SequenceBook = field(default_factory=SequenceBook, init=False, repr=False)
+    """The seat sequences of the episode being played (``game.history: sequence``), until the update lays them out."""
 
     def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
-        """Sample one response per prompt of ``observation["prompt"]``, as a rollout awaiting its rewards."""
+        """Sample one response per prompt of ``observation["prompt"]``, as a rollout awaiting its rewards; where the
+        observation holds a ``delta`` (a game played as one token sequence per seat), one answer after each row's
+        sequence, the rollout's tensors left to :meth:`sequence_rollout`."""
         legal_moves = self.legal_moves(observation) if self.needs_legal_moves else None
+        if keys.DELTA in observation:
+            return self._sequence_turn(observation, role, legal_moves)
         return self._rollout(tuple(observation["prompt"]), role, legal_moves)
+
+    @torch.no_grad()
+    def _sequence_turn(
+        self, observation: Mapping[str, Sequence[Any]], role: str | None, legal_moves: list[list[str]] | None
+    ) -> Rollout:
+        started = time.perf_counter()
+        budget = self.sample_length()  # drawn every turn, as a re-rendered turn draws it
+        turn_keys = tuple((role, int(game)) for game in observation[keys.GAMES])
+        chat = self.generation.chat_template
+        prompts = self.book.extend(turn_keys, observation[keys.DELTA], self.tokenizer, chat)
+        self.activate()
+        with self.placement.generating(self.model), autocast_for(self.model, self.compute.autocast_dtype):
+            generated, allowed = self._sample(prompts, legal_moves, budget, False)
+        eos = self.tokenizer.eos_token_id
+        answers = self.book.record(turn_keys, generated.response, generated.mask, allowed, eos)
+        timings = {"generation_s": time.perf_counter() - started, "forward_s": 0.0}
+        turns = SeatTurns(turn_keys, tuple(answers))
+        return Rollout(prompts, generated.texts, 0, Batch(), role=role, timings=timings, seat_turns=turns)
+
+    @torch.no_grad()
+    def sequence_rollout(self, turns: Sequence[Rollout]) -> Rollout:
+        """The episode's seat sequences as one rewarded rollout, a row per sequence, scored in one forward of the
+        policy and one of the reference each (:mod:`~marllm.algorithms.seat_sequences`); ``turns`` are the turns'
+        rewarded rollouts, whose rewards it holds in turn order. The book starts anew."""
+        started = time.perf_counter()
+        rows = sequence_rows(self.book, self.tokenizer.pad_token_id)
+        self.book = SequenceBook()
+        device = self.device
+        ids, attention = rows.input_ids.to(device), rows.attention_mask.to(device)
+        allowed = None if rows.allowed is None else rows.allowed.to(device)
+        self.activate()
+        columns: dict[str, list[torch.Tensor]] = defaultdict(list)
+        for chunk in self._chunks(len(rows.keys)):
+            restriction = None if allowed is None else allowed[chunk]
+            for key, value in self._score(ids[chunk], attention[chunk], rows.prompt_length, None, restriction).items():
+                columns[key].append(value)
+        tensors = Batch(
+            input_ids=ids,
+            attention_mask=attention,
+            response=rows.response.to(device),
+            mask=rows.mask.to(device),
+            **{key: torch.cat(parts, 0) for key, parts in columns.items()},
+            **({"allowed": allowed} if allowed is not None else {}),
+        )
+        tensors.kl = (
+            tensors.kl_full if self.kl_penalty == "full" else sampled_kl(tensors.logprobs, tensors.ref_logprobs)
+        ) * tensors.mask
+        index = {key: row for row, key in enumerate(rows.keys)}
+        credit = SeatTurns(
+            keys=tuple(key for turn in turns for key in turn.seat_turns.keys),
+            answers=tuple(answer for turn in turns for answer in turn.seat_turns.answers),
+            rows=tuple(index[key] for turn in turns for key in turn.seat_turns.keys),
+            answer_ends=rows.answer_ends,
+        )
+        generation_s = sum(turn.timings.get("generation_s", 0.0) for turn in turns)
+        roles = {turn.role for turn in turns}
+        return Rollout(
+            prompts=tuple(
+                self.tokenizer.batch_decode(rows.input_ids[:, : rows.prompt_length], skip_special_tokens=True)
+            ),
+            responses=tuple(self.tokenizer.batch_decode(rows.response, skip_special_tokens=True)),
+            prompt_length=rows.prompt_length,
+            tensors=tensors,
+            role=roles.pop() if len(roles) == 1 else None,
+            received_rewards=np.concatenate([turn.received_rewards for turn in turns]),
+            task_rewards=np.concatenate([turn.task_rewards for turn in turns]),
+            timings={"generation_s": generation_s, "forward_s": time.perf_counter() - started},
+            seat_turns=credit,
+        )
 
     def respond(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> tuple[str, ...]:
         """Sample free-text responses without recording anything (evaluation; deploying the agent alone)."""
