@@ -4,7 +4,7 @@ its own way, by talking and then proposing divisions.
 A pool holds 1 to 4 of each item type, 5 to 7 items in all. Each agent's values are integers, drawn per game, that
 make the whole pool worth :data:`TOTAL` to it; some type is worth 0 to one of them, each type is worth something to
 one of them, and the division that gives the pair the most is worth more to the pair than any even one. A game has
-:data:`ROUNDS` rounds; in each, first each agent writes a message the other reads (free text), then each proposes a
+``rounds`` rounds (:data:`ROUNDS` unless ``game.options`` say); in each, first each agent writes a message the other reads (free text), then each proposes a
 division (what it takes; the other gets the rest) or, once the other has proposed, accepts the other's latest
 proposal (:data:`ACCEPT`; a proposal that gives each agent what the other's latest gave it accepts it too): the game
 ends in agreement and pays each agent its value of its share. No agreement after the last proposal pays both 0.
@@ -144,13 +144,16 @@ class DealOrNoDeal(AECEnv):
     metadata = {"name": "deal_or_no_deal_v0", "render_modes": [], "is_parallelizable": False}
     possible_agents = list(AGENTS)
 
-    def __init__(self, deal: Deal | None = None):
+    def __init__(self, deal: Deal | None = None, rounds: int = ROUNDS):
         super().__init__()
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"rounds must be a positive int, got {rounds!r}")
         self.fixed_deal = deal
+        self.rounds = rounds
         self._action_space = Discrete(ACCEPT + 1)
         self._observation_space = DictSpace(
             {
-                "observation": Box(0, max(TOTAL, MOST, len(PHASES) * ROUNDS), shape=(8,), dtype=np.int64),
+                "observation": Box(0, max(TOTAL, MOST, len(PHASES) * rounds), shape=(8,), dtype=np.int64),
                 "action_mask": Box(0, 1, shape=(ACCEPT + 1,), dtype=np.int8),
             }
         )
@@ -223,7 +226,7 @@ class DealOrNoDeal(AECEnv):
             self.turns.append(Turn(agent, "proposal", takes=takes))
             if offered is not None and self.deal.rest(offered) == takes:
                 self._settle(takes if agent == AGENTS[0] else offered)
-            elif len(self.turns) == ROUNDS * len(PHASES):
+            elif len(self.turns) == self.rounds * len(PHASES):
                 self.terminations = dict.fromkeys(self.agents, True)  # no deal: 0 each
         self.agent_selection = other
         self._accumulate_rewards()
@@ -279,6 +282,15 @@ def names_own_values(message: str, values: Sequence[int]) -> bool:
     return False
 
 
+def _turn_line(turn: Turn, seat: str, deal: Deal) -> str:
+    """A turn as ``seat`` reads it: ``You: "..."``, ``Them proposed: you get ...``."""
+    who = "You" if turn.agent == seat else "Them"
+    if turn.phase == "message":
+        return f'{who}: "{turn.text}"'
+    yours = turn.takes if turn.agent == seat else deal.rest(turn.takes)
+    return f"{who} proposed: you get {pool_text(yours)}."
+
+
 class DealView(GameView):
     """How a seat sees a game of :class:`DealOrNoDeal`: the pool, its own values (never the other's), the dialogue so
     far, and what to do now; proposals named from the proposer's side, messages as free text."""
@@ -288,7 +300,8 @@ class DealView(GameView):
     def rules(self, game: AECEnv) -> str:
         return (
             f"You and another player divide a pool of books, hats and balls. The whole pool is worth {TOTAL} to each "
-            f"of you, but you value the items differently. In each of {ROUNDS} rounds you each write a message, then "
+            f"of you, but you value the items differently. In each of {game.unwrapped.rounds} rounds you each write a "
+            "message, then "
             "you each propose what you take. Accepting the other player's last proposal (or proposing exactly what it "
             "offered you) is a deal: you each get the value of your items. No deal pays nothing."
         )
@@ -296,15 +309,16 @@ class DealView(GameView):
     def state(self, game: AECEnv, seat: str, moves: Sequence[Move]) -> str:
         inner = game.unwrapped
         lines = [f"Pool: {pool_text(inner.deal.counts)}.", f"Your values: {values_text(inner.deal.values[seat])}."]
-        for turn in inner.turns:
-            who = "You" if turn.agent == seat else "Them"
-            if turn.phase == "message":
-                lines.append(f'{who}: "{turn.text}"')
-            else:
-                yours = turn.takes if turn.agent == seat else inner.deal.rest(turn.takes)
-                lines.append(f"{who} proposed: you get {pool_text(yours)}.")
+        lines += [_turn_line(turn, seat, inner.deal) for turn in inner.turns]
         lines.append("Your message:" if inner.phase == "message" else "Your proposal:")
         return "\n".join(lines)
+
+    def delta(self, game: AECEnv, seat: str, new_moves: Sequence[Move], moves: str) -> str:
+        """The other's turns since the seat's last (the last ``len(new_moves)`` of the game's), then what to do now."""
+        inner = game.unwrapped
+        since = inner.turns[len(inner.turns) - len(new_moves) :]
+        lines = [_turn_line(turn, seat, inner.deal) for turn in since]
+        return "\n" + "\n".join([*lines, "Your message:" if inner.phase == "message" else "Your proposal:"])
 
     def move_name(self, game: AECEnv, seat: str, action: int) -> str:
         return ACCEPT_NAME if action == ACCEPT else division_name(DIVISIONS[action])
@@ -318,7 +332,7 @@ class DealView(GameView):
         return 0.0
 
     def max_moves(self, game: AECEnv) -> int:
-        return ROUNDS * len(PHASES)
+        return game.unwrapped.rounds * len(PHASES)
 
     def metrics(self, game: AECEnv, seat: str) -> dict[str, float]:
         """The game's measures for ``seat`` (:data:`MEASURES`): whether it ended in agreement, the pair's value
