@@ -249,3 +249,38 @@ def test_a_sequence_history_the_run_could_not_train_is_refused(game, sections, m
 def test_a_sequence_history_is_read_and_written_back():
     config = config_from_dict(game_config({"history": "sequence"}))
     assert config.game.history == "sequence" and config.to_dict()["game"]["history"] == "sequence"
+
+
+# --- rollouts that continue ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("actions", ["generate", "constrained", "think"])
+def test_a_turn_goes_on_from_the_kept_caches_as_a_forward_over_the_whole_sequences_would(tok, actions):
+    """After a first turn the book keeps each row's cache of a prefix of its sequence; the next turn's layout, read on
+    top of those caches, gives each row the next-token logits of one forward over its whole sequence."""
+    agent = learner(tok, actions)
+    turns, _ = sequence_turns()
+    agent.act(turns[0])
+    book, model = agent.collector.book, agent.model
+    assert all(s.cache is not None and 0 < s.cache.length <= len(s.ids) for s in book.sequences.values())
+    keys = [(None, game) for game in turns[1]["games"]]
+    prompts = book.extend(keys, turns[1]["delta"], tok, False, model)
+    ids, mask, cache = prompts.continuation
+    assert cache.get_seq_length() == max(book.sequences[key].cache.length for key in keys)
+    with torch.no_grad():
+        new = ids[:, cache.get_seq_length() :]
+        positions = (mask.cumsum(1) - 1).clamp(min=0)[:, -new.shape[1] :]
+        continued = model(input_ids=new, attention_mask=mask, position_ids=positions, past_key_values=cache).logits
+        for row, key in enumerate(keys):
+            whole = torch.tensor([book.sequences[key].ids])
+            alone = model(input_ids=whole).logits[0, -1]
+            torch.testing.assert_close(continued[row, -1], alone, atol=1e-4, rtol=1e-4)
+
+
+def test_without_a_cache_to_go_on_from_a_turn_reads_its_whole_sequence(tok):
+    agent = learner(tok, "generate")
+    turns, _ = sequence_turns()
+    prompts = agent.collector.book.extend([(None, g) for g in turns[0]["games"]], turns[0]["delta"], tok, False, None)
+    assert prompts.continuation is None
+    ids, mask = prompts.padded(tok.pad_token_id)
+    assert ids.shape[1] == max(len(row) for row in prompts.ids) and int(mask.sum()) == sum(map(len, prompts.ids))

@@ -26,6 +26,7 @@ from tianshou.data import Batch
 
 from marllm.algorithms.core import masked_whiten
 from marllm.algorithms.rollout import Rollout, UpdateBatch
+from marllm.models.cache_continuation import RowCache, continued_layout, row_caches
 from marllm.models.token_prompts import TokenPrompts, observation_ids
 
 SequenceKey = tuple[str | None, int]
@@ -42,6 +43,8 @@ class SeatSequence:
     allowed: list[torch.Tensor | None] = field(default_factory=list)
     """Each answer's restriction (its tokens' allowed ids, (n, K), −1-padded), or None where it had none."""
     ended_with_eos: bool = False
+    cache: RowCache | None = None
+    """The key/value cache of the sequence's first tokens, kept from its last generation (None: none kept)."""
 
     @property
     def first_length(self) -> int:
@@ -59,15 +62,34 @@ class SequenceBook:
         return bool(self.sequences)
 
     def extend(
-        self, keys: Sequence[SequenceKey], deltas: Sequence[str], tokenizer: Any, chat_template: bool
+        self,
+        keys: Sequence[SequenceKey],
+        deltas: Sequence[str],
+        tokenizer: Any,
+        chat_template: bool,
+        model: Any = None,
     ) -> TokenPrompts:
         """Append each row's observation (its first, or what is new since its last answer) to its sequence; the
-        sequences as prompts to answer after."""
+        sequences as prompts to answer after, laid out to go on from their kept caches where ``model`` (the one that
+        will generate; None: none) has any."""
         for key, text in zip(keys, deltas, strict=True):
             sequence = self.sequences.setdefault(key, SeatSequence())
             first = not sequence.ids
             sequence.ids += observation_ids(tokenizer, text, first, chat_template, sequence.ended_with_eos)
-        return TokenPrompts(tokenizer, [self.sequences[key].ids for key in keys])
+        prompts = TokenPrompts(tokenizer, [self.sequences[key].ids for key in keys])
+        caches = [self.sequences[key].cache for key in keys]
+        if model is not None and any(cache is not None for cache in caches):
+            prompts.continuation = continued_layout(model, prompts.ids, caches)
+        return prompts
+
+    def keep(self, keys: Sequence[SequenceKey], prompts: TokenPrompts) -> None:
+        """Keep each row's cache from the generation after ``prompts`` (its ``kept`` cache, if any), for its next
+        turn."""
+        if prompts.kept is None:
+            return
+        cache, mask = prompts.kept
+        for key, row in zip(keys, row_caches(cache, mask), strict=True):
+            self.sequences[key].cache = row
 
     def record(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -84,6 +85,8 @@ class GeneratedBatch:
     mask: torch.Tensor
     logits: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    cache: Any = None
+    """``generate``'s key/value cache at the end, when kept (:func:`sample_after`'s ``keep_cache``)."""
 
 
 def check_chat_template(tokenizer: PreTrainedTokenizerBase, chat_template: bool, owner: str = "generation") -> None:
@@ -251,7 +254,16 @@ def generate_responses(
     prompt_ids = encoded["input_ids"].to(device)  # (B, P), left-padded
     prompt_mask = encoded["attention_mask"].to(device)
     check_prompt_lengths(prompts, prompt_mask, budget, context, owner, budget_remedy)
-    return sample_after(model, tokenizer, prompt_ids, prompt_mask, budget, generation, owner, capture, restriction)
+    if not isinstance(prompts, TokenPrompts):
+        return sample_after(model, tokenizer, prompt_ids, prompt_mask, budget, generation, owner, capture, restriction)
+    # A seat's sequence: go on from its rows' kept caches where it has them, and keep the cache for its next turn.
+    cache = None if prompts.continuation is None else prompts.continuation[2]
+    batch = sample_after(
+        model, tokenizer, prompt_ids, prompt_mask, budget, generation, owner, capture, restriction,
+        cache=cache, keep_cache=True,
+    )  # fmt: skip
+    prompts.kept = (batch.cache, torch.cat([batch.prompt_mask, batch.mask], 1))
+    return batch
 
 
 @torch.no_grad()
@@ -266,12 +278,16 @@ def sample_after(
     capture: bool = False,
     restriction: Callable[[int], LogitsProcessor] | None = None,
     share_prefix: bool = True,
+    cache: Any = None,
+    keep_cache: bool = False,
 ) -> GeneratedBatch:
     """:func:`generate_responses` after prompts given as token ids (B, P) and their attention mask, on the model's
     device (their lengths checked already). ``share_prefix``: run the prompts' common beginning once
     (:func:`~marllm.models.prefix_forward.shared_prefix_prompts`, which lays the prompts out anew; not with
     ``generation.cache: static``, whose cache generate builds itself); off, the prompts are read exactly as laid out
-    (what a later forward over the same ids must see)."""
+    (what a later forward over the same ids must see). ``cache``: the key/value cache of the ids' first positions to
+    go on from (:func:`~marllm.models.cache_continuation.continued_layout`), instead of a shared prefix's;
+    ``keep_cache``: the batch holds ``generate``'s cache at the end."""
     check_model_sampling_defaults(model, owner)
     static = generation.cache == "static"
     if static:
@@ -280,8 +296,10 @@ def sample_after(
     # The prompts' common beginning (a game's rules) computed once: generate goes on from its cache (where the
     # model may choose its own forwards: prefix_forward.can_share). Generate keeps every rank of a model FSDP manages
     # stepping until all are done (synced_gpus, on by itself); the caller's placement gathers it for the call.
-    prefix_cache = None
-    if share_prefix and not static:  # generate takes a cache to go on from or a cache to build, not both
+    prefix_cache = cache
+    if (
+        cache is None and share_prefix and not static
+    ):  # generate takes a cache to go on from or a cache to build, not both
         prompt_ids, prompt_mask, prefix_cache = shared_prefix_prompts(model, prompt_ids, prompt_mask)
     captured = _last_hidden_states(model, owner) if capture else contextlib.nullcontext([])
     with captured as hidden_steps:
@@ -304,9 +322,11 @@ def sample_after(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=eos,
             # Only when asked: the plain call returns the sequences alone, as it always did.
-            **({"output_logits": True, "return_dict_in_generate": True} if capture else {}),
+            **({"output_logits": True} if capture else {}),
+            **({"return_dict_in_generate": True} if capture or keep_cache else {}),
         )
-    sequences = output.sequences if capture else output
+    sequences = output.sequences if capture or keep_cache else output
+    kept = output.past_key_values if keep_cache else None
     response = sequences[:, prompt_ids.shape[1] :]  # (B, L), L <= budget
     logits = hidden = None
     if capture:
@@ -318,4 +338,4 @@ def sample_after(
     texts = tokenizer.batch_decode(
         [row[:n] for row, n in zip(response.tolist(), lengths, strict=True)], skip_special_tokens=True
     )
-    return GeneratedBatch(tuple(texts), prompt_ids, prompt_mask, response, mask, logits, hidden)
+    return GeneratedBatch(tuple(texts), prompt_ids, prompt_mask, response, mask, logits, hidden, kept)

@@ -10,7 +10,7 @@ chat template or as a later one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,18 +26,28 @@ class TokenPrompts(tuple):
 
     Attributes:
         ids: each prompt's token ids, in row order.
+        continuation: ``(ids, mask, cache)`` laid out to go on from each row's kept cache
+            (:func:`~marllm.models.cache_continuation.continued_layout`), or None: the ids read from their start.
+        kept: after a generation, ``(cache, mask)``: its key/value cache and the mask over the cache's positions (the
+            prompts as laid out, then the response), for :func:`~marllm.models.cache_continuation.row_caches`.
     """
 
     ids: tuple[tuple[int, ...], ...]
+    continuation: tuple[torch.Tensor, torch.Tensor, Any] | None
+    kept: tuple[Any, torch.Tensor] | None
 
     def __new__(cls, tokenizer: PreTrainedTokenizerBase, ids: Sequence[Sequence[int]]) -> TokenPrompts:
         rows = tuple(tuple(int(t) for t in row) for row in ids)
         prompts = super().__new__(cls, tokenizer.batch_decode([list(r) for r in rows], skip_special_tokens=False))
         prompts.ids = rows
+        prompts.continuation = prompts.kept = None
         return prompts
 
     def padded(self, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input_ids, attention_mask), (B, P) and left-padded, as a tokenizer's ``padding_side="left"`` gives them."""
+        """(input_ids, attention_mask), (B, P) and left-padded, as a tokenizer's ``padding_side="left"`` gives them;
+        with a :attr:`continuation`, its layout."""
+        if self.continuation is not None:
+            return self.continuation[0], self.continuation[1]
         width = max((len(row) for row in self.ids), default=0)
         input_ids = torch.full((len(self.ids), width), pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(self.ids), width), dtype=torch.long)

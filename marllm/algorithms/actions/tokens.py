@@ -35,6 +35,7 @@ from marllm.algorithms.core import (
 from marllm.algorithms.rollout import Rollout
 from marllm.algorithms.seat_sequences import SeatTurns, SequenceBook, sequence_rows
 from marllm.games.env import keys
+from marllm.models.cache_continuation import can_continue
 from marllm.models.chunked_head import check_plain_head, chunked_head_logprobs, head_deferred, writable_in_place
 from marllm.models.devices import autocast_for
 from marllm.models.generation import GeneratedBatch, generate_responses, logprob_logits, reference_logprob_logits
@@ -68,13 +69,17 @@ class TokenCollector(GenerateMode, Collector):
         started = time.perf_counter()
         budget = self.sample_length()  # drawn every turn, as a re-rendered turn draws it
         turn_keys = tuple((role, int(game)) for game in observation[keys.GAMES])
-        chat = self.generation.chat_template
-        prompts = self.book.extend(turn_keys, observation[keys.DELTA], self.tokenizer, chat)
+        chat, continues = self.generation.chat_template, can_continue(self.model, self.generation)
         self.activate()
         with self.placement.generating(self.model), autocast_for(self.model, self.compute.autocast_dtype):
+            prompts = self.book.extend(
+                turn_keys, observation[keys.DELTA], self.tokenizer, chat, self.model if continues else None
+            )
             generated, allowed = self._sample(prompts, legal_moves, budget, False)
         eos = self.tokenizer.eos_token_id
         answers = self.book.record(turn_keys, generated.response, generated.mask, allowed, eos)
+        if continues:
+            self.book.keep(turn_keys, prompts)
         timings = {"generation_s": time.perf_counter() - started, "forward_s": 0.0}
         turns = SeatTurns(turn_keys, tuple(answers))
         return Rollout(prompts, generated.texts, 0, Batch(), role=role, timings=timings, seat_turns=turns)
