@@ -13,7 +13,8 @@ from marllm.algorithms.core import gae
 from marllm.algorithms.seat_sequences import gae_across_turns, sequence_rows, turn_score_tokens
 from marllm.config import ConfigError, config_from_dict
 from marllm.games.env import BatchedGameEnv
-from marllm.loop import run_iteration
+from marllm.games.model_player import ModelPlayer
+from marllm.loop import play_episode, run_iteration
 from marllm.models.token_prompts import TokenPrompts, observation_ids
 from marllm.testing import check_first_update_is_on_policy
 from marllm.wrappers import SharedReward
@@ -264,7 +265,8 @@ def test_a_turn_goes_on_from_the_kept_caches_as_a_forward_over_the_whole_sequenc
     book, model = agent.collector.book, agent.model
     assert all(s.cache is not None and 0 < s.cache.length <= len(s.ids) for s in book.sequences.values())
     keys = [(None, game) for game in turns[1]["games"]]
-    prompts = book.extend(keys, turns[1]["delta"], tok, False, model)
+    book.observe(keys, turns[1]["delta"], tok, False)
+    prompts = book.prompts(keys, tok, model)
     ids, mask, cache = prompts.continuation
     assert cache.get_seq_length() == max(book.sequences[key].cache.length for key in keys)
     with torch.no_grad():
@@ -280,7 +282,27 @@ def test_a_turn_goes_on_from_the_kept_caches_as_a_forward_over_the_whole_sequenc
 def test_without_a_cache_to_go_on_from_a_turn_reads_its_whole_sequence(tok):
     agent = learner(tok, "generate")
     turns, _ = sequence_turns()
-    prompts = agent.collector.book.extend([(None, g) for g in turns[0]["games"]], turns[0]["delta"], tok, False, None)
+    first_keys = [(None, game) for game in turns[0]["games"]]
+    agent.collector.book.observe(first_keys, turns[0]["delta"], tok, False)
+    prompts = agent.collector.book.prompts(first_keys, tok, None)
     assert prompts.continuation is None
     ids, mask = prompts.padded(tok.pad_token_id)
     assert ids.shape[1] == max(len(row) for row in prompts.ids) and int(mask.sum()) == sum(map(len, prompts.ids))
+
+
+# --- playing outside training ----------------------------------------------------------------------------------------
+
+
+def test_a_model_player_in_both_seats_goes_on_from_each_seats_own_sequence_and_starts_anew_with_each_batch(tok):
+    agent = learner(tok, "constrained")
+    player = ModelPlayer("model", agent.model, tok, GENERATION, "constrained", collector=agent.collector)
+    for seed in (0, 1):
+        env = BatchedGameEnv(lambda: CountdownGame(target=5), batch_size=3, seed=seed, history="sequence")
+        episode = play_episode(env, dict.fromkeys(env.possible_agents, player), seed=seed)
+        book = agent.collector.play_book.sequences
+        assert {role for role, _ in book} == set(env.possible_agents)  # one sequence per seat and game
+        for (role, game), sequence in book.items():
+            answers = sum(1 for move in env.records[game].moves if move.seat == role)
+            forfeits = int(env.records[game].forfeited_by == role)
+            assert len(sequence.answers) == answers + forfeits  # this batch's answers only
+        assert episode.final_infos

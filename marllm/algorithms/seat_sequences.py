@@ -61,21 +61,16 @@ class SequenceBook:
     def __bool__(self) -> bool:
         return bool(self.sequences)
 
-    def extend(
-        self,
-        keys: Sequence[SequenceKey],
-        deltas: Sequence[str],
-        tokenizer: Any,
-        chat_template: bool,
-        model: Any = None,
-    ) -> TokenPrompts:
-        """Append each row's observation (its first, or what is new since its last answer) to its sequence; the
-        sequences as prompts to answer after, laid out to go on from their kept caches where ``model`` (the one that
-        will generate; None: none) has any."""
+    def observe(self, keys: Sequence[SequenceKey], deltas: Sequence[str], tokenizer: Any, chat_template: bool) -> None:
+        """Append each row's observation (its first, or what is new since its last answer) to its sequence."""
         for key, text in zip(keys, deltas, strict=True):
             sequence = self.sequences.setdefault(key, SeatSequence())
             first = not sequence.ids
             sequence.ids += observation_ids(tokenizer, text, first, chat_template, sequence.ended_with_eos)
+
+    def prompts(self, keys: Sequence[SequenceKey], tokenizer: Any, model: Any = None) -> TokenPrompts:
+        """The rows' sequences as prompts to answer after, laid out to go on from their kept caches where ``model``
+        (the one that will generate; None: none) has any."""
         prompts = TokenPrompts(tokenizer, [self.sequences[key].ids for key in keys])
         caches = [self.sequences[key].cache for key in keys]
         if model is not None and any(cache is not None for cache in caches):

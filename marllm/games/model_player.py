@@ -45,6 +45,9 @@ class ModelPlayer(FixedPlayer):
             compute = compute if compute is not None else ComputeConfig()
             collector = _model_collector(name, model, tokenizer, generation, actions, normalization, compute)
         self.collector = collector
+        self.seat: str | None = None
+        """The seat it last answered for: where a game is played as one token sequence per seat, the seat whose
+        sequences its answers go on from."""
         """What plays: given (a learner's own), or the collector of ``actions`` on ``model`` with ``compute``'s
         settings (None: their defaults); its mode (``collector.actions``) and sampling settings
         (``collector.generation``) are the player's."""
@@ -61,8 +64,12 @@ class ModelPlayer(FixedPlayer):
             name, model, tokenizer, config.generation, actions.mode, actions.normalization, compute=config.ppo.compute
         )
 
+    def act(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:
+        self.seat = role
+        return super().act(observation, role)
+
     def answer(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
-        return self.collector.play(observation)
+        return self.collector.play(observation, self.seat)
 
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:
         """The exact probability of each legal move of each prompt under ``score`` or ``constrained`` answers (what

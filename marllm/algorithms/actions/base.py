@@ -97,10 +97,11 @@ class Collector(ActionMode):
         """Answers without recording anything (evaluation; deploying the agent alone)."""
         raise NotImplementedError
 
-    def play(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
+    def play(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:
         """One answer per prompt of ``observation["prompt"]`` in the mode, recording nothing: how a model plays
         outside training (evaluation, the tabulation of its strategy by sampling, a best response's target). Free
-        text draws each answer's budget (:func:`~marllm.algorithms.actions.tokens.answers_by_budget`)."""
+        text draws each answer's budget (:func:`~marllm.algorithms.actions.tokens.answers_by_budget`); ``role``: the
+        seat played, whose sequence a game played as one token sequence per seat goes on from."""
         raise NotImplementedError
 
     def move_probabilities(self, prompts: Sequence[str], legal_moves: Sequence[Sequence[str]]) -> list[list[float]]:

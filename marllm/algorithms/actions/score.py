@@ -83,7 +83,7 @@ class ScoreCollector(ScoreMode, Collector):
         )
 
     @torch.no_grad()
-    def play(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
+    def play(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:
         """One legal move per prompt drawn from :meth:`move_probabilities` (the global torch generator), recording
         nothing (see :meth:`Collector.play`)."""
         prompts = tuple(observation["prompt"])

@@ -33,7 +33,7 @@ from marllm.algorithms.core import (
     scalars,
 )
 from marllm.algorithms.rollout import Rollout
-from marllm.algorithms.seat_sequences import SeatTurns, SequenceBook, sequence_rows
+from marllm.algorithms.seat_sequences import SeatTurns, SequenceBook, SequenceKey, sequence_rows
 from marllm.games.env import keys
 from marllm.models.cache_continuation import can_continue
 from marllm.models.chunked_head import check_plain_head, chunked_head_logprobs, head_deferred, writable_in_place
@@ -41,6 +41,7 @@ from marllm.models.devices import autocast_for
 from marllm.models.generation import GeneratedBatch, generate_responses, logprob_logits, reference_logprob_logits
 from marllm.models.move_tries import restrict_logits
 from marllm.models.prefix_forward import shared_prefix_response_forward
+from marllm.models.token_prompts import TokenPrompts
 
 
 @dataclass(eq=False, kw_only=True)
@@ -52,6 +53,8 @@ class TokenCollector(GenerateMode, Collector):
     _plain_head_checked: bool = field(default=False, init=False, repr=False)
     book: SequenceBook = field(default_factory=SequenceBook, init=False, repr=False)
     """The seat sequences of the episode being played (``game.history: sequence``), until the update lays them out."""
+    play_book: SequenceBook = field(default_factory=SequenceBook, init=False, repr=False)
+    """The seat sequences :meth:`play` goes on from, outside training."""
 
     def collect(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> Rollout:
         """Sample one response per prompt of ``observation["prompt"]``, as a rollout awaiting its rewards; where the
@@ -69,20 +72,26 @@ class TokenCollector(GenerateMode, Collector):
         started = time.perf_counter()
         budget = self.sample_length()  # drawn every turn, as a re-rendered turn draws it
         turn_keys = tuple((role, int(game)) for game in observation[keys.GAMES])
-        chat, continues = self.generation.chat_template, can_continue(self.model, self.generation)
+        self.book.observe(turn_keys, observation[keys.DELTA], self.tokenizer, self.generation.chat_template)
         self.activate()
         with self.placement.generating(self.model), autocast_for(self.model, self.compute.autocast_dtype):
-            prompts = self.book.extend(
-                turn_keys, observation[keys.DELTA], self.tokenizer, chat, self.model if continues else None
-            )
-            generated, allowed = self._sample(prompts, legal_moves, budget, False)
-        eos = self.tokenizer.eos_token_id
-        answers = self.book.record(turn_keys, generated.response, generated.mask, allowed, eos)
-        if continues:
-            self.book.keep(turn_keys, prompts)
+            prompts, generated, answers = self._answer_sequences(self.book, turn_keys, legal_moves, budget)
         timings = {"generation_s": time.perf_counter() - started, "forward_s": 0.0}
         turns = SeatTurns(turn_keys, tuple(answers))
         return Rollout(prompts, generated.texts, 0, Batch(), role=role, timings=timings, seat_turns=turns)
+
+    def _answer_sequences(
+        self, book: SequenceBook, turn_keys: Sequence[SequenceKey], legal_moves: list[list[str]] | None, budget: int
+    ) -> tuple[TokenPrompts, GeneratedBatch, list[int]]:
+        """Sample an answer after each row's sequence in ``book`` (going on from its kept cache where the model can)
+        and append it; the prompts, the sampled batch and each row's answer number."""
+        continues = can_continue(self.model, self.generation)
+        prompts = book.prompts(turn_keys, self.tokenizer, self.model if continues else None)
+        generated, allowed = self._sample(prompts, legal_moves, budget, False)
+        answers = book.record(turn_keys, generated.response, generated.mask, allowed, self.tokenizer.eos_token_id)
+        if continues:
+            book.keep(turn_keys, prompts)
+        return prompts, generated, answers
 
     @torch.no_grad()
     def sequence_rollout(self, turns: Sequence[Rollout]) -> Rollout:
@@ -145,17 +154,28 @@ class TokenCollector(GenerateMode, Collector):
             ).texts
 
     @torch.no_grad()
-    def play(self, observation: Mapping[str, Sequence[Any]]) -> tuple[str, ...]:
+    def play(self, observation: Mapping[str, Sequence[Any]], role: str | None = None) -> tuple[str, ...]:
         """One answer per prompt, recording nothing (see :meth:`Collector.play`); free text (``generate``, ``think``)
-        draws each answer's budget, as the rollout's per-batch draw would, from one distribution."""
+        draws each answer's budget, as the rollout's per-batch draw would, from one distribution. Where the
+        observation holds a ``delta``, each answer goes on from the seat's (``role``'s) sequence of its game, which
+        starts anew where the delta is the whole prompt (the seat's first answer in a game)."""
         prompts = tuple(observation["prompt"])
         if not prompts:
             return ()
         legal_moves = self.legal_moves(observation) if self.needs_legal_moves else None
         self.activate()
+        sequences = keys.DELTA in observation
+        if sequences:
+            turn_keys = [(role, int(game)) for game in observation[keys.GAMES]]
+            for key, delta, prompt in zip(turn_keys, observation[keys.DELTA], prompts, strict=True):
+                if delta == prompt:
+                    self.play_book.sequences.pop(key, None)
+            self.play_book.observe(turn_keys, observation[keys.DELTA], self.tokenizer, self.generation.chat_template)
 
         def answer(rows: Sequence[int], budget: int) -> tuple[str, ...]:
             moves = None if legal_moves is None else [legal_moves[i] for i in rows]
+            if sequences:
+                return self._answer_sequences(self.play_book, [turn_keys[i] for i in rows], moves, budget)[1].texts
             return self._sample(tuple(prompts[i] for i in rows), moves, budget, False)[0].texts
 
         with self.placement.generating(self.model), autocast_for(self.model, self.compute.autocast_dtype):
