@@ -3,6 +3,8 @@ first update on policy, the same log-probs as a prompt that is the sequence so f
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -79,13 +81,35 @@ def test_a_seat_reads_its_prompt_first_then_only_the_other_seats_moves_since():
             history = seen.setdefault((seat, game), [])
             if not history:
                 assert delta == prompt
-            else:
-                other = [s for s in env.possible_agents if s != seat][0]
-                assert delta.startswith(f"\n{other}: ") and delta.endswith("Your move:")
-                assert "Legal moves:" in delta and len(delta) < len(prompt)
+            else:  # the generic view: the state now, then the request, without the prompt's introduction
+                assert delta.startswith("\nObservation") and delta.endswith("Your move:")
+                assert "Legal moves:" in delta and "You are playing" in prompt and "You are playing" not in delta
             history.append(delta)
         env.step(tuple(names[0] for names in observation["legal_moves"]))
     assert any(len(h) > 1 for h in seen.values())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyspiel") is None, reason="needs open_spiel")
+def test_a_repeated_matrix_games_delta_shows_a_round_once_both_moves_are_in():
+    from marllm.games.env.openspiel import openspiel_factory
+
+    game = "repeated_game(stage_game=matrix_pd(),num_repetitions=3)"
+    env = BatchedGameEnv(openspiel_factory(game), batch_size=1, seed=0, history="sequence")
+    env.reset(seed=0)
+    deltas: dict[str, list[str]] = {}
+    for seat in env.agent_iter():
+        observation, _, done, _, _ = env.last()
+        if done:
+            env.step(None)
+            continue
+        deltas.setdefault(seat, []).append(observation["delta"][0])
+        env.step(("Defect" if seat == env.possible_agents[0] else "Cooperate",))
+    for seat, (first, *later) in deltas.items():
+        assert "Payoffs" in first and len(later) == 2
+        mine, theirs = ("Defect", "Cooperate") if seat == env.possible_agents[0] else ("Cooperate", "Defect")
+        for k, delta in enumerate(later, 1):
+            assert delta.startswith(f"\nRound {k} of 3: you {mine}, opponent {theirs}\nThis is round {k + 1} of 3.")
+            assert "Payoffs" not in delta and f"Round {k + 1} of 3:" not in delta
 
 
 def test_a_history_other_than_prompt_or_sequence_is_refused():

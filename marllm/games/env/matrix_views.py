@@ -143,6 +143,22 @@ class MatrixGameView(OpenSpielView):
         table = payoff_table(names[me], names[1 - me], payoff)
         return table + ("\n" + rounds_text(rounds, total) if total else "")
 
+    def delta(self, game: AECEnv, seat: str, new_moves: Sequence[Move], moves: str) -> str:
+        """A repetition's rounds completed since the seat's last answer (the other's move of a round shown once the
+        round is complete, as :meth:`state` shows it), then which round this is and the request."""
+        stage, me = self.stage_game(game), self.player_id(game, seat)
+        total = self.game_state(game).get_game().get_parameters().get("num_repetitions")
+        if me not in (0, 1) or not hasattr(stage, "row_utility") or not total:
+            return super().delta(game, seat, new_moves, moves)
+        history = self.game_state(game).history()
+        names = [stage.row_action_name, stage.col_action_name]
+        done = len(history) // 2
+        mine, theirs = names[me](history[2 * (done - 1) + me]), names[1 - me](history[2 * (done - 1) + 1 - me])
+        return (
+            f"\nRound {done} of {total}: you {mine}, opponent {theirs}\nThis is round {done + 1} of {total}.\n"
+            f"Legal moves: {moves}\nYour move:"
+        )
+
     def cooperative_move(self, game: AECEnv, seat: str) -> int | None:
         """In a symmetric stage game, the move that pays the players most in total when both play it, if exactly one
         does (prisoner's dilemma: Cooperate; stag hunt: Stag; chicken: Chicken); None otherwise (a zero-sum game, a

@@ -99,14 +99,15 @@ class GameView:
         return False
 
     def delta(self, game: AECEnv, seat: str, new_moves: Sequence[Move], moves: str) -> str:
-        """What is new for the seat since its last answer, as its next observation when a game is played as one token
-        sequence per seat (``game.history: sequence``): the seat read its first prompt and wrote its answers, so this
-        says only what happened since (``new_moves``, the other seats' moves) and asks for the next one (``moves``:
-        the legal moves as a prompt lists them; empty on a free-text turn). Here: a line per move, then the request.
-        A view whose state is not its history (a board) adds what the seat needs to see again."""
-        lines = [f"{self.player(game, move.seat)}: {move.name}" for move in new_moves]
+        """What the seat reads at a later turn when a game is played as one token sequence per seat (``game.history:
+        sequence``): it read its first prompt and wrote its answers, so this is what it needs now, ideally only what
+        is new: ``new_moves`` are the other seats' moves since its last answer, ``moves`` the legal moves as a prompt
+        lists them (empty on a free-text turn). Here, for any game: its :meth:`state` now, then the request, since
+        only a view knows whether its moves may be shown as they come (a simultaneous move may not) and what its state
+        holds; a view whose state repeats the history shows only what is new instead (the repeated matrix games' last
+        round, Deal or no deal's turns since)."""
         ask = "Your message:" if self.free_text(game, seat) else f"Legal moves: {moves}\nYour move:"
-        return "\n" + "\n".join([*lines, ask])
+        return f"\n{self.state(game, seat, new_moves)}\n{ask}"
 
     def metrics(self, game: AECEnv, seat: str) -> Mapping[str, float]:
         """The seat's own measures of one finished game (an agreement, a message's length), beside the env's: each
