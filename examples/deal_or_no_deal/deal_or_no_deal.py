@@ -4,10 +4,11 @@ its own way, by talking and then proposing divisions.
 A pool holds 1 to 4 of each item type, 5 to 7 items in all. Each agent's values are integers, drawn per game, that
 make the whole pool worth :data:`TOTAL` to it; some type is worth 0 to one of them, each type is worth something to
 one of them, and the division that gives the pair the most is worth more to the pair than any even one. A game has
-``rounds`` rounds (:data:`ROUNDS` unless ``game.options`` say); in each, first each agent writes a message the other reads (free text), then each proposes a
-division (what it takes; the other gets the rest) or, once the other has proposed, accepts the other's latest
-proposal (:data:`ACCEPT`; a proposal that gives each agent what the other's latest gave it accepts it too): the game
-ends in agreement and pays each agent its value of its share. No agreement after the last proposal pays both 0.
+``rounds`` rounds (:data:`ROUNDS` unless ``game.options`` say); in each, first each agent writes a message the other
+reads (free text), then each proposes a division (what it takes; the other gets the rest) or, once the other has
+proposed, accepts the other's latest proposal (:data:`ACCEPT`; a proposal that gives each agent what the other's
+latest gave it accepts it too): the game ends in agreement and pays each agent its value of its share. No agreement
+after the last proposal pays both 0.
 
 The AEC env :class:`DealOrNoDeal` keeps the numbers (its observation: the pool, the agent's own values, the turn, and
 the legal actions' mask); :class:`DealView` turns them into a prompt that shows an agent the pool, its own values and

@@ -333,9 +333,13 @@ def sample_after(
         logits, hidden = _stack_captured(output.logits, hidden_steps, response.shape[1], owner)
         del output, hidden_steps[:]
     mask = _response_mask(response, generation, eos)
+    texts = _texts(tokenizer, response, mask)
+    return GeneratedBatch(texts, prompt_ids, prompt_mask, response, mask, logits, hidden, kept)
+
+
+def _texts(tokenizer: PreTrainedTokenizerBase, response: torch.Tensor, mask: torch.Tensor) -> tuple[str, ...]:
+    """Each response's text: its tokens up to ``mask``'s end, decoded without special tokens."""
     # Two device→host copies for the batch, not one per response.
     lengths = mask.sum(1).tolist()
-    texts = tokenizer.batch_decode(
-        [row[:n] for row, n in zip(response.tolist(), lengths, strict=True)], skip_special_tokens=True
-    )
-    return GeneratedBatch(tuple(texts), prompt_ids, prompt_mask, response, mask, logits, hidden, kept)
+    rows = [row[:n] for row, n in zip(response.tolist(), lengths, strict=True)]
+    return tuple(tokenizer.batch_decode(rows, skip_special_tokens=True))
