@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         "| game | rounds | history | s/iteration | generation s | forward s | update s | history tokens | peak RSS MiB "
         "| moves/game |"
     )
+    failed = 0
     with tempfile.TemporaryDirectory() as directory:
         model = save_model(args.shape, Path(directory))
         print(header)
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                     lines = [line for line in done.stdout.splitlines() if line.startswith("CELL ")]
                     if done.returncode or not lines:
                         print(f"| {game} | {rounds} | {history} | failed: {done.stderr.strip().splitlines()[-1:]} |")
+                        failed += 1
                         continue
                     f = json.loads(lines[-1][5:])
                     print(
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{f['peak_rss_mib']:,.0f} | {f['game_length']:.1f} |",
                         flush=True,
                     )
+    if failed:
+        sys.exit(f"{failed} cell(s) failed")
 
 
 if __name__ == "__main__":

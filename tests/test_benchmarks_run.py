@@ -123,6 +123,13 @@ class TestSharedWorkload:
         run_script(BENCHMARKS / "bench_busy_machine.py", str(workload), "--iterations", "1", "--settings", "guard")
 
 
+class TestSequences:
+    def test_runs(self):
+        out = run_script(BENCHMARKS / "bench_sequences.py", "--games", "2", "--iterations", "2", "--only", "deal",
+                         "--rounds", "2", "--threads", "1")  # fmt: skip
+        assert "| deal | 2 | prompt |" in out and "| deal | 2 | sequence |" in out
+
+
 def test_every_benchmark_script_is_run_here():
     """A new script in benchmarks/ gets its smoke run in this file."""
     source = Path(__file__).read_text()
