@@ -14,7 +14,8 @@ from marllm.algorithms.catalog import AlgorithmOptions, build_learner
 from marllm.algorithms.core import gae
 from marllm.algorithms.seat_sequences import gae_across_turns, sequence_rows, turn_score_tokens
 from marllm.config import ConfigError, config_from_dict
-from marllm.games.env import BatchedGameEnv
+from marllm.games.check import check_game_env
+from marllm.games.env import BatchedGameEnv, GameView
 from marllm.games.model_player import ModelPlayer
 from marllm.loop import play_episode, run_iteration
 from marllm.models.token_prompts import TokenPrompts, observation_ids
@@ -330,3 +331,18 @@ def test_a_model_player_in_both_seats_goes_on_from_each_seats_own_sequence_and_s
             forfeits = int(env.records[game].forfeited_by == role)
             assert len(sequence.answers) == answers + forfeits  # this batch's answers only
         assert episode.final_infos
+
+
+@pytest.mark.parametrize("target", [5, 7])
+def test_a_game_played_as_sequences_passes_the_game_env_check(target):
+    report = check_game_env(lambda: BatchedGameEnv(lambda: CountdownGame(target=target), 3, history="sequence"))
+    assert "turns" in report["rows_match_mask"]
+
+
+def test_the_game_env_check_refuses_a_delta_that_is_no_text():
+    class Silent(GameView):
+        def delta(self, game, seat, new_moves, moves):
+            return " "
+
+    with pytest.raises(AssertionError, match="the view's delta is ' ', not a text to read"):
+        check_game_env(lambda: BatchedGameEnv(lambda: CountdownGame(), 3, view=Silent(), history="sequence"))

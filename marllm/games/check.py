@@ -6,7 +6,8 @@ with a random legal answer in every row (a random message on a free-text turn):
 
 - **rows match the mask**: the observation holds one row per game its seat moves in (``games``, the games its
   ``action_mask`` marks, each key as many rows), every row's legal moves named once each with their action ids, and
-  those the game itself allows (its own ``action_mask``, where it has one), except on a free-text turn (none);
+  those the game itself allows (its own ``action_mask``, where it has one), except on a free-text turn (none); where
+  the env plays one token sequence per seat, every ``delta`` a text, the whole prompt at a seat's first answer;
 - **finished games are masked**: a game that is over is in no seat's observation or mask, a game is in one seat's
   mask at a time, and at the end every game is over and every mask empty;
 - **same seed, same deals**: two envs reset with the same seed deal the same games: the same prompts, legal moves and
@@ -126,7 +127,7 @@ def _play_checked(env: AECEnv, seed: int, max_steps: int) -> list[Any]:
             env.step(None)
             continue
         _check_rows(env, seat, observation, info)
-        transcript.append((seat, *(tuple(observation[key]) for key in ROWS)))
+        transcript.append((seat, *(tuple(observation[key]) for key in (*ROWS, keys.DELTA) if key in observation)))
         answers = tuple(_random_answer(names, rng) for names in observation[keys.LEGAL_MOVES])
         before = [record.answers[seat] for record in inner.records]
         try:
@@ -198,6 +199,12 @@ def _check_rows(env: AECEnv, seat: str, observation: Mapping[str, Sequence[Any]]
         shared = set(games) & set(np.flatnonzero(inner.infos[other][keys.ACTION_MASK]).tolist())
         if other != seat and shared:
             raise AssertionError(f"{where}: games {sorted(shared)} are in the masks of {seat!r} and {other!r} at once")
+    if keys.DELTA in observation:  # one token sequence per seat: what the seat reads next, a str, its prompt at first
+        for b, delta, prompt in zip(games, observation[keys.DELTA], observation[keys.PROMPT], strict=True):
+            if not isinstance(delta, str) or not delta.strip():
+                raise AssertionError(f"{where}, game {b}: the view's delta is {delta!r}, not a text to read")
+            if inner.records[b].answers[seat] == 0 and delta != prompt:
+                raise AssertionError(f"{where}, game {b}: the first delta of a seat in a game must be its whole prompt")
     rows = zip(games, observation[keys.LEGAL_MOVES], observation[keys.LEGAL_ACTIONS], strict=True)
     for b, names, actions in rows:
         if inner.records[b].over:
