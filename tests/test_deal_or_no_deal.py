@@ -235,3 +235,25 @@ def test_welfare_of_the_best_is_not_pareto_optimality():
                 seen += 1
                 below_best += deal.pair_value(division) < deal.best_value()
     assert seen > 0 and below_best > 0
+
+
+def test_as_one_sequence_per_seat_a_seat_reads_only_the_others_turns_since_and_the_rounds_are_an_option():
+    env = BatchedGameEnv(
+        lambda: game.DealOrNoDeal(DEAL, rounds=3), 1, templates="{rules}\n{state}", seed=0, history="sequence"
+    )
+    env.reset()
+    assert "In each of 3 rounds" in env.observe(env.agent_selection)["prompt"][0]
+    deltas: dict[str, list[str]] = {seat: [] for seat in env.possible_agents}
+    take = game.division_name((1, 0, 1))  # a proposal neither accepts: the game runs its three rounds
+    while not all(env.terminations.values()):
+        seat = env.agent_selection
+        observation = env.observe(seat)
+        deltas[seat] += observation["delta"]
+        message = "" if observation["legal_moves"][0] else f"hello from {seat}"
+        env.step([message or take])
+    alice, bob = deltas["alice"], deltas["bob"]
+    assert len(alice) == len(bob) == 6 and "Pool:" in alice[0]  # 3 rounds of a message and a proposal each
+    assert alice[1] == '\nThem: "hello from bob"\nYour proposal:'
+    assert bob[1].startswith("\nThem proposed: you get") and bob[1].endswith("Your proposal:")
+    assert all("Pool:" not in delta and "You:" not in delta for delta in alice[1:] + bob[1:])
+    assert env.records[0].length == 12
