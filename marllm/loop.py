@@ -28,6 +28,7 @@ from marllm.envs.info_keys import (
     TURN_GAMES,
     TURN_TASK_REWARDS,
 )
+from marllm.games.env.keys import DELTA
 
 ROLE_TASK_REWARD = "role_task_reward"
 """Metric of an agent that spoke several times in an episode: its role's task reward (its last response's), batch
@@ -67,7 +68,8 @@ class Episode:
     dialogues: dict[str, dict[str, Any]]
     """Per agent that acted: ``role``, ``queries`` (the batch's queries, as the env reports them under
     :data:`~marllm.envs.info_keys.QUERIES`; None if it does not) and ``turns``: per turn it spoke, its ``prompts``,
-    ``responses`` and ``task_rewards``."""
+    ``responses`` and ``task_rewards`` (and its ``deltas`` where the observation has them:
+    :data:`~marllm.games.env.keys.DELTA`)."""
     final_infos: dict[str, Mapping[str, Any]]
     """Each agent's info when it was done (its rewards, under the keys of :mod:`marllm.envs.info_keys`)."""
     env_seconds: float
@@ -127,7 +129,10 @@ def play_episode(env: AECEnv, players: Mapping[str, Player], seed: int | None = 
             record = dialogues.setdefault(
                 agent, {"role": info.get("role", agent), "queries": info.get(QUERIES), "turns": []}
             )
-            record["turns"].append({"prompts": observation["prompt"], "responses": action})
+            turn = {"prompts": observation["prompt"], "responses": action}
+            if DELTA in observation:  # a game played as one token sequence per seat: what each seat read, as read
+                turn["deltas"] = observation[DELTA]
+            record["turns"].append(turn)
         step_started = time.perf_counter()
         env.step(action)
         env_seconds += time.perf_counter() - step_started

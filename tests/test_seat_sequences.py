@@ -19,6 +19,7 @@ from marllm.games.env import BatchedGameEnv, GameView
 from marllm.games.model_player import ModelPlayer
 from marllm.loop import play_episode, run_iteration
 from marllm.models.token_prompts import TokenPrompts, observation_ids
+from marllm.run.run_log import sample_rows
 from marllm.testing import check_first_update_is_on_policy
 from marllm.wrappers import SharedReward
 from tests.conftest import make_tiny_gpt2, make_tokenizer
@@ -251,6 +252,8 @@ def test_a_game_trains_as_one_sequence_per_seat_with_shared_rewards(tok):
     metrics, dialogues = run_iteration(env, players, seed=0)
     assert metrics["p0/ratio"] == pytest.approx(1.0, abs=1e-5)
     assert all(len(record["turns"]) >= 2 for record in dialogues.values())
+    rows = sample_rows(dialogues, 0, 2)  # samples.jsonl says what the model read at each turn
+    assert all(row["delta"] for row in rows) and any(row["delta"] != row["prompt"] for row in rows)
     assert not first.collector.book and not first.rollouts  # the book starts anew for the next episode
     metrics, _ = run_iteration(env, players, seed=1)
     assert np.isfinite(metrics["p1/loss/total"])

@@ -12,7 +12,7 @@ from marllm.run.run_dir import METRICS_FILE, SAMPLES_FILE, TENSORBOARD_DIR
 
 def sample_rows(dialogues: dict[str, dict[str, Any]], iteration: int, count: int) -> list[dict]:
     """The first ``count`` dialogues of each learner's turns (``dialogues`` of :class:`~marllm.loop.IterationResult`),
-    as the rows of ``samples.jsonl``."""
+    as the rows of ``samples.jsonl`` (with ``delta``, what the model read, where a game gave one)."""
     rows = []
     for learner_id, record in dialogues.items():
         queries = record.get("queries")
@@ -29,6 +29,8 @@ def sample_rows(dialogues: dict[str, dict[str, Any]], iteration: int, count: int
                 }
                 if len(record["turns"]) > 1:
                     row["turn"] = turn_index
+                if "deltas" in turn:  # one token sequence per seat: the prompt is the state; this is what was read
+                    row["delta"] = turn["deltas"][i]
                 rows.append(row)
     return rows
 
