@@ -20,7 +20,7 @@ from marllm.games.model_player import ModelPlayer
 from marllm.loop import play_episode, run_iteration
 from marllm.models.token_prompts import TokenPrompts, observation_ids
 from marllm.run.run_log import sample_rows
-from marllm.testing import check_first_update_is_on_policy
+from marllm.testing import check_learner
 from marllm.wrappers import SharedReward
 from tests.conftest import make_tiny_gpt2, make_tokenizer
 from tests.test_games_config import game_config
@@ -153,10 +153,13 @@ def test_the_tokens_trained_on_are_exactly_the_tokens_sampled(tok, actions):
 
 
 @pytest.mark.parametrize("actions", ["generate", "constrained", "think"])
-def test_the_first_update_over_sequences_is_on_policy(tok, actions):
+def test_the_conformance_suite_passes_over_sequences(tok, actions):
+    """The first update is on policy (ratio 1 at every token, the loss reads the log-probs against the rollout's) and a
+    resumed learner ends where an uninterrupted one does, with one token sequence per seat."""
     turns, rewards = sequence_turns()
-    difference = check_first_update_is_on_policy(lambda: learner(tok, actions), turns, rewards)
-    assert difference <= 1e-5
+    report = check_learner(lambda: learner(tok, actions), turns, rewards)
+    assert float(report["first_update_on_policy"].split()[-1]) <= 1e-5
+    assert report["resume_equals_uninterrupted"] == "largest weight difference 0"
 
 
 def test_a_sequence_gives_the_log_probs_of_a_prompt_that_is_the_sequence_so_far(tok):
