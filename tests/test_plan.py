@@ -402,3 +402,23 @@ def test_cli_says_in_one_line_that_the_model_directory_is_missing_or_not_a_model
         err = capsys.readouterr().err
         assert err.startswith("marllm: config error: model.name_or_path: ") and says in err
         assert err.count("\n") == 1
+
+
+def test_a_game_played_as_sequences_is_planned_a_row_per_seats_game(tmp_path, tokenizer, monkeypatch):
+    """With game.history: sequence a row is a seat's game: its first prompt, then its later observations and every
+    answer as the response; a learner's rows are its sequences."""
+    pytest.importorskip("pyspiel")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model_dir = tmp_path / "model"
+    make_tiny_gpt2(tokenizer, n_positions=512).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = kuhn_data(model_dir)
+    data["game"]["history"] = "sequence"
+    config = config_from_dict(data)
+    lengths = game_lengths(config, load_tokenizer(str(model_dir)))
+    first, observed, answers, sequences = lengths.sequence
+    assert first <= lengths.prompt and observed > 0 and answers >= 2  # Kuhn: a seat answers once or twice
+    assert sequences == config.game.batch_size * 2  # self-play: one learner in both seats
+    plan = plan_memory(config, identity)
+    assert plan.summary["prompt_tokens"] == first and "one token sequence per seat" in plan.summary["prompt_source"]
+    assert config_from_dict(kuhn_data(model_dir)).game.history == "prompt"

@@ -69,12 +69,16 @@ class GameLengths:
         move: the longest legal move's name, in tokens.
         learner_rows: the most answers one learner gives in the batch (over every seat it holds: self-play's two).
         widest_turn: the most rows of one turn (one batched generation): at most ``game.batch_size``.
+        sequence: with ``game.history: sequence``, a seat's game as one token sequence: (its first prompt's tokens,
+            the most tokens of the later observations of one seat in one game, the most answers of one seat in one
+            game, the most sequences one learner holds); None otherwise.
     """
 
     prompt: int
     move: int
     learner_rows: int
     widest_turn: int
+    sequence: tuple[int, int, int, int] | None = None
 
 
 def game_lengths(config: TrainConfig, tokenizer: Any) -> GameLengths:
@@ -91,8 +95,9 @@ def game_lengths(config: TrainConfig, tokenizer: Any) -> GameLengths:
     import numpy as np
 
     from marllm.games.build import game_env
-    from marllm.games.env.keys import LEGAL_MOVES, PROMPT
+    from marllm.games.env.keys import DELTA, GAMES, LEGAL_MOVES, PROMPT
     from marllm.models.generation import encode_prompts
+    from marllm.models.token_prompts import observation_ids
 
     env = game_env(game, game.batch_size, config.seed)
     env.reset(seed=config.seed)
@@ -101,6 +106,9 @@ def game_lengths(config: TrainConfig, tokenizer: Any) -> GameLengths:
     moves: set[str] = set()
     answers = dict.fromkeys(env.possible_agents, 0)
     widest = 0
+    later: dict[tuple[str, int], list[int]] = {}  # per seat and game: its later observations' tokens, its answers
+    firsts: set[str] = set()  # the first prompt of each seat's sequence of a game
+    chat = config.generation.chat_template
     for _ in range(_GAME_STEPS):
         if not env.agents:
             break
@@ -114,6 +122,13 @@ def game_lengths(config: TrainConfig, tokenizer: Any) -> GameLengths:
         moves.update(name for names in legal for name in names)
         answers[seat] += len(rows)
         widest = max(widest, len(rows))
+        for game_index, delta in zip(observation[GAMES], observation.get(DELTA, ()), strict=False):
+            counts = later.setdefault((seat, int(game_index)), [0, 0])
+            if counts[1]:
+                counts[0] += len(observation_ids(tokenizer, delta, False, chat, True))
+            else:
+                firsts.add(delta)
+            counts[1] += 1
         env.step(tuple(str(names[generator.integers(len(names))]) if names else "" for names in legal))
     encoded = encode_prompts(tokenizer, sorted(prompts), config.generation.chat_template, "marllm plan")
     move = max((len(tokenizer(name, add_special_tokens=False)["input_ids"]) for name in moves), default=1)
@@ -124,7 +139,13 @@ def game_lengths(config: TrainConfig, tokenizer: Any) -> GameLengths:
     # Seats rotate between slots (agents.role_period): a learner of k seats may answer in the k busiest.
     busiest = sorted(answers.values(), reverse=True)
     rows_of_learner = max((sum(busiest[:k]) for k in held.values()), default=0)
-    return GameLengths(int(encoded["attention_mask"].sum(1).max()), max(move, 1), max(rows_of_learner, 1), widest)
+    longest = int(encoded["attention_mask"].sum(1).max())
+    sequence = None
+    if later:  # one token sequence per seat: its first prompt, then only its later observations and its answers
+        first = int(encode_prompts(tokenizer, sorted(firsts), chat, "marllm plan")["attention_mask"].sum(1).max())
+        sequences_of_learner = max(held.values(), default=1) * game.batch_size
+        sequence = (first, max(c[0] for c in later.values()), max(c[1] for c in later.values()), sequences_of_learner)
+    return GameLengths(longest, max(move, 1), max(rows_of_learner, 1), widest, sequence)
 
 
 @dataclass(frozen=True)
@@ -197,9 +218,14 @@ def plan_workload(config: TrainConfig, shape: ModelShape, path: str, prompt_leng
         # one pool per player, whatever the seats it plays: its size, the copies of the model it keeps
         pooled = [seat for seat in game.seats if seat.opponent is not None and seat.opponent.snapshots]
         snapshots = sum({seat.player_id: getattr(seat.settings, "size", 1) for seat in pooled}.values())
+        rows = lengths.learner_rows
+        if lengths.sequence is not None and prompt_length is None:
+            # A row per seat's game: its first prompt, then its later observations and every answer as one response.
+            first, observed, answers, rows = lengths.sequence
+            prompt, new_tokens = first, observed + answers * new_tokens
+            source = f"measured as one token sequence per seat on a batch of {game.batch_size} {game.name} games"
         workload = Workload(
-            lengths.widest_turn, prompt, new_tokens, lengths.learner_rows, source, generates=answer != "nothing",
-            snapshots=snapshots,
+            lengths.widest_turn, prompt, new_tokens, rows, source, generates=answer != "nothing", snapshots=snapshots,
         )  # fmt: skip
     _check_context(workload, context_tokens(shape), prompt_length is not None, game is not None)
     return workload
