@@ -297,9 +297,7 @@ def sample_after(
     # model may choose its own forwards: prefix_forward.can_share). Generate keeps every rank of a model FSDP manages
     # stepping until all are done (synced_gpus, on by itself); the caller's placement gathers it for the call.
     prefix_cache = cache
-    if (
-        cache is None and share_prefix and not static
-    ):  # generate takes a cache to go on from or a cache to build, not both
+    if cache is None and share_prefix and not static:  # a cache to go on from, or one to build: not both
         prompt_ids, prompt_mask, prefix_cache = shared_prefix_prompts(model, prompt_ids, prompt_mask)
     captured = _last_hidden_states(model, owner) if capture else contextlib.nullcontext([])
     with captured as hidden_steps:
@@ -333,8 +331,8 @@ def sample_after(
         logits, hidden = _stack_captured(output.logits, hidden_steps, response.shape[1], owner)
         del output, hidden_steps[:]
     mask = _response_mask(response, generation, eos)
-    texts = _texts(tokenizer, response, mask)
-    return GeneratedBatch(texts, prompt_ids, prompt_mask, response, mask, logits, hidden, kept)
+    batch = (prompt_ids, prompt_mask, response, mask, logits, hidden, kept)
+    return GeneratedBatch(_texts(tokenizer, response, mask), *batch)
 
 
 def _texts(tokenizer: PreTrainedTokenizerBase, response: torch.Tensor, mask: torch.Tensor) -> tuple[str, ...]:
