@@ -67,6 +67,16 @@ def sequence_turns():
     return [first, second], [[1.0, 0.0, -1.0, 0.5], [0.5, -0.5]]
 
 
+def act_and_reward(agent) -> list[dict]:
+    """The learner plays :func:`sequence_turns` and gets their rewards, without updating; the turns."""
+    turns, rewards = sequence_turns()
+    for observation in turns:
+        agent.act(observation)
+    for row in rewards:
+        agent.finish(row)
+    return turns
+
+
 # --- the env ---------------------------------------------------------------------------------------------------------
 
 
@@ -133,11 +143,7 @@ def test_the_tokens_trained_on_are_exactly_the_tokens_sampled(tok, actions):
         return record(keys, response, mask, allowed, eos)
 
     agent.collector.book.record = spy
-    turns, rewards = sequence_turns()
-    for observation in turns:
-        agent.act(observation)
-    for row in rewards:
-        agent.finish(row)
+    turns = act_and_reward(agent)
     book = agent.collector.book
     rows = sequence_rows(book, tok.pad_token_id)
     for b, key in enumerate(rows.keys):
@@ -166,11 +172,7 @@ def test_a_sequence_gives_the_log_probs_of_a_prompt_that_is_the_sequence_so_far(
     """Where the re-rendered prompt's tokens are the sequence up to an answer, the two paths score the answer alike
     (float32; the tolerance covers the different padding and attention widths)."""
     agent = learner(tok, "generate")
-    turns, rewards = sequence_turns()
-    for observation in turns:
-        agent.act(observation)
-    for row in rewards:
-        agent.finish(row)
+    act_and_reward(agent)
     book = agent.collector.book
     sequences = {key: (list(s.ids), list(s.answers)) for key, s in book.sequences.items()}
     rollout = agent.collector.sequence_rollout(agent.rollouts)
