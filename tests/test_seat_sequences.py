@@ -12,7 +12,7 @@ import torch
 from marllm.algorithms import GenerationConfig, PPOConfig
 from marllm.algorithms.catalog import AlgorithmOptions, build_learner
 from marllm.algorithms.core import gae
-from marllm.algorithms.seat_sequences import gae_across_turns, sequence_rows, turn_score_tokens
+from marllm.algorithms.seat_sequences import sequence_rows, turn_score_tokens
 from marllm.config import ConfigError, config_from_dict
 from marllm.games.check import check_game_env
 from marllm.games.env import BatchedGameEnv, GameView
@@ -213,17 +213,17 @@ def test_the_return_from_each_answer_is_its_credited_return():
     tokens = turn_score_tokens(scores, np.array([0, 0, 0]), np.array([0, 1, 2]), [(1, 4, 8)], 10)
     mask = torch.zeros(1, 10)
     mask[0, [0, 1, 3, 4, 7, 8]] = 1  # three answers, observations between them
-    advantages, returns = gae_across_turns(tokens, torch.zeros(1, 10), mask, 1.0, 1.0)
+    advantages, returns = gae(tokens, torch.zeros(1, 10), mask, 1.0, 1.0)
     assert returns[0, 1].item() == pytest.approx(3.0) and returns[0, 4].item() == pytest.approx(1.0)
     assert returns[0, 8].item() == pytest.approx(-2.0) and returns[0, 0].item() == pytest.approx(3.0)
     assert returns[0, [2, 5, 6, 9]].abs().sum().item() == 0.0
 
 
-def test_gae_across_turns_is_gae_over_the_own_tokens_alone():
+def test_gae_skips_the_masked_out_tokens_between_answers():
     generator = torch.Generator().manual_seed(0)
     rewards, values = torch.randn(3, 9, generator=generator), torch.randn(3, 9, generator=generator)
     mask = torch.tensor([[1, 1, 0, 0, 1, 1, 1, 0, 0], [0, 1, 1, 1, 0, 1, 0, 1, 0], [1, 1, 1, 1, 1, 0, 0, 0, 0]]).float()
-    advantages, returns = gae_across_turns(rewards, values, mask, 0.9, 0.8)
+    advantages, returns = gae(rewards, values, mask, 0.9, 0.8)
     for row in range(3):
         own = mask[row] > 0
         expected, expected_returns = gae(

@@ -59,7 +59,7 @@ def masked_whiten(
     """Normalise to zero mean and unit variance over the masked positions; padding is returned as 0.
 
     ``all_reduce`` (a sum over data-parallel ranks, e.g.
-    :meth:`marllm.parallel.distributed.Ranks.all_reduce_sum`) takes the mean and variance over the masked
+    :attr:`marllm.parallel.placement.DataParallel.sum_over_ranks`) takes the mean and variance over the masked
     positions of every rank's ``values``: the whole batch's moments.
     """
     if all_reduce is None:
@@ -277,25 +277,26 @@ def token_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl
 def gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation (Schulman et al., 2016) over right-padded responses.
+    """Generalised advantage estimation (Schulman et al., 2016) over each row's masked-in tokens, in order.
 
-    δ_t = r_t + γ·V_{t+1}·m_{t+1} − V_t and A_t = δ_t + γλ·m_{t+1}·A_{t+1}: the episode ends at the last real token,
-    so nothing is bootstrapped from padding. Returns (advantages, returns = advantages + values), both 0 on padding.
+    δ_t = r_t + γ·V_{t'} − V_t and A_t = δ_t + γλ·A_{t'}, with t' the row's next masked-in position: the episode ends
+    at the last one, so nothing is bootstrapped from padding, and tokens masked out between (a seat's observations
+    between its answers, :mod:`marllm.algorithms.seat_sequences`) are skipped, so an answer's last token bootstraps
+    from the next answer's first. Returns (advantages, returns = advantages + values), both 0 off the mask.
     """
     batch, length = rewards.shape
     advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros(batch, dtype=rewards.dtype, device=rewards.device)
+    running = torch.zeros(batch, dtype=rewards.dtype, device=rewards.device)
+    next_values = torch.zeros_like(running)
+    has_next = torch.zeros_like(running)
     for t in reversed(range(length)):
-        if t + 1 < length:
-            next_mask = mask[:, t + 1]
-            next_values = values[:, t + 1] * next_mask
-        else:
-            next_mask = torch.zeros_like(lastgaelam)
-            next_values = torch.zeros_like(lastgaelam)
-        delta = rewards[:, t] + gamma * next_values - values[:, t]
-        lastgaelam = delta + gamma * lam * next_mask * lastgaelam
-        advantages[:, t] = lastgaelam
-    advantages = advantages * mask
+        own = mask[:, t] > 0
+        delta = rewards[:, t] + gamma * next_values * has_next - values[:, t]
+        step = delta + gamma * lam * has_next * running
+        running = torch.where(own, step, running)
+        next_values = torch.where(own, values[:, t], next_values)
+        has_next = torch.where(own, torch.ones_like(has_next), has_next)
+        advantages[:, t] = torch.where(own, step, torch.zeros_like(step))
     return advantages, (advantages + values) * mask
 
 
@@ -359,7 +360,10 @@ def ppo_targets(
     score at the last response token, −η·KL at every token), GAE ``advantages`` and ``returns`` against the value
     head's ``b.values`` (Schulman et al., 2016), the advantages whitened over the batch's response tokens if
     ``config.whiten_advantages`` (data-parallel, over the global batch: ``all_reduce`` sums over the ranks)."""
-    rewards = token_rewards(scores, b.kl, b.mask, kl_coef)
+    if "turn_scores" in b:  # one token sequence per seat: each turn's score at its last token (seat_sequences)
+        rewards = b.turn_scores.to(b.kl.dtype) - kl_coef * b.kl * b.mask
+    else:
+        rewards = token_rewards(scores, b.kl, b.mask, kl_coef)
     advantages, returns = gae(rewards, b.values, b.mask, config.gamma, config.lam)
     if config.whiten_advantages:
         advantages = masked_whiten(advantages, b.mask, all_reduce=all_reduce)

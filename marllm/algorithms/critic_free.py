@@ -19,7 +19,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from marllm.algorithms.core import clipped_policy_loss, masked_mean, masked_whiten, sampled_kl, token_rewards
+from marllm.algorithms.core import clipped_policy_loss, gae, masked_mean, masked_whiten, sampled_kl, token_rewards
 
 KLEstimator = Literal["k1", "k2", "k3"]
 LOG_RATIO_BOUND = 20.0  # verl's clamp of log π_ref/π before k3's exponential; k2's square too
@@ -163,13 +163,7 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float =
 
     With γ = 1 this is the reverse cumulative sum of the token rewards. 0 on padding; rewards on padding are ignored.
     """
-    rewards = rewards * mask  # (B, L)
-    returns = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0])  # (B,)
-    for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running
-        returns[:, t] = running
-    return returns * mask
+    return gae(rewards * mask, torch.zeros_like(rewards), mask, gamma, 1.0)[0]
 
 
 def reinforce_plus_plus_advantages(

@@ -19,7 +19,6 @@ from marllm.algorithms.learner_arguments import new_value_head
 from marllm.algorithms.policy_gradient import PolicyGradientLearner
 from marllm.algorithms.ppo_steps import NonFiniteLossError
 from marllm.algorithms.rollout import Rollout
-from marllm.algorithms.seat_sequences import sequence_targets
 from marllm.models.policy import ValueHead
 
 __all__ = ["NonFiniteLossError", "PPOLearner", "Rollout"]
@@ -42,8 +41,6 @@ class PPOLearner(PolicyGradientLearner):
         """Token ``rewards`` (the score at the last response token, −η·KL at every token), GAE ``advantages`` and
         ``returns`` against the value head and, if ``whiten_advantages``, the advantages whitened over the batch's
         response tokens."""
-        if "turn_scores" in b:  # one token sequence per seat: each turn's reward at its last token
-            return sequence_targets(b, kl_coef, self.config, self._all_reduce())
         return ppo_targets(b, scores, kl_coef, self.config, self._all_reduce())
 
     def _advantage_stats(self, b: Batch) -> dict[str, float]:

@@ -190,7 +190,7 @@ class UpdateBatch:
         kl_coef: η of this update's KL penalty (the controller's value when the update began).
         prompt_length: P, the prompt columns of ``input_ids`` before the response.
         global_rows: data-parallel, each row's index in the global batch one process would hold
-            (:meth:`~marllm.parallel.distributed.Ranks.global_rows`); None in one process.
+            (:meth:`~marllm.parallel.placement.DataParallel.global_rows`); None in one process.
     """
 
     batch: Batch

@@ -10,8 +10,8 @@ seat's own tokens masked in (the observations between its answers are read, not 
 
 An update credits each turn's reward at the turn's last token, as the difference of its credited return and the
 next turn's (:func:`turn_score_tokens`), so that with γ = 1 the return from a turn's tokens is the credit the same
-turn gets when played from re-rendered prompts; :func:`gae_across_turns` runs GAE over the seat's own tokens across
-its turns, skipping the observation tokens between them.
+turn gets when played from re-rendered prompts; GAE (:func:`~marllm.algorithms.core.gae`) runs over the seat's own
+tokens across its turns, skipping the observation tokens between them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import numpy as np
 import torch
 from tianshou.data import Batch
 
-from marllm.algorithms.core import masked_whiten
 from marllm.algorithms.rollout import Rollout, UpdateBatch
 from marllm.models.cache_continuation import RowCache, continued_layout, row_caches
 from marllm.models.token_prompts import TokenPrompts, observation_ids
@@ -189,28 +188,6 @@ def turn_score_tokens(
     return tokens
 
 
-def gae_across_turns(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE (Schulman et al., 2016) over each row's masked-in tokens only, in order: the observation tokens between
-    a seat's answers (mask 0) are skipped, so an answer's last token bootstraps from the next answer's first. Returns
-    (advantages, returns = advantages + values), both 0 off the mask."""
-    batch, length = rewards.shape
-    advantages = torch.zeros_like(rewards)
-    running = torch.zeros(batch, dtype=rewards.dtype, device=rewards.device)
-    next_values = torch.zeros_like(running)
-    has_next = torch.zeros_like(running)
-    for t in reversed(range(length)):
-        own = mask[:, t] > 0
-        delta = rewards[:, t] + gamma * next_values * has_next - values[:, t]
-        step = delta + gamma * lam * has_next * running
-        running = torch.where(own, step, running)
-        next_values = torch.where(own, values[:, t], next_values)
-        has_next = torch.where(own, torch.ones_like(has_next), has_next)
-        advantages[:, t] = torch.where(own, step, torch.zeros_like(step))
-    return advantages, (advantages + values) * mask
-
-
 @dataclass(frozen=True)
 class SeatTurns:
     """Which answer of which seat sequence each row of a rollout's rewards is: for one turn, the sequences' keys;
@@ -220,17 +197,6 @@ class SeatTurns:
     answers: tuple[int, ...]
     rows: tuple[int, ...] = ()
     answer_ends: tuple[tuple[int, ...], ...] = ()
-
-
-def sequence_targets(b: Any, kl_coef: float, config: Any, all_reduce: Any = None) -> dict[str, torch.Tensor]:
-    """PPO's columns for sequence rows ``b`` (with their ``turn_scores`` (B, L), :func:`turn_score_tokens`): token
-    ``rewards`` (each turn's score at its last token, −η·KL at every own token), GAE ``advantages`` and ``returns``
-    across the turns (:func:`gae_across_turns`), whitened over the own tokens if ``config.whiten_advantages``."""
-    rewards = b.turn_scores.to(b.kl.dtype) - kl_coef * b.kl * b.mask
-    advantages, returns = gae_across_turns(rewards, b.values, b.mask, config.gamma, config.lam)
-    if config.whiten_advantages:
-        advantages = masked_whiten(advantages, b.mask, all_reduce=all_reduce)
-    return {"rewards": rewards, "advantages": advantages, "returns": returns}
 
 
 def sequence_update_batch(

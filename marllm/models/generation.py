@@ -6,13 +6,11 @@ The logits processors responses are sampled through, and the log-probs' logits t
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 from transformers import (
     BatchEncoding,
     LogitsProcessor,
@@ -29,6 +27,7 @@ from marllm.models.logits_processing import (  # noqa: F401 - the log-probs' pro
     reference_processors,
     sampling_processors,
 )
+from marllm.models.policy import head_inputs
 from marllm.models.prefix_forward import shared_prefix_prompts
 from marllm.models.token_prompts import TokenPrompts
 
@@ -181,26 +180,6 @@ def check_static_cache(model: PreTrainedModel, owner: str = "generation") -> Non
         )
 
 
-@contextlib.contextmanager
-def _last_hidden_states(model: PreTrainedModel, owner: str) -> Iterator[list[torch.Tensor]]:
-    """While open, each forward of ``model`` appends the final hidden state (B, H) of its last position: the input of
-    the model's output embeddings (the LM head)."""
-    head = model.get_output_embeddings()
-    if head is None:
-        raise ValueError(f"{owner}: the model has no output embeddings (LM head) to take the hidden states from")
-    steps: list[torch.Tensor] = []
-
-    def keep_last_position(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
-        # Generation projects only the last position (logits_to_keep=1); a model without it projects them all.
-        steps.append(inputs[0][:, -1].detach().contiguous())
-
-    handle = head.register_forward_pre_hook(keep_last_position)
-    try:
-        yield steps
-    finally:
-        handle.remove()
-
-
 def _stack_captured(
     step_logits: Sequence[torch.Tensor], hidden_steps: Sequence[torch.Tensor], length: int, owner: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,7 +278,8 @@ def sample_after(
     prefix_cache = cache
     if cache is None and share_prefix and not static:  # a cache to go on from, or one to build: not both
         prompt_ids, prompt_mask, prefix_cache = shared_prefix_prompts(model, prompt_ids, prompt_mask)
-    captured = _last_hidden_states(model, owner) if capture else contextlib.nullcontext([])
+    # Generation projects only the last position (logits_to_keep=1); a model without it projects them all.
+    captured = head_inputs(model, capture, lambda hidden: hidden[:, -1].detach().contiguous(), owner)
     with captured as hidden_steps:
         output = model.generate(
             input_ids=prompt_ids,

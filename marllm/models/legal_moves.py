@@ -19,7 +19,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from marllm.models.generation import (
     GeneratedBatch,
-    check_prompt_lengths,
     generate_responses,
     logprob_logits,
 )
@@ -33,8 +32,8 @@ from marllm.models.move_tries import (
     restrict_logits,
 )
 from marllm.models.packed_moves import (
+    MOVE_BUDGET,
     PackedMoves,
-    longest_move_per_prompt,
     pack_moves,
     per_prompt,
 )
@@ -50,7 +49,6 @@ __all__ = [
     "NORMALIZATIONS",
     "MoveSample",
     "check_constrained",
-    "check_moves_fit",
     "constrained_logprobs",
     "constrained_move_probabilities",
     "first_token_scores",
@@ -62,11 +60,6 @@ __all__ = [
     "token_logprobs",
 ]
 
-MOVE_BUDGET = (
-    "shorten the legal moves' names (a constrained or scored answer is its move's tokens, and EOS under constrained; "
-    "generation.max_new_tokens does not bound it)"
-)
-"""What shortens a move answer, in the error of a prompt too long for the model's context."""
 
 NORMALIZATIONS = ("none", "token", "word")
 """How ``score`` normalises a move's log-likelihood: its sum, its mean per token, or its sum per word."""
@@ -156,24 +149,16 @@ def score_logprobs(
     """log π(a | s) of every packed move under ``score`` (N,), and V(s) of its prompt (N,; the value head on the
     prompt's last hidden state) when ``value_head`` is given. Differentiable; each prompt computed once, its moves on
     top of it."""
-    logits, values = _moves_forward(model, packed, value_head)
+    prompt_ids, prompt_mask = packed.prompts()
+    # The prompts' common beginning computed once for all, each prompt once, its moves on top of its cache.
+    logits, values = prompt_then_moves_forward(
+        model, prompt_ids, prompt_mask, packed.rows, packed.response, packed.mask, value_head
+    )
     likelihood = (token_logprobs(logits, packed.response) * packed.mask).sum(1)  # (N,)
     likelihood = normalized_likelihood(likelihood, packed.mask.sum(1), packed.words, normalization)
     logprobs = torch.log_softmax(packed.per_row(likelihood), dim=1)  # (B, M): over each prompt's legal moves
     columns = torch.cat([torch.arange(n, device=logprobs.device) for n in packed.counts])
     return logprobs[packed.rows, columns], values
-
-
-def _moves_forward(
-    model: PreTrainedModel, packed: PackedMoves, value_head: ValueHead | None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The logits (N, C, V) that predict each packed move's tokens and V of its prompt (N,): each prompt computed once
-    (the prompts' common beginning once for all), its moves on top of its cache
-    (:func:`~marllm.models.prefix_forward.prompt_then_moves_forward`)."""
-    prompt_ids, prompt_mask = packed.prompts()
-    return prompt_then_moves_forward(
-        model, prompt_ids, prompt_mask, packed.rows, packed.response, packed.mask, value_head
-    )
 
 
 def normalized_likelihood(
@@ -230,19 +215,6 @@ def constrained_logprobs(
     return torch.where(packed.mask > 0, token_logprobs(logits, packed.response), 0.0).sum(1)
 
 
-def check_moves_fit(
-    prompts: Sequence[str],
-    prompt_mask: torch.Tensor,
-    answer_lengths: torch.Tensor,
-    context: int | None,
-    owner: str,
-) -> None:
-    """Every prompt (``prompt_mask`` (B, P)) followed by its longest legal move's answer (``answer_lengths`` (B,):
-    tokens, EOS included where the mode adds one) must fit in the model's ``context``; the error says so in one
-    line, naming the prompt and the context (rather than a position embedding's IndexError)."""
-    check_prompt_lengths(prompts, prompt_mask, answer_lengths, context, owner, MOVE_BUDGET)
-
-
 def constrained_move_probabilities(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -263,7 +235,9 @@ def constrained_move_probabilities(
             where every move's probability would be 0 over 0.
     """
     check_constrained(tokenizer, generation, owner)
-    packed = _packed_moves(model, tokenizer, prompts, legal_moves, generation, True, device, owner)
+    packed = pack_moves(
+        tokenizer, prompts, legal_moves, generation.chat_template, True, device, context_length(model), owner
+    )
     played = replace(generation, logprobs_from="sampling")  # the sampler's distribution, not the tempered π
     return per_prompt(packed, constrained_logprobs(model, packed, played, tokenizer.eos_token_id))
 
@@ -281,21 +255,7 @@ def scored_move_probabilities(
     """Each legal move's exact probability after each prompt (in the order of ``legal_moves``) under scored answers:
     the softmax of the moves' log-likelihoods normalised by ``normalization`` (:func:`score_logprobs`).
     Differentiable where the caller allows gradients; no autocast of its own."""
-    packed = _packed_moves(model, tokenizer, prompts, legal_moves, generation, False, device, owner)
+    packed = pack_moves(
+        tokenizer, prompts, legal_moves, generation.chat_template, False, device, context_length(model), owner
+    )
     return per_prompt(packed, score_logprobs(model, packed, normalization)[0])
-
-
-def _packed_moves(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
-    legal_moves: Sequence[Sequence[str]],
-    generation: GenerationConfig,
-    with_eos: bool,
-    device: torch.device | str,
-    owner: str,
-) -> PackedMoves:
-    """Every legal move of every prompt packed (:func:`pack_moves`), each prompt checked to fit with its longest."""
-    packed = pack_moves(tokenizer, prompts, legal_moves, generation.chat_template, with_eos, device)
-    check_moves_fit(prompts, packed.prompts()[1], longest_move_per_prompt(packed), context_length(model), owner)
-    return packed

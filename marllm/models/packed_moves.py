@@ -12,8 +12,14 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from marllm.models.generation import encode_prompts
+from marllm.models.generation import check_prompt_lengths, encode_prompts
 from marllm.models.move_tries import MoveTrie, move_continuations, move_tries
+
+MOVE_BUDGET = (
+    "shorten the legal moves' names (a constrained or scored answer is its move's tokens, and EOS under constrained; "
+    "generation.max_new_tokens does not bound it)"
+)
+"""What shortens a move answer, in the error of a prompt too long for the model's context."""
 
 
 @dataclass
@@ -88,39 +94,19 @@ def pack_moves(
     chat_template: bool,
     with_eos: bool,
     device: torch.device | str = "cpu",
+    context: int | None = None,
+    owner: str = "legal moves",
 ) -> PackedMoves:
     """Pack every legal move of every prompt (:class:`PackedMoves`), tokens as
-    :func:`~marllm.models.move_tries.move_continuations` encodes them."""
+    :func:`~marllm.models.move_tries.move_continuations` encodes them, through the rollout's own layout
+    (:func:`move_tensors`, :func:`packed_from_tensors`); each prompt checked to fit ``context`` with its longest."""
     encode = move_continuations if with_eos else scored_move_tokens
     continuations = encode(tokenizer, prompts, legal_moves, chat_template)
-    pairs = [(b, m) for b, row in enumerate(continuations) for m in range(len(row))]
-    encoded = encode_prompts(tokenizer, [prompts[b] for b, _ in pairs], chat_template)
-    tails = [continuations[b][m] + ([tokenizer.eos_token_id] if with_eos else []) for b, m in pairs]
-    width = max(len(tail) for tail in tails)
-    response = torch.full((len(pairs), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(pairs), width), dtype=torch.long)
-    for i, tail in enumerate(tails):
-        response[i, : len(tail)] = torch.tensor(tail)
-        mask[i, : len(tail)] = 1
-    prompt_ids, prompt_mask = encoded["input_ids"], encoded["attention_mask"]
-    words = [max(1, len(legal_moves[b][m].split())) for b, m in pairs]
-    return PackedMoves(
-        input_ids=torch.cat([prompt_ids, response], 1).to(device),
-        attention_mask=torch.cat([prompt_mask, mask], 1).to(device),
-        prompt_length=prompt_ids.shape[1],
-        response=response.to(device),
-        mask=mask.to(device),
-        rows=torch.tensor([b for b, _ in pairs], device=device),
-        counts=[len(row) for row in continuations],
-        words=torch.tensor(words, dtype=torch.float32, device=device),
-        tries=move_tries(continuations),
-    )
-
-
-def longest_move_per_prompt(packed: PackedMoves) -> torch.Tensor:
-    """The longest packed move (tokens, EOS included where packed with it) of each prompt (B,)."""
-    lengths = packed.mask.sum(1)
-    return lengths.new_zeros(len(packed.counts)).scatter_reduce(0, packed.rows, lengths, "amax")
+    tails = [[tokens + [tokenizer.eos_token_id] for tokens in row] for row in continuations] if with_eos else None
+    columns = move_tensors(tokenizer, prompts, legal_moves, chat_template, device, context, owner, tails)
+    packed = packed_from_tensors(*columns.values(), tokenizer.pad_token_id)
+    packed.tries = move_tries(continuations)
+    return packed
 
 
 def per_prompt(packed: PackedMoves, logprobs: torch.Tensor) -> list[list[float]]:
@@ -138,20 +124,30 @@ def move_tensors(
     legal_moves: Sequence[Sequence[str]],
     chat_template: bool,
     device: torch.device | str = "cpu",
+    context: int | None = None,
+    owner: str = "legal moves",
+    move_tokens: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """A batch's prompts and legal moves as per-row tensors: ``input_ids``/``attention_mask`` (B, P) left-padded,
     ``moves`` (B, M, C) each legal move's tokens (−1-padded, along M past a row's moves too) and ``move_words``
-    (B, M, 1) each move's words (−1 past a row's moves). :func:`packed_from_tensors` packs any rows of it."""
-    continuations = scored_move_tokens(tokenizer, prompts, legal_moves, chat_template)
+    (B, M, 1) each move's words (−1 past a row's moves). :func:`packed_from_tensors` packs any rows of it.
+
+    A move's tokens are ``move_tokens``, by default :func:`scored_move_tokens`'; each prompt followed by its longest
+    move must fit in ``context`` (:func:`~marllm.models.generation.check_prompt_lengths`, the error naming
+    ``owner``)."""
+    if move_tokens is None:
+        move_tokens = scored_move_tokens(tokenizer, prompts, legal_moves, chat_template)
     encoded = encode_prompts(tokenizer, prompts, chat_template)
-    count = max(len(row) for row in continuations)
-    width = max(len(tokens) for row in continuations for tokens in row)
+    count = max(len(row) for row in move_tokens)
+    width = max(len(tokens) for row in move_tokens for tokens in row)
     moves = torch.full((len(prompts), count, width), -1, dtype=torch.long)
     words = torch.full((len(prompts), count, 1), -1.0)
-    for b, row in enumerate(continuations):
+    for b, row in enumerate(move_tokens):
         for m, tokens in enumerate(row):
             moves[b, m, : len(tokens)] = torch.tensor(tokens)
             words[b, m, 0] = max(1, len(legal_moves[b][m].split()))
+    longest = (moves >= 0).sum(-1).amax(-1)  # (B,): each prompt's longest move
+    check_prompt_lengths(prompts, encoded["attention_mask"], longest, context, owner, MOVE_BUDGET)
     return {
         "input_ids": encoded["input_ids"].to(device),
         "attention_mask": encoded["attention_mask"].to(device),

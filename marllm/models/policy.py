@@ -6,7 +6,7 @@ import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -169,17 +169,23 @@ def response_forward(
 
 
 @contextlib.contextmanager
-def head_inputs(model: PreTrainedModel, wanted: bool) -> Iterator[list[torch.Tensor]]:
+def head_inputs(
+    model: PreTrainedModel,
+    wanted: bool,
+    take: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    owner: str = "a value head",
+) -> Iterator[list[torch.Tensor]]:
     """While open (and ``wanted``), each forward of ``model`` appends the input of its LM head (its output
-    embeddings), with its autograd history."""
+    embeddings), with its autograd history, or what ``take`` makes of it; ``owner`` names what needs it in the error
+    raised for a model without an LM head."""
     inputs: list[torch.Tensor] = []
     if not wanted:
         yield inputs
         return
     head = model.get_output_embeddings()
     if head is None:
-        raise ValueError("a value head needs a model with output embeddings (an LM head) to read the hidden states of")
-    handle = head.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+        raise ValueError(f"{owner}: the model has no output embeddings (LM head) to take the hidden states from")
+    handle = head.register_forward_pre_hook(lambda module, args: inputs.append(take(args[0]) if take else args[0]))
     try:
         yield inputs
     finally:

@@ -20,6 +20,7 @@ import torch
 from transformers import PreTrainedModel
 
 from marllm.models.policy import ValueHead, head_inputs, logits_to_keep_kind, position_ids_for, response_forward
+from marllm.models.token_prompts import left_padded
 from marllm.parallel.sharding import is_sharded
 
 __all__ = [
@@ -69,7 +70,7 @@ def shared_prefix_response_forward(
     keep = logits_to_keep_kind(model)
     cache = _repeated_prefix_cache(model, prompts, shared)
     # The rest of each prompt left-padded, so that every row's response starts at the same position.
-    suffix_ids, suffix_mask = _left_padded([p[shared:] for p in prompts], input_ids, attention_mask)
+    suffix_ids, suffix_mask = left_padded([p[shared:] for p in prompts], 0, mask_dtype=attention_mask.dtype)
     rest, response_length = suffix_ids.shape[1], input_ids.shape[1] - prompt_length
     suffix_ids = torch.cat([suffix_ids, input_ids[:, prompt_length:]], 1)
     suffix_mask = torch.cat([suffix_mask, attention_mask[:, prompt_length:]], 1)
@@ -158,7 +159,7 @@ def shared_prefix_prompts(
     # also add no token to the set the repetition penalty counts (generate's processors see these ids, and a filler
     # such as 0 would penalise a token, EOS on many tokenizers, that the whole prompt never held).
     prefix = prompts[0][:shared]
-    suffix_ids, suffix_mask = _left_padded([p[shared:] for p in prompts], prompt_ids, prompt_mask, fill=prefix[0])
+    suffix_ids, suffix_mask = left_padded([p[shared:] for p in prompts], prefix[0], mask_dtype=prompt_mask.dtype)
     ids = torch.cat([prefix.expand(len(prompts), shared), suffix_ids], 1)
     mask = torch.cat([prompt_mask.new_ones(len(prompts), shared), suffix_mask], 1)
     return ids, mask, cache
@@ -174,7 +175,7 @@ def _prompt_cache(
     cache = None
     if shared >= MIN_SHARED_TOKENS:
         cache = _repeated_prefix_cache(model, prompts, shared)
-        prompt_ids, prompt_mask = _left_padded([p[shared:] for p in prompts], prompt_ids, prompt_mask)
+        prompt_ids, prompt_mask = left_padded([p[shared:] for p in prompts], 0, mask_dtype=prompt_mask.dtype)
     else:
         shared = 0
     mask = torch.cat([prompt_mask.new_ones(len(prompt_mask), shared), prompt_mask], 1)
@@ -199,19 +200,6 @@ def _forward_after_prefix(
             **extra,
         )
     return outputs, captured
-
-
-def _left_padded(
-    rows: list[torch.Tensor], like_ids: torch.Tensor, like_mask: torch.Tensor, fill: int | torch.Tensor = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rows`` (1-D token tensors) left-padded with ``fill`` into one (B, longest) batch, and its attention mask."""
-    width = max(len(row) for row in rows)
-    ids = like_ids.new_full((len(rows), width), int(fill))
-    mask = like_mask.new_zeros(len(rows), width)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = row
-        mask[i, width - len(row) :] = 1
-    return ids, mask
 
 
 def _prompts_and_shared_length(ids: torch.Tensor, mask: torch.Tensor) -> tuple[list[torch.Tensor], int]:

@@ -26,6 +26,7 @@ from marllm.models.generation import (
 from marllm.models.generation_config import GenerationConfig
 from marllm.models.legal_moves import MoveSample, check_constrained, move_budget
 from marllm.models.move_tries import LegalMovesProcessor, allowed_tokens, move_continuations, move_tries
+from marllm.models.token_prompts import left_padded
 
 __all__ = ["THOUGHT_END", "generate_thought_and_move"]
 
@@ -69,7 +70,7 @@ def generate_thought_and_move(
         torch.cat([mask, mask.new_ones(len(head) - len(mask))])
         for mask, head in zip(thought.prompt_mask, heads, strict=True)
     ]
-    head_ids, head_mask = _left_padded(heads, masks, tokenizer.pad_token_id)
+    head_ids, head_mask = left_padded(heads, tokenizer.pad_token_id, masks)
     move = sample_after(
         model,
         tokenizer,
@@ -87,19 +88,6 @@ def generate_thought_and_move(
     texts = tuple(names[m] for names, m in zip(legal_moves, moves, strict=True))
     batch = GeneratedBatch(texts, thought.prompt_ids, thought.prompt_mask, response, mask)
     return MoveSample(batch, allowed, moves)
-
-
-def _left_padded(
-    rows: list[torch.Tensor], masks: list[torch.Tensor], pad_token_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows and their masks left-padded to the longest (padding before every row's first token)."""
-    width = max(len(row) for row in rows)
-    ids = rows[0].new_full((len(rows), width), pad_token_id)
-    mask = masks[0].new_zeros((len(rows), width))
-    for i, (row, keep) in enumerate(zip(rows, masks, strict=True)):
-        ids[i, width - len(row) :] = row
-        mask[i, width - len(row) :] = keep
-    return ids, mask
 
 
 def _joined(

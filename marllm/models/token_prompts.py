@@ -48,14 +48,27 @@ class TokenPrompts(tuple):
         with a :attr:`continuation`, its layout."""
         if self.continuation is not None:
             return self.continuation[0], self.continuation[1]
-        width = max((len(row) for row in self.ids), default=0)
-        input_ids = torch.full((len(self.ids), width), pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(self.ids), width), dtype=torch.long)
-        for i, row in enumerate(self.ids):
-            if row:
-                input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-                attention_mask[i, width - len(row) :] = 1
-        return input_ids, attention_mask
+        return left_padded([torch.tensor(row, dtype=torch.long) for row in self.ids], pad_token_id)
+
+
+def left_padded(
+    rows: Sequence[torch.Tensor],
+    fill: int | torch.Tensor,
+    masks: Sequence[torch.Tensor] | None = None,
+    mask_dtype: torch.dtype = torch.long,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` (1-D token tensors of one dtype and device) left-padded with ``fill`` into one (B, longest) batch, and
+    its mask: ``masks`` row by row where given, else 1 over each row's tokens (of ``mask_dtype``)."""
+    width = max((len(row) for row in rows), default=0)
+    like = rows[0] if rows else torch.empty(0, dtype=torch.long)
+    ids = like.new_full((len(rows), width), int(fill))
+    if masks:
+        mask_dtype = masks[0].dtype
+    mask = like.new_zeros((len(rows), width), dtype=mask_dtype)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = row
+        mask[i, width - len(row) :] = masks[i] if masks else 1
+    return ids, mask
 
 
 def observation_ids(

@@ -34,7 +34,6 @@ from marllm.algorithms.actions.base import Collector, Rescored
 from marllm.algorithms.rollout import Rollout
 from marllm.models.devices import autocast_for
 from marllm.models.legal_moves import (
-    check_moves_fit,
     first_token_scores,
     score_logprobs,
     scored_move_probabilities,
@@ -138,9 +137,10 @@ class ScoreCollector(ScoreMode, Collector):
     def _rollout(self, prompts: tuple[str, ...], role: str | None, legal_moves: list[list[str]]) -> Rollout:
         started = time.perf_counter()
         self.activate()
-        columns = move_tensors(self.tokenizer, prompts, legal_moves, self.generation.chat_template, self.device)
-        longest = (columns["moves"] >= 0).sum(-1).amax(-1)  # (B,): each prompt's longest move
-        check_moves_fit(prompts, columns["attention_mask"], longest, self.context_length, self.owner)
+        chat_template = self.generation.chat_template
+        columns = move_tensors(
+            self.tokenizer, prompts, legal_moves, chat_template, self.device, self.context_length, self.owner
+        )
         table, values = self.scores(self.model, columns, with_values=True)
         action = torch.multinomial(table.exp(), 1)  # (B, 1): one move per row
         with self.reference_model() as reference:

@@ -102,25 +102,12 @@ class TokenCollector(GenerateMode, Collector):
         rows = sequence_rows(self.book, self.tokenizer.pad_token_id)
         self.book = SequenceBook()
         device = self.device
-        ids, attention = rows.input_ids.to(device), rows.attention_mask.to(device)
         allowed = None if rows.allowed is None else rows.allowed.to(device)
         self.activate()
-        columns: dict[str, list[torch.Tensor]] = defaultdict(list)
-        for chunk in self._chunks(len(rows.keys)):
-            restriction = None if allowed is None else allowed[chunk]
-            for key, value in self._score(ids[chunk], attention[chunk], rows.prompt_length, None, restriction).items():
-                columns[key].append(value)
-        tensors = Batch(
-            input_ids=ids,
-            attention_mask=attention,
-            response=rows.response.to(device),
-            mask=rows.mask.to(device),
-            **{key: torch.cat(parts, 0) for key, parts in columns.items()},
-            **({"allowed": allowed} if allowed is not None else {}),
+        ids, attention = rows.input_ids.to(device), rows.attention_mask.to(device)
+        tensors = self._scored(
+            ids, attention, rows.response.to(device), rows.mask.to(device), rows.prompt_length, allowed
         )
-        tensors.kl = (
-            tensors.kl_full if self.kl_penalty == "full" else sampled_kl(tensors.logprobs, tensors.ref_logprobs)
-        ) * tensors.mask
         index = {key: row for row, key in enumerate(rows.keys)}
         credit = SeatTurns(
             keys=tuple(key for turn in turns for key in turn.seat_turns.keys),
@@ -254,26 +241,45 @@ class TokenCollector(GenerateMode, Collector):
         generated = time.perf_counter()
         input_ids = torch.cat([prompt_ids, response], 1)  # (B, P+L)
         attention_mask = torch.cat([prompt_mask, torch.ones_like(response)], 1)
+        captured = generated_batch if from_generate else None
+        tensors = self._scored(
+            input_ids, attention_mask, response, mask.float(), prompt_ids.shape[1], allowed, captured
+        )
+        timings = {"generation_s": generated - started, "forward_s": time.perf_counter() - generated}
+        return Rollout(prompts, generated_batch.texts, prompt_ids.shape[1], tensors, role=role, timings=timings)
+
+    def _scored(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        response: torch.Tensor,
+        mask: torch.Tensor,
+        prompt_length: int,
+        allowed: torch.Tensor | None,
+        generated: GeneratedBatch | None = None,
+    ) -> Batch:
+        """The rollout's tensors of these rows (prompt and response, (B, P+L)), scored :meth:`_chunks` rows at a
+        time (:meth:`_score`; from ``generated``'s own logits and hidden states where given), and their KL."""
         columns: dict[str, list[torch.Tensor]] = defaultdict(list)
-        for rows in self._chunks(len(prompts)):
-            captured = (generated_batch.logits[rows], generated_batch.hidden[rows]) if from_generate else None
+        for rows in self._chunks(len(input_ids)):
+            captured = None if generated is None else (generated.logits[rows], generated.hidden[rows])
             restriction = None if allowed is None else allowed[rows]
-            scored = self._score(input_ids[rows], attention_mask[rows], prompt_ids.shape[1], captured, restriction)
-            for key, value in scored.items():
+            for key, value in self._score(
+                input_ids[rows], attention_mask[rows], prompt_length, captured, restriction
+            ).items():
                 columns[key].append(value)
         tensors = Batch(
             input_ids=input_ids,
             attention_mask=attention_mask,
             response=response,
-            mask=mask.float(),
+            mask=mask,
             **{key: torch.cat(parts, 0) for key, parts in columns.items()},
             **({"allowed": allowed} if allowed is not None else {}),
         )
         tensors.kl = (
             tensors.kl_full if self.kl_penalty == "full" else sampled_kl(tensors.logprobs, tensors.ref_logprobs)
         ) * tensors.mask
-        timings = {"generation_s": generated - started, "forward_s": time.perf_counter() - generated}
-        return Rollout(prompts, generated_batch.texts, prompt_ids.shape[1], tensors, role=role, timings=timings)
+        return tensors
 
     def _score(
         self,
