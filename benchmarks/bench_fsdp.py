@@ -68,8 +68,8 @@ def model_state(learners: dict[str, Any]) -> dict[str, int]:
 
 def measure(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, Any] | None:
     """Train ``args.iterations`` CORY iterations on this rank; rank 0 returns every rank's figures."""
-    ranks = join_ranks(args.device)
-    placement = Placement() if ranks is None else Sharded(ranks) if mode == "sharded" else DataParallel(ranks)
+    joined = join_ranks(args.device)
+    placement = (Sharded if mode == "sharded" else DataParallel).of_default_group() if joined else Placement()
     rank, world = placement.rank, placement.world_size
     tokenizer = load_tokenizer(model_dir)
     queries = random_queries(tokenizer, 4 * args.batch_size, 8)
@@ -97,7 +97,7 @@ def measure(mode: str, model_dir: str, args: argparse.Namespace) -> dict[str, An
         "sd": float(np.std(seconds[1:])),
         **{phase: float(np.mean(values[1:])) for phase, values in phases.items()},
     }
-    everyone = [figures] if ranks is None else gather_figures(figures, world)
+    everyone = gather_figures(figures, world) if joined else [figures]
     placement.close()
     return {"mode": mode, "ranks": everyone} if rank == 0 else None
 

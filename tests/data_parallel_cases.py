@@ -21,7 +21,6 @@ from marllm.algorithms.critic_free_learner import CriticFreeLearner
 from marllm.algorithms.ppo import PPOLearner, Rollout
 from marllm.models.generation import generate_responses
 from marllm.models.generation_config import GenerationConfig
-from marllm.parallel.distributed import Ranks
 from marllm.parallel.placement import DataParallel, Sharded
 from marllm.parallel.sharding import full_tensor
 from marllm.testing.data_parallel import rank_slice as one_rank_slice
@@ -135,23 +134,23 @@ def generated(model: Any, tokenizer: Any, rank: int, placement: Any = None) -> t
         return generate_responses(model, tokenizer, GENERATION_PROMPTS[rank], 8, GenerationConfig(1, 8)).texts
 
 
-def sharded_generation(tokenizer: Any, ranks: Ranks) -> dict[str, Any]:
+def sharded_generation(tokenizer: Any, rank: int) -> dict[str, Any]:
     """Each rank's responses from a sharded tiny GPT-2, gathered whole for generation and left sharded, and whether
     its parameters are shards again afterwards."""
     found: dict[str, Any] = {}
     for gather in (True, False):
-        placement = Sharded(ranks, gather_for_generation=gather)
+        placement = Sharded.of_default_group(gather_for_generation=gather)
         model = placement.prepare(make_tiny_gpt2(tokenizer, seed=0))
-        found[f"gathered={gather}"] = generated(model, tokenizer, ranks.rank, placement)
+        found[f"gathered={gather}"] = generated(model, tokenizer, rank, placement)
         found[f"sharded_after/gathered={gather}"] = all(isinstance(p, DTensor) for p in model.parameters())
     return found
 
 
-def sharded_bfloat16(tokenizer: Any, ranks: Ranks, part: Rollout) -> dict[str, Any]:
+def sharded_bfloat16(tokenizer: Any, part: Rollout) -> dict[str, Any]:
     """The ``ppo`` case's update with the sharded models computing in bfloat16 over float32 shards, and the dtypes
     the first decoder layer computed in."""
-    learner = make_learner(tokenizer, 0, PPOLearner, None, Sharded(ranks, torch.bfloat16), init_kl_coef=0.05,
-                           kl_control="adaptive", **PPO)  # fmt: skip
+    placement = Sharded.of_default_group(compute_dtype=torch.bfloat16)
+    learner = make_learner(tokenizer, 0, PPOLearner, None, placement, init_kl_coef=0.05, kl_control="adaptive", **PPO)
     computed = set()
     learner.model.transformer.h[0].register_forward_hook(lambda module, args, output: computed.add(output[0].dtype))
     result = state_after_update(learner, part)
@@ -159,13 +158,13 @@ def sharded_bfloat16(tokenizer: Any, ranks: Ranks, part: Rollout) -> dict[str, A
     return result
 
 
-def sharded_agreement(tokenizer: Any, ranks: Ranks, part: Rollout) -> dict[str, Any]:
+def sharded_agreement(tokenizer: Any, rank: int, part: Rollout) -> dict[str, Any]:
     """Sharded learners where ranks must agree to skip: mini-batches over a low ratio threshold (forwards with no
     backward), and a non-finite loss (rank 1's shard of one weight set to NaN, which the all-gather spreads)."""
     found = {}
     for name, overrides in {"ratio": RATIO_SKIPS, "nonfinite": {"on_nonfinite": "skip"}}.items():
-        learner = make_learner(tokenizer, 0, PPOLearner, None, Sharded(ranks), **{**PPO, **overrides})
-        if name == "nonfinite" and ranks.rank == 1:
+        learner = make_learner(tokenizer, 0, PPOLearner, None, Sharded.of_default_group(), **{**PPO, **overrides})
+        if name == "nonfinite" and rank == 1:
             with torch.no_grad():
                 learner.model.transformer.ln_f.weight.to_local().fill_(float("nan"))
         before = [full_tensor(p.detach()).clone() for p in learner._trained_parameters()]
@@ -175,13 +174,13 @@ def sharded_agreement(tokenizer: Any, ranks: Ranks, part: Rollout) -> dict[str, 
     return found
 
 
-def micro_batches_nonfinite(tokenizer: Any, ranks: Ranks, part: Rollout) -> dict[str, Any]:
+def micro_batches_nonfinite(tokenizer: Any, placement: DataParallel, part: Rollout) -> dict[str, Any]:
     """The ``ppo_micro_batches`` case with ``on_nonfinite: skip`` where only rank 1's (whole) model is NaN: its first
     pass fails while rank 0's passes run on; both ranks must skip the same step and go on in step."""
     settings = {**CASES["ppo_micro_batches"]["ppo"], "on_nonfinite": "skip"}
-    learner = make_learner(tokenizer, 0, PPOLearner, None, DataParallel(ranks), init_kl_coef=0.05,
+    learner = make_learner(tokenizer, 0, PPOLearner, None, placement, init_kl_coef=0.05,
                            kl_control="adaptive", **settings)  # fmt: skip
-    if ranks.rank == 1:
+    if placement.rank == 1:
         with torch.no_grad():
             learner.model.transformer.ln_f.weight.fill_(float("nan"))
     before = [p.detach().clone() for p in learner._trained_parameters()]
@@ -191,32 +190,32 @@ def micro_batches_nonfinite(tokenizer: Any, ranks: Ranks, part: Rollout) -> dict
     return found
 
 
-def on_rank(out_dir: str, ranks: Ranks) -> None:
+def on_rank(out_dir: str, placement: DataParallel) -> None:
     """One rank (:func:`marllm.testing.run_ranks`): every case's update on its slice of ``OUT/rollouts.pt``, into
     ``OUT/rank<r>.pt``."""
     torch.set_num_threads(1)
     tokenizer = make_tokenizer()
     rollouts = torch.load(f"{out_dir}/rollouts.pt", weights_only=False)
     results = {}
-    place = (ranks.rank, ranks.world_size)
+    place = (placement.rank, placement.world_size)
     for case in CASES:
-        learner = build_learner(case, tokenizer, DataParallel(ranks))
+        learner = build_learner(case, tokenizer, placement)
         part = rank_slice(rollouts[case], *place)
         results[case] = state_after_update(learner, part)
     results["micro/nonfinite"] = micro_batches_nonfinite(
-        tokenizer, ranks, rank_slice(rollouts["ppo_micro_batches"], *place)
+        tokenizer, placement, rank_slice(rollouts["ppo_micro_batches"], *place)
     )
     for case in SHARDED_CASES:
-        learner = build_learner(case, tokenizer, Sharded(ranks))
+        learner = build_learner(case, tokenizer, Sharded.of_default_group())
         part = rank_slice(rollouts[case], *place)
         results[f"fsdp/{case}"] = result = state_after_update(learner, part)
         held = [*learner._trained_parameters(), *learner.reference.parameters()]
         result["elements_held"] = sum(p.to_local().numel() for p in held)  # this rank's shards
-        fresh = build_learner(case, tokenizer, Sharded(ranks))
+        fresh = build_learner(case, tokenizer, Sharded.of_default_group())
         fresh.load_state_dict(*learner.state_dict())
         result["restored"] = fresh.state_dict()[0]
         learner.save(f"{out_dir}/export-{case}")
-    results["fsdp/bfloat16"] = sharded_bfloat16(tokenizer, ranks, rank_slice(rollouts["ppo"], *place))
-    results["fsdp/generation"] = sharded_generation(tokenizer, ranks)
-    results["fsdp/agreement"] = sharded_agreement(tokenizer, ranks, rank_slice(rollouts["ppo"], *place))
-    torch.save(results, f"{out_dir}/rank{ranks.rank}.pt")
+    results["fsdp/bfloat16"] = sharded_bfloat16(tokenizer, rank_slice(rollouts["ppo"], *place))
+    results["fsdp/generation"] = sharded_generation(tokenizer, placement.rank)
+    results["fsdp/agreement"] = sharded_agreement(tokenizer, placement.rank, rank_slice(rollouts["ppo"], *place))
+    torch.save(results, f"{out_dir}/rank{placement.rank}.pt")

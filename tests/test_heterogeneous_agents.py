@@ -105,14 +105,13 @@ def test_agents_models_are_checked(tiny_lm_dir, other_lm_dir, tiny_classifier_di
 
 def test_model_placement_is_checked_when_made():
     from marllm.models.lora import LoraSettings
-    from marllm.parallel.distributed import Ranks
     from marllm.parallel.placement import Sharded
 
     with pytest.raises(TypeError, match="fsdp_compute_dtype"):
         ModelPlacement(fsdp_compute_dtype="bfloat16")  # the compute dtype of sharded models is the Sharded placement's
-    with pytest.raises(TypeError, match="ranks"):
+    with pytest.raises(TypeError, match="rank"):
         Sharded()  # no data-parallel ranks to shard over
     with pytest.raises(ValueError, match="fsdp shards full models"):
-        ModelPlacement(processes=Sharded(Ranks(0, 2)), lora=LoraSettings(r=2, alpha=4, target_modules=["c_attn"]))
+        ModelPlacement(processes=Sharded(0, 2), lora=LoraSettings(r=2, alpha=4, target_modules=["c_attn"]))
     placement = ModelPlacement(device="cpu", devices={"llm2": "meta"})
     assert (placement.device_of("llm1"), placement.device_of("llm2")) == ("cpu", "meta")

@@ -93,7 +93,7 @@ def hanging_on_rank_one(placement=None, **options):
 
 def summing_ranks(directory, ranks):
     """Each rank sums its rank + 1 over the group and writes what it got."""
-    total = ranks.all_reduce_sum(torch.tensor([ranks.rank + 1.0]))
+    total = ranks.sum_over_ranks(torch.tensor([ranks.rank + 1.0]))
     Path(directory, f"sum{ranks.rank}.txt").write_text(str(float(total)))
 
 

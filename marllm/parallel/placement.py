@@ -3,7 +3,7 @@ checkpoints ask instead of carrying flags.
 
 - :class:`Placement`: whole models on one process. Every method is trivial (a collective of one).
 - :class:`DataParallel`: whole models on each of several ranks, each rank playing a slice of every batch; batch
-  statistics and gradients are summed over the ranks (:class:`~marllm.parallel.distributed.Ranks`).
+  statistics and gradients are summed over the ranks, whose collectives it holds.
 - :class:`Sharded`: data-parallel with every model sharded over the ranks (FSDP2, :mod:`marllm.parallel.sharding`):
   every rank then runs every forward and backward, and a checkpoint gathers the full tensors.
 
@@ -17,14 +17,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Literal, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Literal, Self, TypeVar
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from marllm.parallel.distributed import Ranks, leave_ranks
+from marllm.parallel.distributed import leave_ranks, segment_rows
 from marllm.parallel.sharding import full_tensor, gathered, is_sharded, shard_module, whole_for_generation
 
 __all__ = ["DataParallel", "Placement", "Sharded"]
@@ -44,6 +45,8 @@ class Placement:
             its own forwards).
         fused_optimizer: Adam may run fused (``ppo.compute.fused_kernels``).
         stochastic_rounding: a full bfloat16 model may be trained with stochastic rounding.
+        rank: this process's rank (0 alone).
+        world_size: the number of processes that share each batch.
     """
 
     whole_models = True
@@ -51,16 +54,8 @@ class Placement:
     shares_prefix = True
     fused_optimizer = True
     stochastic_rounding = True
-
-    @property
-    def rank(self) -> int:
-        """This process's rank (0 alone)."""
-        return 0
-
-    @property
-    def world_size(self) -> int:
-        """The number of processes that share each batch."""
-        return 1
+    rank = 0
+    world_size = 1
 
     @property
     def writes(self) -> bool:
@@ -168,68 +163,130 @@ class Placement:
 
 @dataclass(frozen=True)
 class DataParallel(Placement):
-    """Whole models on each rank of ``ranks``, each rank playing its slice of every batch: the learners compute over
-    the global batch what one process computes over a batch, and sum their gradients over the ranks before each
-    optimiser step (once per step, not in backward hooks as ``DistributedDataParallel`` does:
-    :mod:`marllm.parallel.distributed`).
+    """Whole models on each of the ranks of a torch.distributed process group, each rank playing its slice of every
+    batch: the learners compute over the global batch what one process computes over a batch, and sum their gradients
+    over the ranks before each optimiser step (once per step, not in backward hooks as ``DistributedDataParallel``
+    does: :mod:`marllm.parallel.distributed`).
+
+    The placement is this process's place among the ranks, and the collectives over their process group: every
+    collective must be called by each rank, in the same order, with tensors of the same shape.
 
     Attributes:
-        ranks: this process's place among the ranks, and their collectives.
+        rank: this process's index, 0 … world_size − 1; rank 0 alone writes the run directory.
+        world_size: the number of processes.
+        device: where collective buffers live (CPU for gloo, this rank's GPU for NCCL).
     """
 
-    ranks: Ranks
+    # field(): required, not defaulting to the class attributes Placement states for one process.
+    rank: int = field()
+    world_size: int = field()
+    device: torch.device = torch.device("cpu")
 
-    @property
-    def rank(self) -> int:
-        """This process's rank."""
-        return self.ranks.rank
-
-    @property
-    def world_size(self) -> int:
-        """The number of ranks."""
-        return self.ranks.world_size
+    @classmethod
+    def of_default_group(cls, **options: Any) -> Self:
+        """This placement over torch.distributed's initialised default process group
+        (:func:`~marllm.parallel.distributed.join_ranks`), with ``options`` (a subclass's fields)."""
+        nccl = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        return cls(dist.get_rank(), dist.get_world_size(), device, **options)
 
     def start_equal(self, parameters: Iterable[nn.Parameter]) -> None:
-        """Overwrite ``parameters`` with rank 0's."""
-        self.ranks.broadcast_(parameters)
+        """Overwrite ``parameters`` in place with rank 0's values."""
+        for tensor in parameters:
+            buffer = tensor.detach().to(self.device, copy=True)
+            dist.broadcast(buffer, src=0)
+            with torch.no_grad():
+                tensor.copy_(buffer.to(tensor.device))
 
     def sum_gradients_(self, parameters: Iterable[nn.Parameter]) -> None:
-        """Replace each gradient by its sum over the ranks (:meth:`Ranks.sum_gradients_`)."""
-        self.ranks.sum_gradients_(parameters)
+        """Replace each parameter's gradient by its sum over the ranks, in one all-reduce of a flat buffer.
+
+        A rank whose mini-batches had no sample of this step contributes zeros. A parameter with no gradient on any
+        rank keeps none, so that the optimiser skips it as it would in one process.
+        """
+        parameters = list(parameters)
+        if not parameters:
+            return
+        flat = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), device=p.device, dtype=p.dtype)
+                for p in parameters]
+        has_gradient = torch.tensor([float(p.grad is not None) for p in parameters], device=parameters[0].device)
+        dtype = torch.promote_types(torch.float32, flat[0].dtype)
+        buffer = torch.cat([part.to(dtype) for part in flat] + [has_gradient.to(dtype)])
+        summed = self._sum(buffer)
+        counts = summed[-len(parameters) :]
+        offset = 0
+        for parameter, count in zip(parameters, counts, strict=True):
+            size = parameter.numel()
+            if count > 0:
+                parameter.grad = summed[offset : offset + size].view_as(parameter).to(parameter.dtype)
+            offset += size
 
     @property
     def sum_over_ranks(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The element-wise sum of a tensor over the ranks (:meth:`Ranks.all_reduce_sum`)."""
-        return self.ranks.all_reduce_sum
+        """The element-wise sum of a tensor over the ranks (a new tensor on the tensor's device and dtype)."""
+        return self._sum
+
+    def _sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of ``tensor`` over the ranks (:attr:`sum_over_ranks`)."""
+        buffer = tensor.detach().to(self.device, copy=True)
+        dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+        return buffer.to(tensor.device)
 
     def mean(self, value: float) -> float:
         """The mean of a number over the ranks."""
-        return self.ranks.mean(value)
+        total = self._sum(torch.tensor([value], dtype=torch.float64))
+        return float(total[0]) / self.world_size
 
     def weighted_mean(self, value: float, weight: float) -> float:
         """Σ value·weight / Σ weight over the ranks (0 when every weight is 0)."""
-        return self.ranks.weighted_mean(value, weight)
+        totals = self._sum(torch.tensor([value * weight, weight], dtype=torch.float64))
+        return float(totals[0] / totals[1]) if totals[1] > 0 else 0.0
 
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` is true on at least one rank."""
-        return self.ranks.any(flag)
+        return bool(self._sum(torch.tensor([float(flag)]))[0] > 0)
 
-    def mean_metrics(self, metrics: Mapping[str, float]) -> Mapping[str, float]:
-        """Each metric's mean over the ranks that report it."""
-        return self.ranks.mean_metrics(metrics)
+    def mean_metrics(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Each metric's mean over the ranks that report it (on equal slices, a batch mean's global value)."""
+        everyone: list[dict[str, float] | None] = [None] * self.world_size
+        dist.all_gather_object(everyone, dict(metrics))
+        keys = dict.fromkeys(key for reported in everyone if reported for key in reported)
+        return {
+            key: float(np.mean([reported[key] for reported in everyone if reported and key in reported]))
+            for key in keys
+        }
 
     def global_rows(self, segments: Sequence[int]) -> np.ndarray:
-        """This rank's slice of each segment, in the order one process would hold the global batch
-        (:meth:`Ranks.global_rows`)."""
-        return self.ranks.global_rows(segments)
+        """Where each of this rank's rows sits in the global batch one process would hold, for a batch made of
+        segments (a learner's turns of an iteration, merged): this rank's slice of each segment, in order.
+
+        One process holds the segments one after another, each in rank order; see
+        :func:`~marllm.parallel.distributed.segment_rows`. Every rank must hold the same number of segments.
+        """
+        sizes = self._gather(np.asarray(segments, dtype=np.int64)).reshape(self.world_size, len(segments))
+        return segment_rows(sizes, self.rank)
 
     def gather_rows(self, values: Values, rows: np.ndarray) -> Values:
-        """Every rank's ``values`` in global order (:meth:`Ranks.gather_rows`)."""
-        return self.ranks.gather_rows(values, rows)
+        """Every rank's ``values`` (one per local row) in global order: value ``i`` of a rank goes to its
+        ``rows[i]`` (:meth:`global_rows`). Returns the type it was given."""
+        gathered = self._gather(values)
+        everywhere = self._gather(np.asarray(rows, dtype=np.int64))
+        ordered = gathered.copy() if isinstance(gathered, np.ndarray) else gathered.clone()
+        ordered[everywhere] = gathered
+        return ordered
+
+    def _gather(self, values: Values) -> Values:
+        """Every rank's ``values`` (same shape on every rank) concatenated along the first axis in rank order: the
+        global batch, in the order one process would hold it. Returns the type it was given."""
+        tensor = torch.as_tensor(values)
+        parts = [torch.empty_like(tensor, device=self.device) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.to(self.device))
+        joined = torch.cat(parts).to(tensor.device)
+        return joined.numpy() if isinstance(values, np.ndarray) else joined
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""
-        self.ranks.barrier()
+        dist.barrier()
 
     def reseed_sampling(self, seed: int, iteration: int = 0) -> None:
         """Each rank but 0 samples from a stream of its own: a function of the seed, the rank and the iteration it
@@ -280,7 +337,8 @@ class Sharded(DataParallel):
         """``module`` sharded over the ranks (once: a shared reference may be sharded already)."""
         if is_sharded(module):
             return module
-        return shard_module(module, self.ranks, self.compute_dtype)  # type: ignore[return-value]
+        super().start_equal(module.parameters())  # before sharding: whole parameters, rank 0's everywhere
+        return shard_module(module, self, self.compute_dtype)  # type: ignore[return-value]
 
     def start_equal(self, parameters: Iterable[nn.Parameter]) -> None:
         """Nothing: :meth:`prepare` started the shards from rank 0's parameters."""
@@ -313,4 +371,3 @@ class Sharded(DataParallel):
         weights = gathered(model.state_dict(keep_vars=True), self.writes)
         full = gathered(tensors, self.writes)
         return (weights, full) if self.writes else None
-

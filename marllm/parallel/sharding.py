@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -26,24 +27,25 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from marllm.parallel.distributed import Ranks
+if TYPE_CHECKING:  # placement.py builds on this module
+    from marllm.parallel.placement import DataParallel
 
 _ONE_UNIT_WARNING = 10_000_000  # parameters: below, a model is small enough to gather whole (a value head, a test's)
 
 
-def shard_module(module: nn.Module, ranks: Ranks, compute_dtype: torch.dtype | None = None) -> nn.Module:
-    """Shard ``module`` over ``ranks`` in place (FSDP2) and return it.
+def shard_module(module: nn.Module, placement: DataParallel, compute_dtype: torch.dtype | None = None) -> nn.Module:
+    """Shard ``module`` over the ranks of ``placement`` in place (FSDP2) and return it.
 
-    Parameters start from rank 0's (broadcast first), then each block the model names unsplittable (transformers'
-    ``_no_split_modules``: GPT-2's ``GPT2Block``, Llama's ``LlamaDecoderLayer``, …) is sharded as one unit, and the
-    rest (embeddings, final norm, LM head, or a value head) as the root. The shards move to the rank's device
-    (``ranks.device``), so a model may be loaded on the CPU and reach its GPU a shard at a time.
+    The parameters must be equal on every rank (:meth:`~marllm.parallel.placement.Sharded.prepare` broadcasts rank
+    0's first). Each block the model names unsplittable (transformers' ``_no_split_modules``: GPT-2's ``GPT2Block``,
+    Llama's ``LlamaDecoderLayer``, …) is sharded as one unit, and the rest (embeddings, final norm, LM head, or a
+    value head) as the root. The shards move to the rank's device (``placement.device``), so a model may be loaded on
+    the CPU and reach its GPU a shard at a time.
     ``compute_dtype`` (e.g. bfloat16): the weights are gathered in it for forwards and backwards, while the shards
     keep their dtype and gradients are summed in float32 (FSDP's ``MixedPrecisionPolicy``); None computes in the
     shards' dtype.
     """
-    ranks.broadcast_(list(module.parameters()))
-    mesh = init_device_mesh(ranks.device.type, (ranks.world_size,))
+    mesh = init_device_mesh(placement.device.type, (placement.world_size,))
     blocks = set(getattr(module, "_no_split_modules", None) or ())
     if not blocks and sum(p.numel() for p in module.parameters()) > _ONE_UNIT_WARNING:
         warnings.warn(

@@ -26,14 +26,13 @@ def run_placement(config: TrainConfig) -> Placement:
         ConfigError: the config does not fit the number of ranks.
     """
     config.check_placement(launched_world_size())
-    ranks = join_ranks(config.model.device)
-    if ranks is None:
-        return Placement()
     model = config.model
+    if not join_ranks(model.device):
+        return Placement()
     if not model.fsdp:
-        return DataParallel(ranks)
+        return DataParallel.of_default_group()
     compute_dtype = resolve_dtype(model.fsdp_compute_dtype) if model.fsdp_compute_dtype is not None else None
-    return Sharded(ranks, compute_dtype, model.fsdp_gather_for_generation)
+    return Sharded.of_default_group(compute_dtype=compute_dtype, gather_for_generation=model.fsdp_gather_for_generation)
 
 
 def build_env(config: TrainConfig, task: TaskParts, placement: Placement | None = None) -> AECEnv:

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from marllm.algorithms.rollout import Rollout
-from marllm.parallel.distributed import WORLD_SIZE_VARIABLE, Ranks, join_ranks, leave_ranks
+from marllm.parallel.distributed import WORLD_SIZE_VARIABLE, leave_ranks
 from marllm.parallel.placement import DataParallel
 from marllm.testing.conformance import Observation, _play
 from marllm.utils.imports import load_reference
@@ -82,12 +82,13 @@ def check_two_ranks_equal_one_process(
 
 
 def run_ranks(
-    work: Callable[[str, Ranks], None], directory: str | Path, world_size: int = 2, timeout: float = 600
+    work: Callable[[str, DataParallel], None], directory: str | Path, world_size: int = 2, timeout: float = 600
 ) -> None:
-    """``work(directory, ranks)`` on ``world_size`` gloo ranks of this machine, each its own process (forked
-    on Linux, see above), which meet through a file store in ``directory``; it returns once every rank has. ``work``
-    must be a module-level function (a spawned rank imports it); ``directory`` is where the ranks read their job and
-    write what they found.
+    """``work(directory, placement)`` on ``world_size`` gloo ranks of this machine, each its own process (forked
+    on Linux, see above), which meet through a file store in ``directory``; it returns once every rank has.
+    ``placement`` is the rank's :class:`~marllm.parallel.placement.DataParallel`: its ``rank``, ``world_size`` and
+    collectives. ``work`` must be a module-level function (a spawned rank imports it); ``directory`` is where the
+    ranks read their job and write what they found.
 
     Raises:
         AssertionError: a rank failed (with its traceback; the other ranks are ended), or the ranks did not finish
@@ -149,7 +150,7 @@ def _error_file(directory: str, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.error"
 
 
-def _rank(work: Callable[[str, Ranks], None], directory: str, store: str, rank: int, world_size: int) -> None:
+def _rank(work: Callable[[str, DataParallel], None], directory: str, store: str, rank: int, world_size: int) -> None:
     """One rank's process: joins the group through the file store ``store``, does its work, leaves the group. A
     failure's traceback is written before the group is left, which fails the peers' collectives: the first traceback
     written is the cause."""
@@ -157,9 +158,7 @@ def _rank(work: Callable[[str, Ranks], None], directory: str, store: str, rank: 
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
-        ranks = join_ranks("cpu")
-        assert ranks is not None
-        work(directory, ranks)
+        work(directory, DataParallel.of_default_group())
     except BaseException:
         _error_file(directory, rank).write_text(traceback.format_exc())
         raise
@@ -229,11 +228,11 @@ def rank_slice(rollout: Rollout, rank: int, world_size: int) -> Rollout:
     return part
 
 
-def _update_slice(directory: str, ranks: Ranks) -> None:
+def _update_slice(directory: str, placement: DataParallel) -> None:
     """One rank's work: its slice of every turn of ``DIR/job.pt``, one update, and what it did into
     ``DIR/rank<r>.pt``."""
     job = torch.load(Path(directory) / "job.pt", weights_only=False)
-    learner = load_reference(job["factory"])(placement=DataParallel(ranks), **job["options"])
-    rank, world_size = ranks.rank, ranks.world_size
+    learner = load_reference(job["factory"])(placement=placement, **job["options"])
+    rank, world_size = placement.rank, placement.world_size
     result = _update(learner, [rank_slice(rollout, rank, world_size) for rollout in job["rollouts"]])
     torch.save(result, Path(directory) / f"rank{rank}.pt")
