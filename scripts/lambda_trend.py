@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,7 +36,7 @@ import yaml
 from marllm.games.opponents import OPPONENT_REGISTRY
 from marllm.studies.aggregate import last_iterations_label
 from marllm.utils.jsonl import read_jsonl
-from marllm.utils.statistics import estimate, linear_trend
+from marllm.utils.statistics import CONFIDENCE, estimate, t_quantile
 
 METRICS = ("cooperation_rate", "payoff")
 """The metrics summarised by default: a social dilemma's."""
@@ -195,6 +197,40 @@ def check_json_path(path: Path) -> None:
     folder = next((parent for parent in path.parents if parent.exists()), None)
     if folder is not None and not folder.is_dir():
         raise ValueError(f"--json {path}: {folder} is a file, not a folder; give a file path in a folder")
+
+
+class Trend(NamedTuple):
+    """The least-squares slope of y on x with its 95% Student-t interval (df = n − 2; None below 3 points or when
+    every x is the same), and the intercept."""
+
+    slope: float | None
+    low: float | None
+    high: float | None
+    intercept: float | None
+    n: int
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {"slope": self.slope, "ci_low": self.low, "ci_high": self.high, "intercept": self.intercept, "n": self.n}
+
+
+def linear_trend(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> Trend:
+    """Ordinary least squares y ≈ a + b·x over paired points (every run of a study: x its setting, y its result), and
+    b's 95% t interval from the residuals' standard error."""
+    xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if xs.shape != ys.shape or xs.ndim != 1:
+        raise ValueError(f"linear_trend needs two 1-d sequences of one length, got shapes {xs.shape} and {ys.shape}")
+    n = len(xs)
+    spread = float(((xs - xs.mean()) ** 2).sum()) if n else 0.0
+    if n < 2 or spread == 0.0:
+        return Trend(None, None, None, None, n)
+    slope = float(((xs - xs.mean()) * (ys - ys.mean())).sum() / spread)
+    intercept = float(ys.mean() - slope * xs.mean())
+    if n < 3:
+        return Trend(slope, None, None, intercept, n)
+    residuals = ys - (intercept + slope * xs)
+    se = math.sqrt(float((residuals**2).sum()) / (n - 2) / spread)
+    half = t_quantile(0.5 + CONFIDENCE / 2, n - 2) * se
+    return Trend(slope, slope - half, slope + half, intercept, n)
 
 
 def summarise(

@@ -20,7 +20,7 @@ from marllm.studies.aggregate import (
     welch_difference,
 )
 from marllm.studies.report import build_study_report
-from marllm.utils.statistics import linear_trend
+from tests.test_probe_findings import load_lambda_trend
 
 N_ITERATIONS = 8
 LAST_K = 3
@@ -69,6 +69,7 @@ def test_welch_difference_hand_computed():
 
 
 def test_linear_trend_hand_computed():
+    linear_trend = load_lambda_trend().linear_trend
     # y = 1 + 2x exactly at x = 0, 1, 2, then one point off the line: residual standard error by hand.
     x, y = [0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 5.0, 8.0]
     mx, my = 1.5, 4.25

@@ -21,12 +21,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from marllm.assets import resolve_model
 from marllm.config import TrainConfig
 from marllm.envs.text_env import SequentialTextEnv
-from marllm.evaluation.deployed import HELD_OUT, checkpoint_generator, held_out_rows, queries_kind
+from marllm.evaluation.deployed import HELD_OUT, build_task, checkpoint_generator, held_out_rows, queries_kind
 from marllm.loop import ActOnly, play_episode
-from marllm.models.policy import load_tokenizer
 from marllm.utils.statistics import Estimate, estimate
 
 Generate = Callable[[Sequence[str]], list[str]]
@@ -91,7 +89,7 @@ class CrossPlayResult:
             lines += ["", "gain over answering alone, paired over queries: mean [95% interval]", "", *header]
             for row in self.rows()[1:]:
                 gains = [self.gain(row, model) for model in self.models]
-                lines.append(f"| {row} | " + " | ".join(_interval(g) for g in gains) + " |")
+                lines.append(f"| {row} | " + " | ".join(interval(g, signed=True) for g in gains) + " |")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,10 +209,13 @@ def _cell(episode: dict[str, np.ndarray], role: str, partner: str | None, model:
     return CrossPlayCell(role, partner, model, float(rewards.mean()), error, rewards)
 
 
-def _interval(value: Estimate) -> str:
+def interval(value: Estimate, signed: bool = False) -> str:
+    """``mean [low, high]`` to three decimals, the mean alone where the interval is undefined; ``signed``: each
+    number with its sign (a gain)."""
+    spec = "+.3f" if signed else ".3f"
     if value.low is None or value.high is None:
-        return f"{value.mean:+.3f}"
-    return f"{value.mean:+.3f} [{value.low:+.3f}, {value.high:+.3f}]"
+        return f"{value.mean:{spec}}"
+    return f"{value.mean:{spec}} [{value.low:{spec}}, {value.high:{spec}}]"
 
 
 def checkpoint_label(checkpoint: str) -> str:
@@ -262,6 +263,42 @@ def expand_checkpoints(entries: Iterable[str]) -> list[str]:
     return expanded
 
 
+def checkpoint_env(
+    config: TrainConfig, checkpoints: Sequence[str], num_queries: int | None, batch_size: int, what: str
+) -> tuple[SequentialTextEnv, list[str], Callable[[str], Generate], str]:
+    """What an evaluation of saved models plays: the env of ``config``'s task on its first ``num_queries`` held-out
+    queries (None: all; see :func:`held_out_rows`) as one batch, with the config's roles, turn order, templates and
+    task reward; the models' names (:func:`checkpoint_label` of each of :func:`expand_checkpoints`); ``load(name)``,
+    the generate function of a named model (:func:`checkpoint_generator`, ``batch_size`` prompts per call); and what
+    the queries are (:func:`queries_kind`).
+
+    Raises:
+        ValueError: ``num_queries`` is below 1 (``what`` names the evaluation in the message).
+        FileNotFoundError: as :func:`expand_checkpoints`.
+    """
+    if num_queries is not None and num_queries < 1:
+        raise ValueError(f"{what} needs at least one query, got num_queries={num_queries}")
+    paths = expand_checkpoints(checkpoints)
+    labels = [checkpoint_label(p) for p in paths]
+    by_label = dict(zip(labels, paths, strict=True))
+    task = build_task(config)
+    rows = held_out_rows(task, num_queries)
+    env = SequentialTextEnv(
+        rows,
+        config.env.roles,
+        config.role_templates(task.templates),
+        task.reward_fn,
+        batch_size=len(rows),
+        turns=config.env.turns,
+        turn_rewards=config.env.turn_rewards,
+    )
+
+    def load(label: str) -> Generate:
+        return checkpoint_generator(config, by_label[label], label, batch_size)
+
+    return env, labels, load, queries_kind(task, config.task)
+
+
 def cross_play_of_checkpoints(
     config: TrainConfig,
     checkpoints: Sequence[str],
@@ -276,25 +313,11 @@ def cross_play_of_checkpoints(
     ``checkpoints`` holds ``base``, ``RUN_DIR/checkpoints/LEARNER`` directories and run directories (every learner
     of the run). Each model answers with its own tokenizer (see :func:`load_deployed_model`).
     """
-    if num_queries is not None and num_queries < 1:
-        raise ValueError(f"cross-play needs at least one query, got num_queries={num_queries}")
+    # Checked first: past it every role speaks once, so the env's turns and turn_rewards change no reward.
     if config.speaking_order != config.env.roles:
         raise ValueError(
             f"cross-play puts one model in each role, which speaks once; env.turns {config.env.turns} lets a role "
             f"speak several times (evaluate such runs with marllm eval without --cross-play)"
         )
-    paths = expand_checkpoints(checkpoints)
-    labels = [checkpoint_label(p) for p in paths]
-    by_label = dict(zip(labels, paths, strict=True))
-    base_path = resolve_model(config.model.name_or_path)
-    task_tokenizer = load_tokenizer(base_path, trust_remote_code=config.model.trust_remote_code)
-    task = config.task.build(task_tokenizer, config.seed, config.model.device)
-    rows = held_out_rows(task, num_queries)
-    env = SequentialTextEnv(
-        rows, config.env.roles, config.role_templates(task.templates), task.reward_fn, batch_size=len(rows)
-    )
-
-    def load(label: str) -> Generate:
-        return checkpoint_generator(config, by_label[label], label, batch_size)
-
-    return cross_play(env, labels, load, seed, progress, queries_kind(task, config.task))
+    env, labels, load, queries = checkpoint_env(config, checkpoints, num_queries, batch_size, "cross-play")
+    return cross_play(env, labels, load, seed, progress, queries)

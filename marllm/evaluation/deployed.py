@@ -216,16 +216,16 @@ def evaluate_alone(
 def evaluate_pass_at_k_alone(
     config: TrainConfig,
     learners: Mapping[str, Learner],
-    progress: bool | None = None,
-    task: TaskParts | None = None,
+    progress: bool,
+    task: TaskParts,
     placement: Placement | None = None,
 ) -> list[dict[str, Any]]:
-    """pass@k of the base model and of each learner deployed alone, on the task's eval split (``task``'s held-out
-    rows and reward, when the built task is given), with the ``logging.pass_at_k*`` settings of ``config``; one
-    :meth:`PassAtKResult.to_dict` per model. ``progress``: show progress bars (None: ``logging.progress``);
-    ``placement``: the run's placement across processes (None: whole models on one process)."""
+    """pass@k of the base model and of each learner deployed alone, on the built ``task``'s held-out rows (its eval
+    split) scored by its reward, with the ``logging.pass_at_k*`` settings of ``config``; one
+    :meth:`PassAtKResult.to_dict` per model. ``progress``: show progress bars; ``placement``: the run's placement
+    across processes (None: whole models on one process)."""
     log = config.logging
-    problems = eval_problems(config, log.pass_at_k_problems, task)
+    problems = held_out_rows(task, log.pass_at_k_problems)
     results = []
     for name, model, tokenizer in deployed_models(config, learners, placement):
         result = pass_at_k_of_model(
@@ -233,12 +233,12 @@ def evaluate_pass_at_k_alone(
             tokenizer,
             config,
             problems,
+            task.reward_fn,
             name,
             log.pass_at_k,
             log.pass_at_k_samples,
             seed=config.seed,
-            progress=log.progress if progress is None else progress,
-            reward_fn=None if task is None else task.reward_fn,
+            progress=progress,
         )
         results.append(result.to_dict())
     return results
@@ -259,9 +259,9 @@ def evaluate_pass_at_k(
     check_pass_at_k_request(config, ks, samples)
     task = build_task(config)
     model, label, tokenizer = load_deployed_model(config, checkpoint)
-    problems = eval_problems(config, limit, task)
+    problems = held_out_rows(task, limit)
     return pass_at_k_of_model(
-        model, tokenizer, config, problems, label, ks, samples, batch_size, seed, progress, task.reward_fn
+        model, tokenizer, config, problems, task.reward_fn, label, ks, samples, batch_size, seed, progress
     )
 
 
@@ -279,38 +279,28 @@ def check_pass_at_k_request(config: TrainConfig, ks: list[int], samples: int) ->
         raise ValueError(f"pass@k needs 1 <= k <= samples ({samples}); got k = {bad or ks}")
 
 
-def eval_problems(config: TrainConfig, limit: int | None = None, task: TaskParts | None = None) -> list[dict[str, Any]]:
-    """The first ``limit`` problems of the built ``task``'s held-out rows, else of the task's eval split."""
-    if task is not None:
-        return held_out_rows(task, limit)
-    problems = config.task.load_split(config.task.eval_split)
-    count = len(problems) if limit is None else min(limit, len(problems))
-    return [dict(problems[i]) for i in range(count)]
-
-
 @torch.no_grad()
 def pass_at_k_of_model(
     model: PreTrainedModel,
     tokenizer: Any,
     config: TrainConfig,
     problems: list[dict[str, Any]],
+    reward_fn: Any,
     label: str,
     ks: list[int],
     samples: int,
     batch_size: int = 64,
     seed: int = 0,
     progress: bool = True,
-    reward_fn: Any = None,
 ) -> PassAtKResult:
     """Sample ``samples`` answers per problem and compute the unbiased pass@k estimator.
 
     The prompt is the first role's template (the pioneer's: the query alone), as a CORY agent is used at
-    inference, scored by ``reward_fn`` (None: the task config's ``reward()``) as that role's answers. Sampling uses
-    the config's generation settings with the full ``max_new_tokens`` budget.
+    inference, scored by ``reward_fn`` (the built task's) as that role's answers. Sampling uses the config's
+    generation settings with the full ``max_new_tokens`` budget.
     """
     check_pass_at_k_request(config, ks, samples)
     model.eval()
-    reward_fn = config.task.reward() if reward_fn is None else reward_fn
     role = config.env.roles[0]
     prompts = deployed_prompts(config, problems)
     # Every problem is asked `samples` times; batches mix problems so that each generate call is full.

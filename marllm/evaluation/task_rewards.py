@@ -24,19 +24,10 @@ from marllm.config import TrainConfig
 from marllm.envs.info_keys import TASK_REWARDS
 from marllm.envs.text_env import SequentialTextEnv
 from marllm.envs.turns import turn_names
-from marllm.evaluation.cross_play import check_distinct_names, checkpoint_label, expand_checkpoints
-from marllm.evaluation.deployed import (
-    HELD_OUT,
-    build_task,
-    checkpoint_generator,
-    held_out_rows,
-    queries_kind,
-)
+from marllm.evaluation.cross_play import Generate, check_distinct_names, checkpoint_env, interval
+from marllm.evaluation.deployed import HELD_OUT
 from marllm.loop import ActOnly, play_episode
 from marllm.utils.statistics import Estimate, estimate
-
-Generate = Callable[[Sequence[str]], Sequence[str]]
-"""``generate(prompts) -> one response per prompt``: a model answering a batch of prompts."""
 
 
 @dataclass
@@ -81,7 +72,7 @@ class TaskRewardResult:
         lines = ["| | " + " | ".join(self.models) + " |", "|---" * (len(self.models) + 1) + "|"]
         for row in self.rows():
             label = row if row in self.roles else f"{row} (turn)"
-            cells = [_interval(self.estimate(row, model)) for model in self.models]
+            cells = [interval(self.estimate(row, model)) for model in self.models]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -164,33 +155,5 @@ def task_rewards_of_checkpoints(
     ``checkpoints`` holds ``base``, ``RUN_DIR/checkpoints/LEARNER`` directories and run directories (every learner
     of the run), each named as in cross-play (``base``, ``RUN/LEARNER``).
     """
-    if num_queries is not None and num_queries < 1:
-        raise ValueError(f"the evaluation needs at least one query, got num_queries={num_queries}")
-    paths = expand_checkpoints(checkpoints)
-    labels = [checkpoint_label(p) for p in paths]
-    by_label = dict(zip(labels, paths, strict=True))
-    task = build_task(config)
-    rows = held_out_rows(task, num_queries)
-    env = SequentialTextEnv(
-        rows,
-        config.env.roles,
-        config.role_templates(task.templates),
-        task.reward_fn,
-        batch_size=len(rows),
-        turns=config.env.turns,
-        turn_rewards=config.env.turn_rewards,
-    )
-    return task_rewards(
-        env,
-        labels,
-        lambda label: checkpoint_generator(config, by_label[label], label, batch_size),
-        seed,
-        queries_kind(task, config.task),
-        progress,
-    )
-
-
-def _interval(value: Estimate) -> str:
-    if value.low is None or value.high is None:
-        return f"{value.mean:.3f}"
-    return f"{value.mean:.3f} [{value.low:.3f}, {value.high:.3f}]"
+    env, labels, load, queries = checkpoint_env(config, checkpoints, num_queries, batch_size, "the evaluation")
+    return task_rewards(env, labels, load, seed, queries, progress)

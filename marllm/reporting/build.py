@@ -14,10 +14,11 @@ from marllm.reporting.indicators import final_means, final_window, phase_times
 from marllm.reporting.plots import (
     SMOOTHING_SPAN,
     curve_colors,
-    plot_by_role,
+    metric_figure,
     plot_collapse,
-    plot_metric,
     plot_reward_vs_kl,
+    role_figure,
+    save_figure,
     smooths,
 )
 from marllm.reporting.report_dir import REPORT_KIND, SUMMARY_FILE, claim_report_dir, remove_stale
@@ -130,9 +131,9 @@ def _draw_figures(runs: Sequence[Run], all_curves: list[Any], out_dir: Path, smo
     figures: dict[str, str | None] = {}
     for metric, title in CURVE_METRICS:
         name = f"{metric}.png"
-        drawn = plot_metric(all_curves, colors, metric, title, out_dir / name, smoothing)
+        drawn = save_figure(metric_figure(all_curves, colors, metric, title, smoothing), out_dir / name)
         figures[metric] = name if drawn else None
-    by_role = plot_by_role(runs, "task_reward", "Task reward by role", out_dir / BY_ROLE_FILE, smoothing)
+    by_role = save_figure(role_figure(runs, "task_reward", "Task reward by role", smoothing), out_dir / BY_ROLE_FILE)
     figures["task_reward_by_role"] = BY_ROLE_FILE if by_role else None
     figures["reward_vs_kl"] = SCATTER_FILE if plot_reward_vs_kl(all_curves, colors, out_dir / SCATTER_FILE) else None
     figures["collapse"] = COLLAPSE_FILE if plot_collapse(all_curves, colors, out_dir / COLLAPSE_FILE) else None

@@ -21,8 +21,9 @@ from marllm.reporting.runs import Curve, Run
 
 Color = tuple[float, ...]
 
-_FIGSIZE = (7.0, 4.2)
-_DPI = 120
+FIGSIZE = (7.0, 4.2)
+"""The size in inches of a one-panel figure, a report's or a study report's."""
+DPI = 120
 
 SMOOTHING_SPAN = 3
 """A curve is smoothed only when it has at least this many windows of points: a moving average over a third or more
@@ -49,45 +50,50 @@ def curve_colors(n: int) -> list[Color]:
     return [palette[i % len(palette)] for i in range(n)]
 
 
-def plot_metric(
-    curves: Sequence[Curve],
-    colors: Sequence[Color],
-    metric: str,
-    title: str,
-    path: Path,
-    smoothing: int = 1,
-) -> bool:
-    """One line per curve of ``<learner>/<metric>`` against the iteration (see :func:`metric_figure`).
-
-    Returns False (and writes nothing) when no curve has a value of that metric.
-    """
-    fig = metric_figure(curves, colors, metric, title, smoothing)
+def save_figure(fig: Figure | None, path: Path) -> bool:
+    """Save ``fig`` as the PNG ``path``; returns False (and writes nothing) when there is no figure (None: nothing to
+    draw)."""
     if fig is None:
         return False
-    fig.savefig(path, dpi=_DPI)
+    fig.savefig(path, dpi=DPI)
     return True
 
 
 def metric_figure(
     curves: Sequence[Curve], colors: Sequence[Color], metric: str, title: str, smoothing: int = 1
 ) -> Figure | None:
-    """The figure of :func:`plot_metric`, or None when no curve has a value of ``metric``.
+    """One line per curve of ``<learner>/<metric>`` against the iteration (see :func:`line_figure`), or None when no
+    curve has a value of ``metric``."""
+    lines, line_colors = [], []
+    for curve, color in zip(curves, colors, strict=True):
+        iterations, values = curve.series(metric)
+        if len(values):
+            lines.append((curve.label, iterations, values))
+            line_colors.append(color)
+    return line_figure(lines, line_colors, metric, title, smoothing)
+
+
+def line_figure(
+    lines: Sequence[tuple[str, np.ndarray, np.ndarray]],
+    colors: Sequence[Color],
+    metric: str,
+    title: str,
+    smoothing: int = 1,
+) -> Figure | None:
+    """``metric`` against the iteration, one line per ``(label, iterations, values)`` of ``lines`` in its colour of
+    ``colors``; None when there is no line.
 
     With ``smoothing > 1`` a curve long enough for it (:func:`smooths`) is drawn bold as its trailing moving average
     over the faint raw values; a shorter one is drawn raw, bold, with a dot per iteration.
     """
-    fig = Figure(figsize=_FIGSIZE, layout="constrained")
-    ax = fig.add_subplot()
-    drawn = smoothed = False
-    for curve, color in zip(curves, colors, strict=True):
-        iterations, values = curve.series(metric)
-        if len(values) == 0:
-            continue
-        _draw(ax, iterations, values, color, curve.label, smoothing)
-        smoothed |= smooths(len(values), smoothing)
-        drawn = True
-    if not drawn:
+    if not lines:
         return None
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
+    ax = fig.add_subplot()
+    smoothed = False
+    for (label, iterations, values), color in zip(lines, colors, strict=True):
+        _draw(ax, iterations, values, color, label, smoothing)
+        smoothed |= smooths(len(values), smoothing)
     note = f" (moving average over {smoothing} iterations)" if smoothed else ""
     ax.set(xlabel="iteration", ylabel=metric, title=title + note)
     _finish_axes(fig, ax)
@@ -107,18 +113,9 @@ def changes_roles(run: Run, learner: str) -> bool:
     return len(run.roles_held(learner)) > 1
 
 
-def plot_by_role(runs: Sequence[Run], metric: str, title: str, path: Path, smoothing: int = 1) -> bool:
-    """One line per role of each run whose learners change roles: ``metric`` of whichever learner played the role
-    at each iteration. Returns False (and writes nothing) when no run has a learner that changed role."""
-    fig = role_figure(runs, metric, title, smoothing)
-    if fig is None:
-        return False
-    fig.savefig(path, dpi=_DPI)
-    return True
-
-
 def role_figure(runs: Sequence[Run], metric: str, title: str, smoothing: int = 1) -> Figure | None:
-    """The figure of :func:`plot_by_role`, or None."""
+    """One line per role of each run whose learners change roles: ``metric`` of whichever learner played the role
+    at each iteration (see :func:`line_figure`). None when no run has a learner that changed role."""
     lines = []
     for run in runs:
         if not any(changes_roles(run, learner) for learner in run.learners):
@@ -128,24 +125,13 @@ def role_figure(runs: Sequence[Run], metric: str, title: str, smoothing: int = 1
             iterations, values = run.role_series(metric, role)
             if len(values):
                 lines.append((f"{run.display} {role}", iterations, values))
-    if not lines:
-        return None
-    fig = Figure(figsize=_FIGSIZE, layout="constrained")
-    ax = fig.add_subplot()
-    smoothed = False
-    for (label, iterations, values), color in zip(lines, curve_colors(len(lines)), strict=True):
-        _draw(ax, iterations, values, color, label, smoothing)
-        smoothed |= smooths(len(values), smoothing)
-    note = f" (moving average over {smoothing} iterations)" if smoothed else ""
-    ax.set(xlabel="iteration", ylabel=metric, title=title + note)
-    _finish_axes(fig, ax)
-    return fig
+    return line_figure(lines, curve_colors(len(lines)), metric, title, smoothing)
 
 
 def plot_reward_vs_kl(curves: Sequence[Curve], colors: Sequence[Color], path: Path) -> bool:
     """Task reward against KL, one point per iteration, the final iteration starred: the Pareto view (up and
     to the left is better). Returns False when no iteration logs both numbers."""
-    fig = Figure(figsize=_FIGSIZE, layout="constrained")
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
     drawn = False
     for curve, color in zip(curves, colors, strict=True):
@@ -165,14 +151,13 @@ def plot_reward_vs_kl(curves: Sequence[Curve], colors: Sequence[Color], path: Pa
     ax.set(xlabel="KL to reference", ylabel="task reward", title="Task reward vs KL (★ = final iteration)")
     ax.grid(alpha=0.3)
     fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
-    fig.savefig(path, dpi=_DPI)
-    return True
+    return save_figure(fig, path)
 
 
 def plot_collapse(curves: Sequence[Curve], colors: Sequence[Color], path: Path) -> bool:
     """Distinct-2 and repeated-token fraction of the logged training samples per iteration; False when no run
     has samples."""
-    fig = Figure(figsize=(_FIGSIZE[0], 1.6 * _FIGSIZE[1]), layout="constrained")
+    fig = Figure(figsize=(FIGSIZE[0], 1.6 * FIGSIZE[1]), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
     drawn = False
     for curve, color in zip(curves, colors, strict=True):
@@ -190,5 +175,4 @@ def plot_collapse(curves: Sequence[Curve], colors: Sequence[Color], path: Path) 
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
     fig.legend(*top.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
-    fig.savefig(path, dpi=_DPI)
-    return True
+    return save_figure(fig, path)

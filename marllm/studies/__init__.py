@@ -6,8 +6,7 @@ below are imported on first use, so that ``marllm.studies.report`` loads without
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from marllm.utils.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "Executor": "marllm.studies.execute",
@@ -23,7 +22,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'marllm.studies' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), __all__)

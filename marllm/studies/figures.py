@@ -12,18 +12,16 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from marllm.reporting.plots import curve_colors
+from marllm.reporting.plots import FIGSIZE, curve_colors, save_figure
 from marllm.studies.cells import MEAN, METRICS, ROLE_PREFIX, Cell, show
 
-_FIGSIZE = (7.0, 4.2)
-_DPI = 120
 _LINESTYLES = ("-", "--", ":", "-.")
 
 
 def plot_curves(cells, summaries, colors, metric: str, title: str, path: Path, by_role: bool = False) -> bool:
     """Mean ± std curves of ``metric``: each learner of a cell (``mean`` for a single learner), or, ``by_role``, each
     exchanged role of a cell (cells without an exchange are left out)."""
-    fig = Figure(figsize=_FIGSIZE, layout="constrained")
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
     drawn = False
     for cell, summary in zip(cells, summaries, strict=True):
@@ -57,8 +55,7 @@ def plot_curves(cells, summaries, colors, metric: str, title: str, path: Path, b
     ax.set(xlabel="iteration", ylabel=title, title=f"{title}: mean ± std over seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    fig.savefig(path, dpi=_DPI)
-    return True
+    return save_figure(fig, path)
 
 
 def _errors(entry: dict[str, Any]) -> float:
@@ -67,7 +64,7 @@ def _errors(entry: dict[str, Any]) -> float:
 
 def plot_axis(cells: list[Cell], finals, axis: str, path: Path) -> bool:
     """Final ``mean`` metrics against one axis's values, error bars = std over seeds, one line per variant."""
-    fig = Figure(figsize=(_FIGSIZE[0], 2.2 * _FIGSIZE[1]), layout="constrained")
+    fig = Figure(figsize=(FIGSIZE[0], 2.2 * FIGSIZE[1]), layout="constrained")
     panels = fig.subplots(len(METRICS), 1, sharex=True)
     ticks = sorted({show(c.axes[axis]) for c in cells if axis in c.axes})
     numeric = all(isinstance(c.axes.get(axis), (int, float)) for c in cells if axis in c.axes)
@@ -96,12 +93,11 @@ def plot_axis(cells: list[Cell], finals, axis: str, path: Path) -> bool:
     panels[-1].set(xlabel=axis)
     panels[0].set(title=f"Final metrics (mean of learners) vs {axis}\nbars = std over seeds")
     panels[0].legend()
-    fig.savefig(path, dpi=_DPI)
-    return True
+    return save_figure(fig, path)
 
 
 def plot_reward_vs_kl(cells: list[Cell], finals, pareto, colors, path: Path) -> bool:
-    fig = Figure(figsize=_FIGSIZE, layout="constrained")
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
     ax = fig.add_subplot()
     points: dict[str, tuple[float, float]] = {}
     for cell in cells:
@@ -144,5 +140,4 @@ def plot_reward_vs_kl(cells: list[Cell], finals, pareto, colors, path: Path) -> 
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    fig.savefig(path, dpi=_DPI)
-    return True
+    return save_figure(fig, path)
