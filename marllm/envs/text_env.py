@@ -45,7 +45,7 @@ from pettingzoo import AECEnv
 from pettingzoo.utils import wrappers
 
 from marllm.envs.info_keys import BATCH_REWARDS, QUERIES, TASK_REWARDS, TURN_BATCH_REWARDS, TURN_TASK_REWARDS
-from marllm.envs.reward_context import RewardContext, reward_name, rewards_by_role, wants_context
+from marllm.envs.reward_context import RewardContext, reward_name, rewards_by_role, score
 from marllm.envs.spaces import TextBatch
 from marllm.envs.templates import PromptFn, check_templates
 from marllm.envs.text_inputs import check_batch_sizes, check_dataset, describe_action, warn_if_queries_repeat
@@ -133,7 +133,6 @@ class SequentialTextEnv(AECEnv):
         self.templates = check_templates(templates, self.roles, columns, self.turns, dataset)
         self.reward_fn = reward_fn
         self.role_rewards = rewards_by_role(reward_fn, self.roles)
-        self._wants_context = {role: wants_context(fn) for role, fn in self.role_rewards.items()}
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.render_mode = render_mode
@@ -284,10 +283,7 @@ class SequentialTextEnv(AECEnv):
         name = reward_name(reward_fn)
         who = self._who(turn)
         try:
-            if self._wants_context[role]:
-                values = reward_fn(self.samples, list(self.turn_responses[turn]), context=self.reward_context(turn))
-            else:
-                values = reward_fn(self.samples, list(self.turn_responses[turn]))
+            values = score(reward_fn, self.samples, list(self.turn_responses[turn]), self.reward_context(turn))
         except Exception as error:
             raise RewardFunctionError(f"reward function {name} raised on the responses of {who}: {error!r}") from error
         try:

@@ -11,7 +11,7 @@ from typing import Any
 
 from marllm.games.env import BatchedGameEnv
 from marllm.games.env.factory import game_factory
-from marllm.games.opponents import FIXED_OPPONENTS, Seat, SeatArguments, build_opponent, is_reference, opponent
+from marllm.games.opponents import FIXED_OPPONENTS, OPPONENT_REGISTRY, Seat, SeatArguments, build_opponent, opponent
 from marllm.games.settings import GameConfig
 
 
@@ -40,7 +40,7 @@ def fixed_player(game: GameConfig, kind: str, name: str, seed: int) -> Any:
     Raises:
         ValueError: ``kind`` is neither, or is an opponent that watches a learner.
     """
-    if not (kind in FIXED_OPPONENTS or is_reference(kind)) or opponent(kind).learner is not None:
+    if not (kind in FIXED_OPPONENTS or OPPONENT_REGISTRY.is_reference(kind)) or opponent(kind).learner is not None:
         raise ValueError(f"unknown fixed player {kind!r}; the fixed players are {list(FIXED_OPPONENTS)}")
     # the settings of the config's seat of this opponent, where it seats one; else the opponent's defaults
     seated = [seat.settings for seat in game.seats if seat.kind == kind]

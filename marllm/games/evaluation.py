@@ -173,7 +173,7 @@ def check_opponents(game: GameConfig, opponents: Sequence[str]) -> None:
     for name in opponents:
         if name == SELF:
             continue
-        reference = catalog.is_reference(name) and reference_problem(name) is None
+        reference = catalog.OPPONENT_REGISTRY.is_reference(name) and reference_problem(name) is None
         known = name in catalog.FIXED_OPPONENTS or reference
         if not known or catalog.opponent(name).learner is not None:
             raise ValueError(f"unknown opponent {name!r}; the opponents are {list(OPPONENTS)} or a class by reference")

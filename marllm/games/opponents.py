@@ -262,11 +262,7 @@ class Seat:
             why = reference_problem(kind) if OPPONENT_REGISTRY.is_reference(kind) else "no opponent has that name"
             if why is not None:
                 raise ValueError(f"{path}: {kind!r} is not a seat; a seat is {_valid_seats()} ({why})")
-        settings_class = (
-            OPPONENT_REGISTRY.entry(kind, path).Settings
-            if OPPONENT_REGISTRY.is_reference(kind)
-            else (OPPONENT_REGISTRY.builtins()[kind].Settings)
-        )
+        settings_class = OPPONENT_REGISTRY.entry(kind, path).Settings
         if settings_class is None:
             if given:
                 raise ValueError(f"{path}: the opponent {kind} has no settings, got {given!r}")
@@ -328,11 +324,6 @@ def opponent(kind: str) -> type[Opponent]:
     if unknown:
         raise ValueError(f"{kind} needs {unknown}, which are not needs; they are {list(NEEDS)}")
     return entry
-
-
-def is_reference(kind: str) -> bool:
-    """Whether ``kind`` names an opponent by reference rather than by a registered name."""
-    return OPPONENT_REGISTRY.is_reference(kind)
 
 
 def build_opponent(kind: str, seat: SeatArguments, where: str | None = None) -> Any:

@@ -21,12 +21,7 @@ import torch
 from marllm.algorithms.action_registry import action_mode
 from marllm.algorithms.actions import Collector
 from marllm.games.average_policy import AveragePolicy
-from marllm.games.exploitability import (
-    ExactGame,
-    ExactProbabilities,
-    PolicySource,
-    policy_source,
-)
+from marllm.games.exploitability import ExactGame, ExactProbabilities, PolicySource, SampledFrequencies, answers_of
 from marllm.games.model_player import ModelPlayer
 from marllm.games.settings import GameConfig
 
@@ -42,14 +37,15 @@ def exact_game(game: GameConfig) -> ExactGame:
 
 
 def game_policy_source(game: GameConfig, player: Any, batch_size: int = 256) -> PolicySource:
-    """:func:`~marllm.games.exploitability.policy_source` of ``player`` with the config's parser, illegal-answer
-    policy and ``exploitability_samples``: exact (without gradients) where ``game.actions`` is ``score`` or
-    ``constrained`` and the player has ``move_probabilities``."""
+    """The policy source of ``player``: exact (without gradients) where ``game.actions`` is ``score`` or
+    ``constrained`` and the player has ``move_probabilities``, else the frequencies of its answers
+    (:class:`~marllm.games.exploitability.SampledFrequencies`) with the config's parser, illegal-answer policy and
+    ``exploitability_samples``."""
     probabilities = getattr(player, "move_probabilities", None)
     if game.actions.facts.exact_policy is not None and callable(probabilities):
         return ExactProbabilities(torch.no_grad()(probabilities))
     samples = game.actions.exploitability_samples
-    return policy_source(player, game.parser, samples, game.illegal, batch_size, exact=False)
+    return SampledFrequencies(answers_of(player), game.parser, samples, game.illegal, batch_size)
 
 
 class LearnerAnswers(ModelPlayer):

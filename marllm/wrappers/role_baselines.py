@@ -134,9 +134,6 @@ class RoleBaselines(BaseWrapper):
             raise CheckpointError(f"the role baselines {meta!r} are not (player, role, value) triples") from error
         self.values = values
 
-    def __str__(self) -> str:
-        return f"RoleBaselines<{self.env!s}>"
-
 
 def _turn_rows(info: Mapping[str, Any], width: int) -> tuple[list[Any], list[np.ndarray]]:
     """The agent's trained reward rows per turn and the dialogues each covers (every one of ``width`` where the env

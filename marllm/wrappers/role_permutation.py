@@ -126,6 +126,3 @@ class RolePermutation(BaseWrapper):
 
     def action_space(self, agent: str) -> Space:
         return self.env.action_space(self.role_of[agent])
-
-    def __str__(self) -> str:
-        return f"RolePermutation<{self.env!s}>"

@@ -125,6 +125,3 @@ class SharedReward(BaseWrapper):
                     turns = np.asarray(info[TURN_BATCH_REWARDS], dtype=np.float64)  # (T, B)
                     infos[agent][TURN_BATCH_REWARDS] = mixed[i] + own_weight * (turns - stacked[i])
         return infos
-
-    def __str__(self) -> str:
-        return f"SharedReward<{self.env!s}>"

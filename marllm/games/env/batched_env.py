@@ -53,6 +53,7 @@ from marllm.envs.info_keys import (
     TURN_DISCOUNTS,
     TURN_TASK_REWARDS,
 )
+from marllm.envs.spaces import Rows
 from marllm.envs.text_inputs import describe_action
 from marllm.games.env import keys
 from marllm.games.env.checks import check_credit, check_max_moves, check_policy, check_seats, make_game, reset_game
@@ -60,7 +61,6 @@ from marllm.games.env.credit import outcomes, seat_metrics, turn_discounts, turn
 from marllm.games.env.parsers import Parser, get_parser
 from marllm.games.env.prompts import GameTemplate, check_game_templates, check_history, delta_text, render_prompt
 from marllm.games.env.records import GameRecord, Turn, count_cooperation, describe_record, view_metrics
-from marllm.games.env.spaces import Rows
 from marllm.games.env.view_lookup import view_for
 from marllm.games.env.views import FREE_TEXT, GameView, Move
 from marllm.utils.errors import CheckpointError

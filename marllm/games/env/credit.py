@@ -10,8 +10,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-OUTCOME_NAMES = {1: "win", 0: "draw", -1: "loss"}
-
 
 def outcomes(payoffs: np.ndarray, forfeited_by: np.ndarray) -> np.ndarray:
     """(B, N) int8: +1 where a seat's payoff beats every other seat's, -1 where another seat's beats it, else 0.

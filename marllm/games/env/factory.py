@@ -21,11 +21,8 @@ from typing import Any
 import pettingzoo.classic
 from pettingzoo import AECEnv
 
-from marllm.games.env.openspiel import openspiel_factory, require_openspiel
+from marllm.games.env.openspiel import OPENSPIEL_PREFIX, load_openspiel_game, openspiel_factory, openspiel_string
 from marllm.utils.imports import load_reference
-
-OPENSPIEL_PREFIX = "openspiel:"
-"""The prefix of an OpenSpiel game string in a game name (``openspiel:kuhn_poker``)."""
 
 LOCKSTEP_GAMES = ("rps_v2",)
 """PettingZoo games in which every game of a batch lasts as many moves (the same seats, in the same order)."""
@@ -110,11 +107,6 @@ def is_openspiel_name(name: str) -> bool:
     return name.startswith(OPENSPIEL_PREFIX)
 
 
-def openspiel_string(name: str) -> str:
-    """The OpenSpiel game string of an ``openspiel:`` name."""
-    return name.removeprefix(OPENSPIEL_PREFIX).strip()
-
-
 def check_game_name(name: str) -> None:
     """Raise ``ValueError`` unless ``name`` is an installed, playable PettingZoo classic env (not in
     :data:`UNPLAYABLE`: those are refused with the reason and the OpenSpiel game to play instead) or
@@ -139,25 +131,6 @@ def check_game_name(name: str) -> None:
             "openspiel:repeated_game(stage_game=matrix_pd(),num_repetitions=5)), or a game of one's own by reference "
             "(my_game.py:env)"
         )
-
-
-def load_openspiel_game(name: str) -> Any:
-    """The ``pyspiel.Game`` of an ``openspiel:`` name; ``ValueError`` naming the game if OpenSpiel cannot load it,
-    ``ImportError`` naming ``pip install 'marllm[games]'`` without OpenSpiel."""
-    pyspiel, _ = require_openspiel()
-    string = openspiel_string(name)
-    short, registered = string.split("(")[0].strip(), pyspiel.registered_names()
-    if short not in registered:  # refused here: OpenSpiel itself would print its whole list of games first
-        close = difflib.get_close_matches(short, registered, n=3)
-        hint = f"; close names: {close}" if close else ""
-        raise ValueError(
-            f"OpenSpiel has no game {short!r}{hint} (pyspiel.registered_names() lists the {len(registered)} it has)"
-        )
-    try:
-        return pyspiel.load_game(string)
-    except pyspiel.SpielError as error:
-        first = str(error).splitlines()[0].removeprefix("OpenSpiel exception: ")
-        raise ValueError(f"OpenSpiel cannot load the game {string!r}: {first}") from None
 
 
 def game_factory(name: str, options: Mapping[str, Any] | None = None) -> Callable[[], AECEnv]:

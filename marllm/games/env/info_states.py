@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marllm.games.env import keys
-from marllm.games.env.openspiel import openspiel_env, require_openspiel
+from marllm.games.env.openspiel import load_openspiel_game, openspiel_env, require_openspiel
 from marllm.games.env.prompts import GameTemplate, check_game_templates, prompt_fields
 from marllm.games.env.view_lookup import view_for
 from marllm.games.env.views import GameView, Move
@@ -169,23 +169,12 @@ def policy_key(solved: Any, state: Any, player: int) -> str:
 
 
 def load_game(game: Any) -> Any:
-    """A ``pyspiel.Game`` from a game string (``kuhn_poker``, ``openspiel:kuhn_poker``) or a loaded game."""
-    pyspiel, _ = require_openspiel()
-    if not isinstance(game, str):
-        if isinstance(game, pyspiel.Game):
-            return game
-        raise NotEnumerableError(f"{game!r} is not an OpenSpiel game; exact evaluation takes {VALID}")
-    string = game.removeprefix("openspiel:")
-    short, registered = string.split("(")[0].strip(), pyspiel.registered_names()
-    if short not in registered:  # refused here: OpenSpiel itself would print its whole list of games first
-        raise NotEnumerableError(
-            f"OpenSpiel cannot load {game!r} (it has no game {short!r}: pyspiel.registered_names() lists the "
-            f"{len(registered)} it has); exact evaluation takes {VALID}"
-        )
+    """A ``pyspiel.Game`` from a game string (``kuhn_poker``, ``openspiel:kuhn_poker``) or a loaded game
+    (:func:`~marllm.games.env.openspiel.load_openspiel_game`), refused with a :class:`NotEnumerableError`."""
     try:
-        return pyspiel.load_game(string)
-    except pyspiel.SpielError as error:
-        raise NotEnumerableError(f"OpenSpiel cannot load {game!r} ({str(error).splitlines()[0]})") from None
+        return load_openspiel_game(game)
+    except ValueError as error:
+        raise NotEnumerableError(f"{error}; exact evaluation takes {VALID}") from None
 
 
 def enumerate_info_states(game: Any, max_info_states: int = MAX_INFO_STATES) -> GameTree:

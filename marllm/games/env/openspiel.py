@@ -12,6 +12,7 @@ the OpenSpiel state itself (``state.returns()``), so a plain shimmy env works th
 
 from __future__ import annotations
 
+import difflib
 import functools
 from typing import Any
 
@@ -20,6 +21,9 @@ from pettingzoo import AECEnv
 from marllm.games.env.views import GameView, Move, is_openspiel, register_fallback_view
 
 EXTRA = "marllm[games]"
+
+OPENSPIEL_PREFIX = "openspiel:"
+"""The prefix of an OpenSpiel game string in a game name (``openspiel:kuhn_poker``)."""
 
 
 def require_openspiel() -> tuple[Any, Any]:
@@ -33,6 +37,39 @@ def require_openspiel() -> tuple[Any, Any]:
             f"missing): pip install '{EXTRA}'"
         ) from error
     return pyspiel, shimmy
+
+
+def openspiel_string(name: str) -> str:
+    """The OpenSpiel game string of an ``openspiel:`` name (a bare game string is its own)."""
+    return name.removeprefix(OPENSPIEL_PREFIX).strip()
+
+
+def load_openspiel_game(game: Any) -> Any:
+    """The ``pyspiel.Game`` of a game string (``kuhn_poker``, ``openspiel:kuhn_poker``), or ``game`` if it is one.
+
+    Raises:
+        ValueError: (one line, naming the game) not a game string or ``pyspiel.Game``, a game OpenSpiel has not
+            registered (with close names), or parameters OpenSpiel refuses.
+        ImportError: OpenSpiel is not installed (it names ``pip install 'marllm[games]'``).
+    """
+    pyspiel, _ = require_openspiel()
+    if not isinstance(game, str):
+        if isinstance(game, pyspiel.Game):
+            return game
+        raise ValueError(f"{game!r} is not an OpenSpiel game")
+    string = openspiel_string(game)
+    short, registered = string.split("(")[0].strip(), pyspiel.registered_names()
+    if short not in registered:  # refused here: OpenSpiel itself would print its whole list of games first
+        close = difflib.get_close_matches(short, registered, n=3)
+        hint = f"; close names: {close}" if close else ""
+        raise ValueError(
+            f"OpenSpiel has no game {short!r}{hint} (pyspiel.registered_names() lists the {len(registered)} it has)"
+        )
+    try:
+        return pyspiel.load_game(string)
+    except pyspiel.SpielError as error:
+        first = str(error).splitlines()[0].removeprefix("OpenSpiel exception: ")
+        raise ValueError(f"OpenSpiel cannot load the game {string!r}: {first}") from None
 
 
 @functools.cache
@@ -70,8 +107,7 @@ def openspiel_env(game: Any, render_mode: str | None = None) -> AECEnv:
             loaded ``pyspiel.Game``; its parameters are kept across resets (shimmy reloads the game by name).
         render_mode: shimmy's render mode (None or ``"human"``).
     """
-    pyspiel, _ = require_openspiel()
-    loaded = pyspiel.load_game(game) if isinstance(game, str) else game
+    loaded = load_openspiel_game(game)
     parameters = loaded.get_parameters()
     return _fixed_env_class()(
         game_name=loaded.get_type().short_name, config=parameters or None, render_mode=render_mode

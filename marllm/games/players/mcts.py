@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from marllm.games.env.openspiel import require_openspiel
+from marllm.games.env.openspiel import load_openspiel_game
 from marllm.games.players.fixed import FixedPlayer
 
 if TYPE_CHECKING:
@@ -42,10 +42,9 @@ class MCTSPlayer(FixedPlayer):
         seed: int = 0,
     ):
         super().__init__(name)
-        pyspiel, _ = require_openspiel()
+        self.game = load_openspiel_game(game)
         from open_spiel.python.algorithms import mcts  # OpenSpiel: the optional marllm[games] extra
 
-        self.game = pyspiel.load_game(game) if isinstance(game, str) else game
         random_state = np.random.RandomState(seed)
         evaluator = mcts.RandomRolloutEvaluator(n_rollouts=rollouts, random_state=random_state)
         self.bot = mcts.MCTSBot(self.game, uct_c, simulations, evaluator, random_state=random_state, solve=True)
