@@ -1,14 +1,13 @@
 """Building a learner class or builder named by reference, checked against its declared signature before the call
-(:func:`~marllm.utils.signatures.unbound_reason`): one that cannot take the catalog's arguments is refused by name,
-and an error raised inside one that can stays its own. Kept apart from the catalog, which names the learner modules
-that use it."""
+(:func:`check_buildable`): one that cannot take the catalog's arguments is refused by name, before anything runs, and
+an error raised inside one that can stays its own. Kept apart from the catalog, which names the learner modules that
+use it."""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
-
-from marllm.utils.signatures import unbound_reason
 
 __all__ = ["check_buildable", "class_reference", "construct"]
 
@@ -20,7 +19,7 @@ def check_buildable(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], 
     Raises:
         ValueError: naming the reference, Python's reason and the signatures the catalog calls.
     """
-    reason = unbound_reason(target, args, kwargs)
+    reason = _unbound_reason(target, args, kwargs)
     if reason is None:
         return
     raise ValueError(
@@ -29,6 +28,20 @@ def check_buildable(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], 
         "kl_controller, placement, actions, normalization) or overrides from_options to take its own, and a "
         "builder function takes (learner_id, algorithm, options, **learner_kwargs)"
     )
+
+
+def _unbound_reason(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why ``target(*args, **kwargs)`` would not bind to ``target``'s declared signature (Python's own words), or
+    None where it binds. A callable without an introspectable signature (a builtin) counts as binding."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        return str(error)
+    return None
 
 
 def construct(cls: type, learner_id: str, **arguments: Any) -> Any:

@@ -9,23 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from marllm.assets import PREFIX, check_asset_name
-from marllm.utils.data_formats import DATA_SUFFIXES
-from marllm.utils.references import (
-    MissingReferenceError,
-    hub_offline,
-    looks_like_path,
-    model_load_error,
-)
+from marllm.utils.references import MissingReferenceError, model_load_error
 from marllm.utils.references import check_dataset_reference as _check_dataset_path_or_hub_id
 from marllm.utils.references import check_model_reference as _check_model_path_or_hub_id
 
 __all__ = [
-    "DATA_SUFFIXES",
     "MissingReferenceError",
     "check_dataset_reference",
     "check_model_reference",
-    "hub_offline",
-    "looks_like_path",
     "model_load_error",
 ]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -33,20 +32,15 @@ def train_command(args: argparse.Namespace) -> int:
     try:
         result = train(config, run_dir, resume=args.resume is not None, overwrite=args.overwrite)
     except TrainingInterrupted as stop:
-        if _rank_zero():
+        if distributed.launched_rank() == 0:  # the only process, or rank 0 of the run
             print(f"marllm: {stop.summary()}; {_next_step(stop, resume_command, args)}", file=sys.stderr)
         return stop.exit_status
     except Exception as error:
         _add_resume_note(error, run_dir, resume_command)
         raise
-    if _rank_zero():
+    if distributed.launched_rank() == 0:
         print(f"run written to {result.run_dir}")
     return 0
-
-
-def _rank_zero() -> bool:
-    """Whether this process speaks for the run: the only one, or rank 0 of a data-parallel run."""
-    return os.environ.get("RANK", "0") == "0"
 
 
 def _train_arguments(args: argparse.Namespace) -> list[str]:

@@ -13,7 +13,6 @@ that started it.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from marllm.config.paths import absolute_config_paths
 from marllm.config.train_config import TrainConfig, per_learner  # noqa: F401 - per_learner re-exported
 from marllm.games.settings import GAME_REPETITION_PENALTY
 from marllm.tasks.custom import task_class
+from marllm.utils.files import read_json_object
 
 CONFIG_LAYOUT = 3
 """The config layout this marllm reads (3: a game's seats and action mode written with their own settings; 2:
@@ -64,11 +64,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
 def run_layout(run_dir: Path) -> int | None:
     """The config layout a run directory's ``run.json`` records; None where it records none (runs from before
     layouts were recorded, which are read as today's where their config builds)."""
-    try:
-        info = json.loads((run_dir / RUN_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    layout = info.get("config_layout") if isinstance(info, dict) else None
+    layout = read_json_object(run_dir / RUN_RECORD).get("config_layout")
     return layout if isinstance(layout, int) and not isinstance(layout, bool) else None
 
 

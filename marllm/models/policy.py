@@ -8,6 +8,7 @@ import inspect
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
@@ -17,6 +18,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from marllm.models.devices import resolve_device, resolve_dtype
 from marllm.models.float32_products import needs_float32_products, use_float32_products
 from marllm.utils.references import model_load_error
+
+if TYPE_CHECKING:
+    from marllm.models.memory import ModelShape
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
@@ -92,12 +96,14 @@ def load_causal_lm(
     return model
 
 
-def context_length(model: PreTrainedModel) -> int | None:
-    """The longest sequence the model's position embeddings allow (None if unbounded or unknown)."""
+def context_length(model: PreTrainedModel | ModelShape) -> int | None:
+    """The longest sequence the model's position embeddings allow, in tokens (None if unbounded or unknown); of a
+    model, or of the :class:`~marllm.models.memory.ModelShape` a memory plan reads from its config alone."""
     config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
     for key in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
+        value = getattr(text, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
 

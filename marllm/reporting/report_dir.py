@@ -9,6 +9,7 @@ from pathlib import Path
 
 from marllm.run.run_dir import WrongDirectoryError
 from marllm.run.run_files import REPORT_ENTRIES
+from marllm.utils.files import read_json_object
 
 SUMMARY_FILE = "summary.json"
 REPORT_KIND = "marllm-run-report"
@@ -42,11 +43,6 @@ def remove_stale(out_dir: Path, earlier: Collection[str], written: Collection[st
 
 
 def _is_marllm_report(summary: Path) -> bool:
-    try:
-        data = json.loads(summary.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    if not isinstance(data, dict):
-        return False
+    data = read_json_object(summary)
     # Reports written before summary.json named its kind are recognised by their keys.
     return data.get("kind") == REPORT_KIND or {"runs", "final", "figures", "final_k"} <= data.keys()

@@ -148,23 +148,25 @@ def save_checkpoint(
     return final
 
 
-def checkpoints(run_dir: Path) -> list[CheckpointInfo | CheckpointError]:
+def checkpoints(run_dir: Path, verify_hashes: bool = False) -> Iterator[CheckpointInfo | CheckpointError]:
     """Every checkpoint of ``run_dir``, newest first: its :class:`CheckpointInfo` when it is complete, else the
-    :class:`CheckpointError` that says what is wrong with it.
+    :class:`CheckpointError` that says what is wrong with it. Each is read as it is reached, so that a caller that
+    stops at the first complete one reads no older one.
 
-    Reads only manifests and file sizes (the contents are verified by :func:`load_checkpoint`). Temporary
-    directories of unfinished saves are left out.
+    Reads only manifests and file sizes; with ``verify_hashes`` also every file's sha256, as :func:`load_checkpoint`
+    does (a changed byte is then damage as a cut-short file is). Temporary directories of unfinished saves are left
+    out.
     """
-    found: list[CheckpointInfo | CheckpointError] = []
     for _, path in candidates(Path(run_dir) / CHECKPOINTS_DIR):
         try:
             manifest = read_manifest(path)
             check_files(path, manifest, verify_hashes=False)
+            if verify_hashes:  # only once the sizes match: a file cut short is named without hashing the others
+                check_files(path, manifest, verify_hashes=True)
         except CheckpointError as error:
-            found.append(error)
+            yield error
             continue
-        found.append(CheckpointInfo(path, manifest["iteration"], manifest["extra"]))
-    return found
+        yield CheckpointInfo(path, manifest["iteration"], manifest["extra"])
 
 
 def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:

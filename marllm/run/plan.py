@@ -45,7 +45,6 @@ from marllm.models.memory import (
 from marllm.run.plan_workload import (
     GameLengths,
     Workload,
-    context_tokens,
     game_lengths,
     keeps_generate_logits,
     logit_bytes,
@@ -62,7 +61,6 @@ __all__ = [
     "MemoryPlan",
     "PlanLine",
     "Workload",
-    "context_tokens",
     "game_lengths",
     "plan_memory",
     "prompt_tokens",

@@ -18,12 +18,12 @@ from marllm.algorithms.ppo_sections import ComputeConfig
 from marllm.config import TrainConfig
 from marllm.config.loading import ConfigError
 from marllm.models.memory import ModelShape, bytes_per_element
+from marllm.models.policy import context_length
 from marllm.parallel.placement import Placement, Sharded
 
 __all__ = [
     "GameLengths",
     "Workload",
-    "context_tokens",
     "game_lengths",
     "keeps_generate_logits",
     "logit_bytes",
@@ -171,24 +171,13 @@ class Workload:
     snapshots: int = 0
 
 
-def context_tokens(shape: ModelShape) -> int | None:
-    """The longest sequence ``shape``'s position embeddings allow, in tokens (None if its config does not say)."""
-    config = shape.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for key in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(text, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def plan_workload(config: TrainConfig, shape: ModelShape, path: str, prompt_length: int | None) -> Workload:
     """The batch, lengths and rows ``config`` trains on (see :class:`Workload`)."""
     new_tokens = config.generation.max_new_tokens
     game = config.game
     if game is None:
         batch = config.env.batch_size
-        context = context_tokens(shape)
+        context = context_length(shape)
         if prompt_length is not None:
             prompt, source = prompt_length, "--prompt-tokens"
         else:
@@ -227,7 +216,7 @@ def plan_workload(config: TrainConfig, shape: ModelShape, path: str, prompt_leng
         workload = Workload(
             lengths.widest_turn, prompt, new_tokens, rows, source, generates=answer != "nothing", snapshots=snapshots,
         )  # fmt: skip
-    _check_context(workload, context_tokens(shape), prompt_length is not None, game is not None)
+    _check_context(workload, context_length(shape), prompt_length is not None, game is not None)
     return workload
 
 

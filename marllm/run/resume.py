@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,6 @@ from marllm.assets.offline.recipe import RECIPE_ENV, RECIPES, default_recipe_nam
 from marllm.config import CONFIG_LAYOUT, TrainConfig, other_layout, resume_differences, run_layout
 from marllm.config.loading import ConfigError
 from marllm.run.checkpoint import CheckpointError, CheckpointInfo, checkpoints, load_checkpoint
-from marllm.run.checkpoint_store import check_files, read_manifest
 from marllm.run.run_dir import CONFIG_FILE, RunDirError, read_run_state
 
 if TYPE_CHECKING:
@@ -64,8 +63,7 @@ def checkpoint_to_resume(run_dir: Path, config: TrainConfig) -> CheckpointInfo:
     layout = run_layout(run_dir)
     if layout is not None and layout != CONFIG_LAYOUT:
         raise RunDirError(other_layout(run_dir, layout))
-    found = checkpoints(run_dir)
-    checkpoint, damaged = _first_intact(found)
+    checkpoint, damaged = _first_intact(checkpoints(run_dir, verify_hashes=True))
     if checkpoint is None:
         if damaged:
             listed = "; ".join(str(error) for error in damaged)
@@ -120,8 +118,9 @@ def load_to_resume(
     try:
         return load_checkpoint(checkpoint.path, learners, env, parts)
     except CheckpointError as error:
-        older = [e for e in checkpoints(run_dir) if not isinstance(e, CheckpointInfo) or e.path != checkpoint.path]
-        intact, _ = _first_intact(older)  # checked before it is named: the advice must not lead to a second refusal
+        # Hashes checked before one is named: the advice must not lead to a second refusal.
+        found = checkpoints(run_dir, verify_hashes=True)
+        intact, _ = _first_intact(e for e in found if not isinstance(e, CheckpointInfo) or e.path != checkpoint.path)
         if intact is not None:
             advice = (
                 f"it also keeps {intact.path.name} (logging.keep_checkpoints), intact: to resume from that, move "
@@ -132,18 +131,14 @@ def load_to_resume(
         raise CheckpointError(f"cannot resume: {error}; the run is left as it was, and {advice}") from error
 
 
-def _first_intact(found: list[CheckpointInfo | CheckpointError]) -> tuple[CheckpointInfo | None, list[CheckpointError]]:
-    """The newest checkpoint of ``found`` whose files match their manifest's sizes and sha256 (None if none does),
-    and the errors of the damaged ones newer than it: a changed byte is damage as a cut-short file is."""
+def _first_intact(
+    found: Iterable[CheckpointInfo | CheckpointError],
+) -> tuple[CheckpointInfo | None, list[CheckpointError]]:
+    """The first checkpoint of ``found`` that is intact (None if none is), and the errors of the damaged ones before
+    it."""
     damaged = []
     for entry in found:
-        if isinstance(entry, CheckpointError):
-            damaged.append(entry)
-            continue
-        try:
-            check_files(entry.path, read_manifest(entry.path), verify_hashes=True)
-        except CheckpointError as error:
-            damaged.append(error)
-            continue
-        return entry, damaged
+        if isinstance(entry, CheckpointInfo):
+            return entry, damaged
+        damaged.append(entry)
     return None, damaged

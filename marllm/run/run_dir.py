@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -54,7 +53,8 @@ from marllm.run.run_files import (  # noqa: F401 - the run directory's names, re
     remove_run_files,
     run_entries,
 )
-from marllm.utils.files import LockHeldError, exclusive_lock
+from marllm.utils.files import LockHeldError, exclusive_lock, read_json_object
+from marllm.utils.files import atomic_write_text as write_atomic
 
 Status = Literal["running", "interrupted", "failed", "finished"]
 # "unknown": a run.json from before statuses were recorded, with fewer metric lines than its iterations.
@@ -164,12 +164,7 @@ def run_state(info: Mapping[str, Any], completed: int) -> RunState:
 
 def read_run_info(run_dir: Path) -> dict[str, Any]:
     """``run.json`` as a dict (empty when it is missing or not a JSON object)."""
-    path = run_dir / RUN_FILE
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return info if isinstance(info, dict) else {}
+    return read_json_object(run_dir / RUN_FILE)
 
 
 def count_iterations(metrics_path: Path) -> int:
@@ -204,6 +199,12 @@ def holds_marllm_run(run_dir: Path) -> bool:
     return holds_run(run_dir) and has_run_record(run_dir)
 
 
+def refuse_a_file(directory: Path, what: str = "run directory") -> None:
+    """Refuse a file where the ``what`` ``directory`` should be (:class:`RunDirError`, saying so)."""
+    if directory.exists() and not directory.is_dir():
+        raise RunDirError(f"{what} {directory} is a file")
+
+
 def check_can_start(run_dir: Path) -> None:
     """Refuse to start a new run in a directory that holds one, holds files under marllm's names that are not a
     run's (a user's ``config.yaml``: marllm writes over no file it did not write), or is a file.
@@ -212,8 +213,7 @@ def check_can_start(run_dir: Path) -> None:
         RunDirError: saying how far the run there got and how to resume it or start again, or which files are in the
             way and what to do.
     """
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"run directory {run_dir} is a file")
+    refuse_a_file(run_dir)
     state = read_run_state(run_dir)
     if state is not None and has_run_record(run_dir):
         raise RunDirError(
@@ -231,8 +231,7 @@ def check_can_overwrite(run_dir: Path) -> None:
     Raises:
         RunDirError: naming the files and saying what to do.
     """
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"run directory {run_dir} is a file")
+    refuse_a_file(run_dir)
     if not run_dir.is_dir():
         return
     if not holds_marllm_run(run_dir):
@@ -281,8 +280,7 @@ def hold_directory(directory: Path, what: str, advice: str) -> Iterator[Path | N
         DirectoryInUseError: another process owns it: the message names its PID and says what to do.
     """
     directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise RunDirError(f"{what} {directory} is a file")
+    refuse_a_file(directory, what)
     created = create_run_dir(directory)
     lock = contextlib.ExitStack()
     try:
@@ -342,16 +340,6 @@ def overwrite_run_files(run_dir: Path) -> list[Path]:
             stacklevel=2,
         )
     return kept
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader (or a crash) sees the old file or the new one, never a part."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
 
 
 def write_run_info(run_dir: Path, info: Mapping[str, Any]) -> None:

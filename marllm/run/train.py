@@ -46,6 +46,7 @@ from marllm.run.run_dir import (
     keep_iterations_before,
     overwrite_run_files,
     read_run_info,
+    refuse_a_file,
     remove_run_files,
     run_entries,
     update_run_info,
@@ -115,8 +116,7 @@ def train(
     run_dir = Path(run_dir) if run_dir is not None else config.resolved_run_dir()
     if resume and overwrite:
         raise RunDirError("resume and overwrite exclude each other: resume continues the run, overwrite deletes it")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"run directory {run_dir} is a file")
+    refuse_a_file(run_dir)
     if resume:
         check_run_dir_exists(run_dir)
     # Rank 0 owns the directory for the whole run (the other ranks of a data-parallel run write nothing there).

@@ -1,6 +1,6 @@
 """The local data-file formats marllm reads, by suffix: the one list that references, loaders and messages use.
 
-It imports nothing from marllm, so :mod:`marllm.assets.references` and :mod:`marllm.tasks` can both import it.
+It imports nothing from marllm, so :mod:`marllm.utils.references` and :mod:`marllm.tasks` can both import it.
 """
 
 from __future__ import annotations

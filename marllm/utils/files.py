@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 import warnings
@@ -26,11 +25,13 @@ __all__ = [
     "LockHeldError",
     "MANIFEST_NAME",
     "atomic_write_json",
+    "atomic_write_text",
     "describe_file",
     "exclusive_lock",
     "file_lock",
     "fsync_directory",
     "read_json",
+    "read_json_object",
     "replace_directory",
     "sha256_file",
     "tree_checksums",
@@ -113,22 +114,27 @@ def write_json(path: Path, data: Any, indent: int | None = None) -> None:
         os.fsync(handle.fileno())
 
 
-def atomic_write_json(path: str | Path, payload: Any) -> None:
-    """Write ``payload`` as indented JSON so that readers see either the old file or the whole new one."""
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader (or a crash) sees the old file or the new one, never a part."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    temporary = path.with_name(f".{path.name}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=True)
-            handle.write("\n")
+        with temporary.open("w", encoding="utf-8") as handle:
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+            temporary.unlink()
         raise
+
+
+def atomic_write_json(path: str | Path, payload: Any) -> None:
+    """Write ``payload`` as indented JSON (keys sorted) with :func:`atomic_write_text`, creating its directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str | Path) -> Any:
@@ -138,6 +144,16 @@ def read_json(path: str | Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is not valid JSON ({error}); the file is corrupted or truncated") from error
+
+
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """A JSON file's object; empty when the file is missing, unreadable, not JSON or not a JSON object (a record
+    that is optional to its reader, such as a run's ``run.json``)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def fsync_directory(path: Path) -> None:
