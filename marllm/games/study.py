@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from marllm.games.report import ALL_SEATS, GAME_METRICS, GAME_PREFIX, MEASURED_NOW_AND_THEN, game_key, game_seats
-from marllm.reporting.tables import escape_cell, fmt, markdown_table
-from marllm.studies.aggregate import estimate, final_value
+from marllm.reporting.tables import escape_cell, markdown_table
+from marllm.studies.aggregate import final_value, interval_text, mean_std_text, seed_summary
 from marllm.studies.cells import Cell
 
 
@@ -25,7 +25,7 @@ def cell_games(cell: Cell, last_k: int) -> list[dict[str, Any]]:
                 if seeds:
                     k = 1 if metric in MEASURED_NOW_AND_THEN else last_k
                     per_seed = [final_value(values, k) for _, values in seeds]
-                    metrics[metric] = {**estimate(per_seed).as_dict(), "per_seed": per_seed}
+                    metrics[metric] = seed_summary(per_seed)
             rows.append({"learner": learner, "seat": seat, "metrics": metrics})
     return rows
 
@@ -48,7 +48,7 @@ def cell_measures(cell: Cell, last_k: int) -> list[dict[str, Any]]:
             seeds = cell.seed_series(game_key(ALL_SEATS, name), learner)
             per_seed = [final_value(values, last_k) for _, values in seeds]
             if per_seed:
-                rows.append({"learner": learner, "measure": name, **estimate(per_seed).as_dict(), "per_seed": per_seed})
+                rows.append({"learner": learner, "measure": name, **seed_summary(per_seed)})
     return rows
 
 
@@ -59,9 +59,8 @@ def measures_lines(cells: list[dict[str, Any]], window: str) -> list[str]:
     if not rows:
         return []
     table = [
-        [escape_cell(label), escape_cell(row["learner"]), escape_cell(row["measure"]),
-         f"{fmt(row['mean'])} ± {'–' if row['std'] is None else fmt(row['std'])}",
-         "–" if row["ci_low"] is None else f"[{fmt(row['ci_low'])}, {fmt(row['ci_high'])}]", str(row["n"])]
+        [escape_cell(label), escape_cell(row["learner"]), escape_cell(row["measure"]), mean_std_text(row),
+         interval_text(row), str(row["n"])]
         for label, row in rows
     ]  # fmt: skip
     return [
@@ -84,14 +83,10 @@ def games_lines(cells: list[dict[str, Any]], window: str) -> list[str]:
         return []
     shown = [m for m in GAME_METRICS if any(m in row["metrics"] for _, row in rows)]
 
-    def cell_text(entry: dict[str, Any] | None) -> str:
-        if entry is None:
-            return "–"
-        return f"{fmt(entry['mean'])} ± {'–' if entry['std'] is None else fmt(entry['std'])}"
-
     table = [
         [escape_cell(label), escape_cell(row["learner"]), escape_cell(row["seat"]),
-         *(cell_text(row["metrics"].get(m)) for m in shown), str(max(e["n"] for e in row["metrics"].values()))]
+         *(mean_std_text(row["metrics"][m]) if m in row["metrics"] else "–" for m in shown),
+         str(max(e["n"] for e in row["metrics"].values()))]
         for label, row in rows if row["metrics"]
     ]  # fmt: skip
     header = ["cell", "learner", "seat", *(GAME_METRICS[m] for m in shown), "n"]

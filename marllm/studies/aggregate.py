@@ -1,16 +1,19 @@
 """Statistics over the seeds of a study: curves, final values, comparisons and Pareto frontiers.
 
-Pure functions on numbers and numpy arrays; nothing here reads files. A *cell* is a variant plus its axis
-values, and its seeds are the replicates. Means and differences carry the 95% Student-t intervals of
-:mod:`marllm.utils.statistics` (Welch for a difference of two cells: seeds are not paired across variants).
+Pure functions on numbers and numpy arrays (and the report's text of an estimate); nothing here reads files. A
+*cell* is a variant plus its axis values, and its seeds are the replicates. Means and differences carry the 95%
+Student-t intervals of :mod:`marllm.utils.statistics` (Welch for a difference of two cells: seeds are not paired
+across variants).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from marllm.reporting.tables import fmt
 from marllm.utils.statistics import (
     CONFIDENCE,
     Difference,
@@ -28,10 +31,13 @@ __all__ = [
     "Estimate",
     "estimate",
     "final_value",
+    "interval_text",
     "last_iterations_label",
     "mean_curve",
     "mean_over_learners",
+    "mean_std_text",
     "pareto_front",
+    "seed_summary",
     "t_cdf",
     "t_pdf",
     "t_quantile",
@@ -47,6 +53,21 @@ def final_value(values: Sequence[float] | np.ndarray, last_k: int = 5) -> float:
     if len(x) == 0:
         raise ValueError("final_value needs at least one value")
     return float(x[-last_k:].mean())
+
+
+def seed_summary(per_seed: list[float]) -> dict[str, Any]:
+    """The estimate over seeds of ``per_seed`` (mean, std, ``ci_low``, ``ci_high``, n) and ``per_seed`` itself."""
+    return {**estimate(per_seed).as_dict(), "per_seed": per_seed}
+
+
+def mean_std_text(entry: Mapping[str, Any]) -> str:
+    """``mean ± std`` of a :func:`seed_summary` (a dash for a std one seed leaves undefined)."""
+    return f"{fmt(entry['mean'])} ± {'–' if entry['std'] is None else fmt(entry['std'])}"
+
+
+def interval_text(entry: Mapping[str, Any]) -> str:
+    """``[ci_low, ci_high]`` of a :func:`seed_summary` or a Welch difference, a dash where there is none."""
+    return "–" if entry["ci_low"] is None else f"[{fmt(entry['ci_low'])}, {fmt(entry['ci_high'])}]"
 
 
 def last_iterations_label(last_k: int, averaged: Sequence[int]) -> str:

@@ -22,7 +22,6 @@ import contextlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
 
 import yaml
 from tqdm.auto import tqdm
@@ -31,31 +30,18 @@ from marllm.config import resume_differences
 from marllm.config.loading import ConfigError
 from marllm.run.run_dir import CONFIG_FILE, hold_directory, write_atomic
 from marllm.studies.files import EXPANSION_FILE, STUDY_FILE
-from marllm.studies.local_executor import ATTEMPTS, LocalExecutor  # noqa: F401 - re-exported
+from marllm.studies.local_executor import LocalExecutor
 from marllm.studies.processes import check_runs_not_held
-from marllm.studies.signals import Terminated, sigterm_interrupts, stopping_signal  # noqa: F401 - re-exported
+from marllm.studies.signals import stopping_signal  # noqa: F401 - re-exported
 from marllm.studies.spec import Study, StudyRun, expansion_changed
-from marllm.studies.worker import (  # noqa: F401 - a run's outcome and its worker's functions, re-exported
+from marllm.studies.worker import (  # noqa: F401 - the executors' base, a run's outcome and run_one, re-exported
     Action,
+    Executor,
     RunEvent,
-    RunFunction,
     RunOutcome,
-    error_line,
     plan,
-    record_failure,
     run_one,
 )
-
-
-class Executor(Protocol):
-    """Runs the runs of a study: :class:`LocalExecutor` (a process pool here) or
-    :class:`marllm.studies.ray_executor.RayExecutor` (Ray tasks)."""
-
-    def run(
-        self, runs: Sequence[StudyRun], study_dir: Path, on_event: Callable[[RunEvent], None], overwrite: bool = False
-    ) -> list[RunOutcome]:
-        """Run each run in ``study_dir/runs/<name>`` (skipping finished ones) and return an outcome per run."""
-        ...
 
 
 def hold_study_dir(study_dir: Path) -> contextlib.AbstractContextManager[Path | None]:

@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from multiprocessing import connection
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,9 @@ from marllm.studies.signals import sigint_ignored as _sigint_ignored
 from marllm.studies.signals import sigterm_interrupts
 from marllm.studies.spec import StudyRun
 from marllm.studies.worker import (
+    ATTEMPTS,
     Action,
+    Executor,
     RunEvent,
     RunFunction,
     RunOutcome,
@@ -43,10 +45,8 @@ from marllm.studies.worker import (
 )
 from marllm.studies.worker_server import ensure_server, worker_context
 
-ATTEMPTS = 2  # a run whose worker process dies is tried once more
 
-
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Runs a study's runs here, each in a process of its own, ``workers`` at a time (default: ``os.cpu_count()``).
 
     A run whose process dies (killed by a signal, by the out-of-memory killer, a crash in native code) fails alone:
@@ -64,28 +64,16 @@ class LocalExecutor:
         self.workers = max(1, workers or os.cpu_count() or 1)
         self.run_function = run_function
 
-    def run(
-        self, runs: Sequence[StudyRun], study_dir: Path, on_event: Callable[[RunEvent], None], overwrite: bool = False
-    ) -> list[RunOutcome]:
-        """Run every run; on KeyboardInterrupt (Ctrl-C, or SIGTERM to this process, as a batch scheduler sends it),
-        pass SIGINT to the workers (each checkpoints and stops), start no further run, wait for them, and raise
-        KeyboardInterrupt again."""
-        outcomes: dict[str, RunOutcome] = {}
-        todo: list[tuple[StudyRun, Action]] = []
-        for run in runs:
-            action = plan(run, study_dir / run.relative_dir, overwrite)
-            if action == "skip":
-                outcomes[run.name] = RunOutcome(run.name, "skipped")
-                on_event(RunEvent("ended", run.name, outcomes[run.name]))
-            else:
-                todo.append((run, action))
-        if todo:
-            outcomes.update(self._run_processes(todo, study_dir, on_event))
-        return [outcomes[run.name] for run in runs]
-
-    def _run_processes(
-        self, todo: list[tuple[StudyRun, Action]], study_dir: Path, on_event: Callable[[RunEvent], None]
+    def _run_todo(
+        self,
+        todo: list[tuple[StudyRun, Action]],
+        study_dir: Path,
+        on_event: Callable[[RunEvent], None],
+        overwrite: bool,
     ) -> dict[str, RunOutcome]:
+        """Run every run (``overwrite`` is in its action already); on KeyboardInterrupt (Ctrl-C, or SIGTERM to this
+        process, as a batch scheduler sends it), pass SIGINT to the workers (each checkpoints and stops), start no
+        further run, wait for them, and raise KeyboardInterrupt again."""
         outcomes: dict[str, RunOutcome] = {}
         threads = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # the workers (and their server) start with it, before importing torch
@@ -94,39 +82,37 @@ class LocalExecutor:
         stopping = context.Event()
         queue = deque((run, action, 1) for run, action in todo)
         running: list[_Attempt] = []
-        previous_sigterm = sigterm_interrupts()
-        try:
-            while queue or running:
-                while queue and len(running) < self.workers:
-                    run, action, number = queue.popleft()
-                    run_dir = study_dir / run.relative_dir
-                    running.append(_Attempt(context, stopping, self.run_function, run, run_dir, action, number))
-                    if number == 1:
-                        on_event(RunEvent("started", run.name))
-                waiting = {handle: attempt for attempt in running for handle in attempt.handles()}
-                ready = dict.fromkeys(waiting[handle] for handle in connection.wait(list(waiting)))
-                for attempt in ready:
-                    if not attempt.collect():
-                        continue
-                    running.remove(attempt)
-                    outcome = self._ended(attempt, queue)
-                    if outcome is not None:
-                        outcomes[attempt.run.name] = outcome
-                        on_event(RunEvent("ended", attempt.run.name, outcome))
-        except BaseException:  # Ctrl-C, SIGTERM (or a failure here): the running runs checkpoint and stop
-            stopping.set()
-            for attempt in running:
-                attempt.interrupt()
-            raise
-        finally:
-            for attempt in running:
-                attempt.process.join()
-            if previous_sigterm is not None:
-                signal.signal(signal.SIGTERM, previous_sigterm)
-            if threads is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = threads
+        with sigterm_interrupts():
+            try:
+                while queue or running:
+                    while queue and len(running) < self.workers:
+                        run, action, number = queue.popleft()
+                        run_dir = study_dir / run.relative_dir
+                        running.append(_Attempt(context, stopping, self.run_function, run, run_dir, action, number))
+                        if number == 1:
+                            on_event(RunEvent("started", run.name))
+                    waiting = {handle: attempt for attempt in running for handle in attempt.handles()}
+                    ready = dict.fromkeys(waiting[handle] for handle in connection.wait(list(waiting)))
+                    for attempt in ready:
+                        if not attempt.collect():
+                            continue
+                        running.remove(attempt)
+                        outcome = self._ended(attempt, queue)
+                        if outcome is not None:
+                            outcomes[attempt.run.name] = outcome
+                            on_event(RunEvent("ended", attempt.run.name, outcome))
+            except BaseException:  # Ctrl-C, SIGTERM (or a failure here): the running runs checkpoint and stop
+                stopping.set()
+                for attempt in running:
+                    attempt.interrupt()
+                raise
+            finally:
+                for attempt in running:
+                    attempt.process.join()
+                if threads is None:
+                    os.environ.pop("OMP_NUM_THREADS", None)
+                else:
+                    os.environ["OMP_NUM_THREADS"] = threads
         return outcomes
 
     def _ended(self, attempt: _Attempt, queue: deque[tuple[StudyRun, Action, int]]) -> RunOutcome | None:

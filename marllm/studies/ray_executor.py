@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,19 +36,21 @@ from marllm.run.run_dir import (
 )
 from marllm.studies.files import ERROR_FILE, EXPANSION_FILE, STUDY_FILE
 from marllm.studies.signals import sigterm_interrupts
-from marllm.studies.spec import DEFAULT_RESOURCES, StudyRun
+from marllm.studies.spec import StudyRun, resources_over_defaults
 from marllm.studies.worker import (
+    ATTEMPTS,
     Action,
+    Executor,
     RunEvent,
+    RunFunction,
     RunOutcome,
     error_line,
     plan,
+    quiet_libraries,
     record_failure,
     run_one,
 )
 
-RunFunction = Callable[[dict[str, Any], str, Action], RunOutcome]
-ATTEMPTS = 2  # the first and one retry after a system failure
 _WAIT_S = 1.0  # how long one ray.wait blocks (Ctrl-C and SIGTERM are seen between waits)
 
 
@@ -64,8 +65,8 @@ def import_ray() -> Any:
     return ray
 
 
-class RayExecutor:
-    """Runs a study's runs as Ray tasks (the :class:`marllm.studies.execute.Executor` protocol).
+class RayExecutor(Executor):
+    """Runs a study's runs as Ray tasks (an :class:`~marllm.studies.worker.Executor`).
 
     Args:
         address: a Ray cluster to connect to (``ray://HOST:10001``, ``HOST:6379`` or ``auto``); None starts a local
@@ -98,9 +99,13 @@ class RayExecutor:
         self.run_function = run_function
         self.workers = 1  # runs that fit at once (set when connected; the study's progress display reads it)
 
-    def run(
-        self, runs: Sequence[StudyRun], study_dir: Path, on_event: Callable[[RunEvent], None], overwrite: bool = False
-    ) -> list[RunOutcome]:
+    def _run_todo(
+        self,
+        todo: list[tuple[StudyRun, Action]],
+        study_dir: Path,
+        on_event: Callable[[RunEvent], None],
+        overwrite: bool,
+    ) -> dict[str, RunOutcome]:
         """Run every run that is not finished as one Ray task each and return an outcome per run.
 
         ``started`` is reported when a run is submitted (Ray starts it once its resources are free). On
@@ -111,27 +116,18 @@ class RayExecutor:
         Raises:
             ConfigError: a run asks for more CPUs or GPUs than the Ray cluster has (it would wait forever).
         """
-        outcomes: dict[str, RunOutcome] = {}
-        todo: list[StudyRun] = []
-        for run in runs:
-            if plan(run, study_dir / run.relative_dir, overwrite) == "skip":
-                outcomes[run.name] = RunOutcome(run.name, "skipped")
-                on_event(RunEvent("ended", run.name, outcomes[run.name]))
-            else:
-                todo.append(run)
-        if todo:
-            resources = self._run_resources(study_dir)
-            started = self._connect()
-            try:
-                self._check_fits(resources)
-                if overwrite:  # cleared here, so that each task plans its run itself (a retry resumes)
-                    for run in todo:
-                        _clear_run(study_dir / run.relative_dir)
-                outcomes.update(self._run_tasks(todo, study_dir, resources, on_event))
-            finally:
-                if started:
-                    self.ray.shutdown()
-        return [outcomes[run.name] for run in runs]
+        runs = [run for run, _ in todo]  # their actions stay here: each task plans its run itself
+        resources = self._run_resources(study_dir)
+        started = self._connect()
+        try:
+            self._check_fits(resources)
+            if overwrite:  # cleared here, so that each task plans its run itself (a retry resumes)
+                for run in runs:
+                    _clear_run(study_dir / run.relative_dir)
+            return self._run_tasks(runs, study_dir, resources, on_event)
+        finally:
+            if started:
+                self.ray.shutdown()
 
     def _run_resources(self, study_dir: Path) -> dict[str, float]:
         """This executor's ``resources``, else those of ``STUDY_DIR/study.yaml`` (which run_study writes), over the
@@ -143,7 +139,7 @@ class RayExecutor:
             except (OSError, yaml.YAMLError):
                 data = None
             resources = data.get("resources") if isinstance(data, dict) else None
-        return {**DEFAULT_RESOURCES, **{key: float(value) for key, value in (resources or {}).items()}}
+        return resources_over_defaults(resources)
 
     def _connect(self) -> bool:
         """Initialise Ray unless it is; True when this executor started it (and so stops it)."""
@@ -195,8 +191,7 @@ class RayExecutor:
         threads = max(1, math.floor(resources["cpus"]))
         outcomes: dict[str, RunOutcome] = {}
         pending: dict[Any, StudyRun] = {}
-        previous_sigterm = sigterm_interrupts()
-        try:
+        with sigterm_interrupts():
             try:
                 for run in todo:
                     ref = task.options(name=f"marllm-study:{run.name}", **options).remote(
@@ -217,9 +212,6 @@ class RayExecutor:
                     outcomes[run.name] = self._result(ref, run, study_dir)
                     on_event(RunEvent("ended", run.name, outcomes[run.name]))
                 raise
-        finally:
-            if previous_sigterm is not None:
-                signal.signal(signal.SIGTERM, previous_sigterm)
         return outcomes
 
     def _result(self, ref: Any, run: StudyRun, study_dir: Path) -> RunOutcome:
@@ -246,17 +238,7 @@ def _attempt(run_function: RunFunction, run: StudyRun, study_dir: str, threads: 
             f"the study directory {study_dir} is not visible on this Ray node (no {EXPANSION_FILE}): on a cluster, "
             "put it on a filesystem every node mounts at the same path"
         )
-    os.environ["OMP_NUM_THREADS"] = str(threads)  # as a local worker does: no progress bars of its own either
-    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    # after the variables above, which these libraries read as they are imported
-    import datasets
-    import torch
-    import transformers
-
-    torch.set_num_threads(threads)
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
+    quiet_libraries(threads)  # as a local worker does: no progress bars of its own either
     run_dir = root / run.relative_dir
     action = plan(run, run_dir)
     if action == "skip":  # finished by an attempt whose result was lost

@@ -34,11 +34,13 @@ from marllm.reporting.runs import load_run
 from marllm.reporting.tables import escape_cell, fmt, markdown_table
 from marllm.run.run_dir import WrongDirectoryError, has_run_record
 from marllm.studies.aggregate import (
-    estimate,
     final_value,
+    interval_text,
     last_iterations_label,
     mean_curve,
+    mean_std_text,
     pareto_front,
+    seed_summary,
     welch_difference,
 )
 from marllm.studies.cells import MEAN, METRICS, ROLE_PREFIX, Cell, show
@@ -170,7 +172,7 @@ def _summarize_cell(cell: Cell, last_k: int) -> dict[str, Any]:
                 "n": n.tolist(),
             }
             per_seed = [final_value(values, last_k) for _, values in seeds]
-            finals.setdefault(metric, {})[learner] = {**estimate(per_seed).as_dict(), "per_seed": per_seed}
+            finals.setdefault(metric, {})[learner] = seed_summary(per_seed)
             if learner == MEAN:
                 averaged.update(min(last_k, len(values)) for _, values in seeds)
     return {
@@ -208,8 +210,8 @@ def _role_gaps(cell: Cell, last_k: int) -> list[dict[str, Any]]:
                 "role": role,
                 "minus": roles[0],
                 "metric": "task_reward",
-                "first_iteration": {**estimate(start).as_dict(), "per_seed": start},
-                "final": {**estimate(end).as_dict(), "per_seed": end},
+                "first_iteration": seed_summary(start),
+                "final": seed_summary(end),
             }
         )
     return gaps
@@ -260,9 +262,9 @@ def _grid_axes(cells: list[Cell]) -> list[str]:
 
 
 def _interval(entry: dict[str, Any]) -> str:
-    if entry["ci_low"] is None:
-        return "undefined (n = 1)" if entry.get("n", entry.get("n_a")) == 1 or entry.get("n_b") == 1 else "–"
-    return f"[{fmt(entry['ci_low'])}, {fmt(entry['ci_high'])}]"
+    if entry["ci_low"] is None and (entry.get("n", entry.get("n_a")) == 1 or entry.get("n_b") == 1):
+        return "undefined (n = 1)"
+    return interval_text(entry)
 
 
 def _final_rows(summary: dict[str, Any]) -> list[list[str]]:
@@ -271,8 +273,7 @@ def _final_rows(summary: dict[str, Any]) -> list[list[str]]:
     for cell in summary["cells"]:
         for metric, title in METRICS.items():
             for learner, entry in cell["final"].get(metric, {}).items():
-                std = "–" if entry["std"] is None else fmt(entry["std"])
-                row = [escape_cell(cell["label"]), title, escape_cell(learner), f"{fmt(entry['mean'])} ± {std}"]
+                row = [escape_cell(cell["label"]), title, escape_cell(learner), mean_std_text(entry)]
                 rows.append([*row, _interval(entry), str(entry["n"])])
     return rows
 

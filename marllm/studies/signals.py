@@ -8,7 +8,6 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
 
 
 class Terminated(KeyboardInterrupt):
@@ -25,19 +24,23 @@ def stopping_signal(stop: KeyboardInterrupt) -> signal.Signals:
     return signal.SIGTERM if isinstance(stop, Terminated) or Terminated.received else signal.SIGINT
 
 
-def sigterm_interrupts() -> Any:
-    """In the main thread, make SIGTERM raise :class:`Terminated` (the Ctrl-C path); returns the handler it
-    replaced, or None where it could not install one (another thread)."""
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """In the main thread, make SIGTERM raise :class:`Terminated` (the Ctrl-C path) for the block, then put back the
+    handler it replaced where that was Python's (nothing is installed in another thread)."""
 
     def interrupt(number: int, frame: FrameType | None) -> None:
         Terminated.received = True
         raise Terminated
 
     Terminated.received = False
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, interrupt)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, interrupt) if main else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

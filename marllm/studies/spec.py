@@ -34,9 +34,9 @@ from typing import Any
 from marllm.config import TrainConfig, config_from_dict
 from marllm.config.loading import ConfigError, apply_overrides, directory_given, read_yaml
 from marllm.studies.files import EXPANSION_FILE
-from marllm.studies.study_keys import (  # noqa: F401 - RESOURCE_KEYS and STUDY_OWNED re-exported
-    RESOURCE_KEYS,
-    STUDY_OWNED,
+from marllm.studies.study_keys import hint as _hint
+from marllm.studies.study_keys import inline as _inline
+from marllm.studies.study_keys import (
     is_empty,
     no_runs,
     read_base,
@@ -46,14 +46,17 @@ from marllm.studies.study_keys import (  # noqa: F401 - RESOURCE_KEYS and STUDY_
     read_resources,
     read_seeds,
 )
-from marllm.studies.study_keys import hint as _hint
-from marllm.studies.study_keys import inline as _inline
 
 STUDY_KEYS = ("name", "base", "overrides", "variants", "grid", "seeds", "compare", "resources")
 DEFAULT_RESOURCES = {"cpus": 1.0, "gpus": 0.0}
 RUNS_DIR = "runs"
 DEFAULT_VARIANT = "base"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
+
+
+def resources_over_defaults(resources: Mapping[str, Any] | None) -> dict[str, float]:
+    """What each run asks for: ``cpus`` and ``gpus``, ``resources`` (a study file's) over the defaults."""
+    return {**DEFAULT_RESOURCES, **{key: float(value) for key, value in (resources or {}).items()}}
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ class Study:
     def run_resources(self) -> dict[str, float]:
         """What each run asks for: ``cpus`` and ``gpus``, the study file's ``resources`` over the defaults (1 CPU,
         no GPU). The local executor gives every run one thread whatever they say; the Ray engine reserves them."""
-        return {**DEFAULT_RESOURCES, **{key: float(value) for key, value in self.resources.items()}}
+        return resources_over_defaults(self.resources)
 
     def runs(self) -> list[StudyRun]:
         """Every run (variants × grid × seeds, in that nesting), each config built and checked. A variant that sets

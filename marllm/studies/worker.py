@@ -3,15 +3,17 @@
 A worker process trains one run with :func:`run_one` (locally in a process of its own, see
 :mod:`marllm.studies.local_executor`; on Ray in a task, see :mod:`marllm.studies.ray_executor`), owning its run
 directory meanwhile: a failure is written to ``error.txt`` and returned as the run's :class:`RunOutcome`.
+:class:`Executor` is what both kinds of executor share: the runs a study skips, and the runs it gives its workers.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -24,6 +26,7 @@ from marllm.studies.files import ERROR_FILE
 from marllm.studies.spec import StudyRun
 
 Action = Literal["skip", "resume", "start"]
+ATTEMPTS = 2  # a run whose worker dies (its process, or its Ray worker or node) is tried once more
 
 
 @dataclass(frozen=True)
@@ -132,19 +135,24 @@ def worker_init(stopping: Any = None) -> None:
     """Each worker: one thread for torch, no progress bars of its own (the study shows one), and its own process
     group, so that a terminal's Ctrl-C reaches only the parent, which passes one SIGINT on to the workers (a second
     one would stop a run without its checkpoint)."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     global _stopping
     _stopping = stopping
     os.setpgrp()
     signal.signal(signal.SIGINT, _idle_sigint)
+    quiet_libraries(1)
+
+
+def quiet_libraries(threads: int) -> None:
+    """In a worker (a local one, or a Ray task): ``threads`` threads for torch and no progress bars of its own."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     # after the variables above, which these libraries read as they are imported
     import datasets
     import torch
     import transformers
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
 
@@ -154,3 +162,37 @@ def _idle_sigint(number: int, frame: FrameType | None) -> None:
     when idle."""
     if _busy:
         raise KeyboardInterrupt
+
+
+class Executor(abc.ABC):
+    """Runs the runs of a study: :class:`~marllm.studies.local_executor.LocalExecutor` (a process each, here) or
+    :class:`~marllm.studies.ray_executor.RayExecutor` (Ray tasks). :meth:`run` skips the finished runs and gives the
+    others to :meth:`_run_todo`, which each executor implements."""
+
+    def run(
+        self, runs: Sequence[StudyRun], study_dir: Path, on_event: Callable[[RunEvent], None], overwrite: bool = False
+    ) -> list[RunOutcome]:
+        """Run each run in ``study_dir/runs/<name>`` (skipping finished ones) and return an outcome per run."""
+        outcomes: dict[str, RunOutcome] = {}
+        todo: list[tuple[StudyRun, Action]] = []
+        for run in runs:
+            action = plan(run, study_dir / run.relative_dir, overwrite)
+            if action == "skip":
+                outcomes[run.name] = RunOutcome(run.name, "skipped")
+                on_event(RunEvent("ended", run.name, outcomes[run.name]))
+            else:
+                todo.append((run, action))
+        if todo:
+            outcomes.update(self._run_todo(todo, study_dir, on_event, overwrite))
+        return [outcomes[run.name] for run in runs]
+
+    @abc.abstractmethod
+    def _run_todo(
+        self,
+        todo: list[tuple[StudyRun, Action]],
+        study_dir: Path,
+        on_event: Callable[[RunEvent], None],
+        overwrite: bool,
+    ) -> dict[str, RunOutcome]:
+        """Run each run of ``todo`` (none finished; each with what it needs, as :func:`plan` said) and return its
+        outcome by name, reporting ``started`` and ``ended`` to ``on_event``."""
