@@ -312,6 +312,17 @@ def test_a_turn_goes_on_from_the_kept_caches_as_a_forward_over_the_whole_sequenc
             torch.testing.assert_close(continued[row, -1], alone, atol=1e-4, rtol=1e-4)
 
 
+def test_only_the_book_holds_the_caches_not_the_turns_rollouts(tok):
+    """Each turn's rollout, kept until the episode's update, keeps its prompts but no cache: every turn's whole cache
+    kept with it would grow the memory with the square of the game's length."""
+    agent = learner(tok, "generate")
+    turns, _ = sequence_turns()
+    rollouts = [agent.collector.collect(observation) for observation in turns]
+    assert all(rollout.prompts.ids for rollout in rollouts)
+    assert all(rollout.prompts.kept is None and rollout.prompts.continuation is None for rollout in rollouts)
+    assert all(sequence.cache is not None for sequence in agent.collector.book.sequences.values())
+
+
 def test_without_a_cache_to_go_on_from_a_turn_reads_its_whole_sequence(tok):
     agent = learner(tok, "generate")
     turns, _ = sequence_turns()

@@ -91,6 +91,9 @@ class TokenCollector(GenerateMode, Collector):
         answers = book.record(turn_keys, generated.response, generated.mask, allowed, self.tokenizer.eos_token_id)
         if continues:
             book.keep(turn_keys, prompts)
+        # Only the book holds the rows' caches: the turn's rollout keeps its prompts until the episode's update, and
+        # every turn's whole cache kept with them would grow the memory with the square of the game's length.
+        prompts.kept = prompts.continuation = None
         return prompts, generated, answers
 
     @torch.no_grad()
