@@ -154,7 +154,7 @@ def game_factory(name: str, options: Mapping[str, Any] | None = None) -> Callabl
                 f"OpenSpiel games take their parameters in the game string (openspiel:kuhn_poker(players=3)), not "
                 f"as options; got options {sorted(options)}"
             )
-        return openspiel_factory(load_openspiel_game(name))
+        return openspiel_factory(name)
     if is_game_reference(name):
         return functools.partial(load_game_reference(name), **options)
     with warnings.catch_warnings():  # PettingZoo warns that its versioned modules will give way to a registry

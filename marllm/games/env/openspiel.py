@@ -115,9 +115,9 @@ def openspiel_env(game: Any, render_mode: str | None = None) -> AECEnv:
 
 
 def openspiel_factory(game: Any) -> Any:
-    """A zero-argument factory of :func:`openspiel_env` games, for ``BatchedGameEnv(game_fn=...)``."""
-    require_openspiel()
-    return functools.partial(openspiel_env, game)
+    """A zero-argument factory of :func:`openspiel_env` games, for ``BatchedGameEnv(game_fn=...)``; ``game`` (a game
+    string or a loaded ``pyspiel.Game``) is loaded here, once, not at each env it makes."""
+    return functools.partial(openspiel_env, load_openspiel_game(game))
 
 
 class OpenSpielView(GameView):
